@@ -1,0 +1,129 @@
+"""The chain as a Prefect flow, built from the stage registry.
+
+Each stage is a thin Prefect task around :func:`pipelines.runs.execute_stage`; Prefect's
+own result cache is off (``NO_CACHE``) because the cache key is ours: the digest of the
+input artifacts + stage settings + code version, checked against the files on disk. With
+no Prefect server configured, Prefect's ephemeral mode runs the flow in process.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+for _k, _v in {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL",
+    "PREFECT_LOGGING_TO_API_ENABLED": "false",
+}.items():
+    os.environ.setdefault(_k, _v)
+
+from prefect import flow, task  # noqa: E402
+from prefect.artifacts import create_table_artifact  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+
+from pipelines.runs import StageOutcome, execute_stage, finish_run, start_run  # noqa: E402
+from schemas.spec import PipelineSpec  # noqa: E402
+from schemas.store import RunStore  # noqa: E402
+from stages.context import RunContext  # noqa: E402
+from stages.registry import code_version, plan  # noqa: E402
+
+StageHook = Callable[[str, StageOutcome], None]
+
+
+@dataclass
+class ChainResult:
+    """What a chain run gave: the run id, each stage's outcome, the wall time."""
+
+    run_id: str
+    outcomes: dict[str, StageOutcome] = field(default_factory=dict)
+    wall_s: float = 0.0
+    prefect_startup_s: float = 0.0
+
+
+@task(cache_policy=NO_CACHE, persist_result=False)
+def stage_task(store: RunStore, ctx: RunContext, stage, upstream) -> StageOutcome:
+    """One stage as a Prefect task; publishes its metrics as a Prefect table artifact."""
+    outcome = execute_stage(store, ctx, stage, upstream)
+    rows = [m.model_dump() for m in getattr(outcome.artifact, "metrics", [])]
+    if rows:
+        create_table_artifact(
+            rows,
+            key=f"{stage.name.replace('_', '-')}-metrics",
+            description=f"{stage.name} of run {ctx.run.run_id}",
+        )
+    return outcome
+
+
+@flow(name="qparity-chain", validate_parameters=False, persist_result=False)
+def chain_flow(
+    store: RunStore, ctx: RunContext, on_stage: StageHook | None = None
+) -> dict[str, StageOutcome]:
+    """Run every planned stage in order, each fed its upstream stage's artifact."""
+    return _run_plan(
+        store, ctx, on_stage, lambda s, up: stage_task.with_options(name=s.name)(store, ctx, s, up)
+    )
+
+
+def _run_plan(store, ctx, on_stage, run_one) -> dict[str, StageOutcome]:
+    outcomes: dict[str, StageOutcome] = {}
+    for stage, up in plan(ctx.spec):
+        upstream = outcomes[up.name].artifact if up else None
+        outcomes[stage.name] = run_one(stage, upstream)
+        if on_stage:
+            on_stage(stage.name, outcomes[stage.name])
+    return outcomes
+
+
+def run_chain(
+    spec: PipelineSpec,
+    spec_text: str,
+    store_root: Path,
+    *,
+    use_prefect: bool = True,
+    on_stage: StageHook | None = None,
+    parent: str | None = None,
+) -> ChainResult:
+    """Create a run for ``spec`` and execute its chain; the run is marked failed on error."""
+    startup = prefect_ready() if use_prefect else 0.0
+    store = RunStore(store_root)
+    run = start_run(store, spec, spec_text, parent)
+    ctx = RunContext(spec=spec, run=run, code_version=code_version())
+    result, t0 = ChainResult(run.run_id, prefect_startup_s=startup), time.perf_counter()
+    try:
+        if use_prefect:
+            result.outcomes = _with_quiet_prefect(lambda: chain_flow(store, ctx, on_stage))
+        else:
+            result.outcomes = _run_plan(
+                store, ctx, on_stage, lambda s, up: execute_stage(store, ctx, s, up)
+            )
+    except BaseException as e:
+        finish_run(run, spec, error=f"{type(e).__name__}: {e}")
+        raise
+    finish_run(run, spec)
+    result.wall_s = time.perf_counter() - t0
+    return result
+
+
+def prefect_ready() -> float:
+    """Reach the Prefect API (starting the temporary local server if none is configured).
+
+    Returns the seconds it took, so run times can be reported without server start-up.
+    """
+    from prefect.client.orchestration import get_client
+
+    t0 = time.perf_counter()
+    with get_client(sync_client=True) as client:
+        client.api_healthcheck()
+    return time.perf_counter() - t0
+
+
+def _with_quiet_prefect(fn):
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        return fn()

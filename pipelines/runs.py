@@ -1,0 +1,190 @@
+"""Creating runs, executing one stage with the content-addressed cache, and run tables.
+
+Cache key of a stage = digest(stage name, inputs digest, config digest, code version), where
+the inputs digest combines the upstream artifact's digest and the digests of the data the
+stage reads. A hit is taken only if the cached artifact's files still verify; its files are
+linked (or copied) into the new run, so every run folder is complete on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from schemas.artifacts import Artifact, combined_digest
+from schemas.errors import ArtifactError
+from schemas.spec import PipelineSpec, spec_digest, stage_config_digest
+from schemas.store import Run, RunStore, atomic_copy, json_digest
+from schemas.tables import write_rows
+from stages.context import RunContext, toolchain_settings
+from stages.registry import StageDef, code_version
+from stages.registry_types import StageCall
+
+PACKAGES = ("torch", "torchao", "numpy", "onnx", "onnxruntime", "prefect", "pydantic")
+
+
+def default_store_root() -> Path:
+    """The run store: $QPARITY_RUNS, else ./runs."""
+    return Path(os.environ.get("QPARITY_RUNS", "runs"))
+
+
+def versions() -> dict[str, str]:
+    """Versions of python and the libraries whose behaviour the numbers depend on."""
+    out = {"python": platform.python_version()}
+    for pkg in PACKAGES:
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "missing"
+    return out
+
+
+def start_run(
+    store: RunStore, spec: PipelineSpec, spec_text: str, parent: str | None = None
+) -> Run:
+    """A new run folder for ``spec`` (status running)."""
+    return store.create_run(
+        spec.name,
+        spec_text,
+        spec_digest(spec),
+        code_version(),
+        versions(),
+        dict(spec.tags),
+        parent_run=parent,
+    )
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    """What executing one stage gave: its artifact, whether it was cached, how long."""
+
+    artifact: Artifact
+    cache_hit: bool
+    duration_s: float
+    source_run: str | None = None
+
+
+def execute_stage(
+    store: RunStore, ctx: RunContext, stage: StageDef, upstream: Artifact | None
+) -> StageOutcome:
+    """Run one stage (or take it from the cache), record it in the manifest and tables."""
+    run, t0 = ctx.run, time.perf_counter()
+    call = _stage_call(ctx, stage, upstream)
+    key = json_digest([stage.name, call.inputs_digest, call.config_digest, call.code_version])
+    run.stage_started(stage.name)
+    try:
+        cached = _from_cache(store, run, key, stage)
+        art = cached[0] if cached else stage.fn(upstream, ctx, call)
+        if cached is None:
+            run.save_artifact(art)
+            store.cache_record(key, {"run_id": run.run_id, "stage": stage.name})
+    except Exception as e:
+        run.stage_failed(stage.name, str(e))
+        raise
+    outcome = StageOutcome(
+        art, cached is not None, time.perf_counter() - t0, cached[1] if cached else None
+    )
+    _record(run, stage.name, outcome)
+    return outcome
+
+
+def _stage_call(ctx: RunContext, stage: StageDef, upstream: Artifact | None) -> StageCall:
+    digests = [upstream.digest] if upstream else []
+    digests += [ctx.data_digest(name) for name in stage.data]
+    return StageCall(
+        stage.name,
+        combined_digest(*digests),
+        stage_config_digest(ctx.spec, stage.name),
+        code_version(),
+        versions(),
+    )
+
+
+def _from_cache(
+    store: RunStore, run: Run, key: str, stage: StageDef
+) -> tuple[Artifact, str] | None:
+    """The cached artifact linked into ``run``, or None if absent or no longer valid."""
+    try:
+        hit = store.cache_lookup(key)
+    except ArtifactError:
+        return None  # an unreadable index entry is a miss, never a wrong hit
+    if not hit or hit.get("run_id") == run.run_id:
+        return None
+    try:
+        art = store.open(hit["run_id"]).load_artifact(stage.name, stage.output)
+    except ArtifactError:
+        return None  # deleted or tampered: recompute
+    src = store.open(hit["run_id"])
+    for rel in art.files:
+        _link(src.path(rel), run.path(rel))
+    run.save_artifact(art)
+    return art, hit["run_id"]
+
+
+def _link(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.link")
+    try:
+        tmp.unlink(missing_ok=True)
+        os.link(src, tmp)
+        os.replace(tmp, dst)
+    except OSError:  # another filesystem: copy instead
+        atomic_copy(src, dst)
+
+
+def _record(run: Run, stage: str, outcome: StageOutcome) -> None:
+    m = run.stage_finished(
+        stage, outcome.artifact.digest, outcome.cache_hit, cache_source_run=outcome.source_run
+    )
+    rec = m.stages[stage]
+    write_rows(
+        run,
+        "stages",
+        [
+            {
+                "run_id": run.run_id,
+                "stage": stage,
+                "status": "complete",
+                "started_at": rec.started_at,
+                "finished_at": rec.finished_at,
+                "duration_s": outcome.duration_s,
+                "artifact_digest": outcome.artifact.digest,
+                "cache_hit": outcome.cache_hit,
+            }
+        ],
+        part=stage,
+    )
+    metrics = getattr(outcome.artifact, "metrics", [])
+    write_rows(
+        run, "metrics", [{"run_id": run.run_id, **m.model_dump()} for m in metrics], part=stage
+    )
+
+
+def finish_run(run: Run, spec: PipelineSpec, error: str | None = None) -> None:
+    """Mark the run complete or failed and write its row of the runs table."""
+    m = run.finish("failed" if error else "complete", error)
+    write_rows(
+        run,
+        "runs",
+        [
+            {
+                "run_id": run.run_id,
+                "started_at": m.started_at,
+                "finished_at": m.finished_at,
+                "status": m.status,
+                "spec_digest": m.spec_digest,
+                "model": spec.model.factory,
+                "march": spec.quant.march,
+                "consistency_level": str(spec.quant.consistency_level),
+                "settings": json.dumps(toolchain_settings(spec), sort_keys=True),
+                "code_version": m.code_version,
+                "tags": json.dumps(m.tags, sort_keys=True),
+            }
+        ],
+        part="run",
+    )

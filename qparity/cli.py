@@ -1,0 +1,142 @@
+"""The `qparity` command line: one surface for platform teams, engineers and analysts.
+
+Errors print as one short paragraph (what, where, what to do) and exit 1; the traceback
+only with --debug.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from schemas.errors import QparityError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Find where a quantized model stops agreeing with itself, stage by stage.",
+)
+out = Console()
+err = Console(stderr=True)
+STATE = {"debug": False}
+REPO = Path(__file__).resolve().parent.parent
+DEMO_SPEC = REPO / "examples" / "digits" / "spec.yaml"
+
+RunsOpt = Annotated[
+    Path | None, typer.Option("--runs", help="Run store folder (default: $QPARITY_RUNS or ./runs).")
+]
+
+
+@app.callback()
+def _main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False):
+    STATE["debug"] = debug
+
+
+def _store_root(runs: Path | None) -> Path:
+    from pipelines.runs import default_store_root
+
+    return runs or default_store_root()
+
+
+@app.command()
+def run(
+    spec: Annotated[Path, typer.Argument(help="Pipeline spec (YAML).")],
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a spec field, e.g. --set quant.rounding=bpu_round"),
+    ] = None,
+    runs: RunsOpt = None,
+    no_prefect: Annotated[
+        bool, typer.Option("--no-prefect", help="Run the stages directly, without a Prefect flow.")
+    ] = False,
+):
+    """Run a pipeline spec; prints stages, times, cache hits and top-1.
+
+    Example: qparity run examples/digits/spec.yaml --set quant.consistency_level=1
+    """
+    from qparity.views import run_spec
+
+    run_spec(out, spec, set_ or [], _store_root(runs), use_prefect=not no_prefect)
+
+
+@app.command()
+def demo(runs: RunsOpt = None, no_prefect: Annotated[bool, typer.Option("--no-prefect")] = False):
+    """The whole chain on the bundled digits example.
+
+    Example: qparity demo
+    """
+    from qparity.views import run_spec
+
+    run_spec(out, DEMO_SPEC, [], _store_root(runs), use_prefect=not no_prefect)
+
+
+@app.command("runs")
+def list_runs(runs: RunsOpt = None):
+    """List the runs in the store, newest last.
+
+    Example: qparity runs --runs ./runs
+    """
+    from schemas.store import RunStore
+
+    table = Table("run_id", "status", "started_at", "stages", "tags")
+    for m in RunStore(_store_root(runs)).list_runs():
+        done = sum(s.status == "complete" for s in m.stages.values())
+        table.add_row(
+            m.run_id,
+            m.status,
+            m.started_at[:19],
+            f"{done}/{len(m.stages)}",
+            ",".join(f"{k}={v}" for k, v in m.tags.items()),
+        )
+    out.print(table)
+
+
+@app.command()
+def show(
+    run_id: Annotated[str, typer.Argument(help="A run id (see `qparity runs`).")],
+    runs: RunsOpt = None,
+):
+    """One run's stages and metrics.
+
+    Example: qparity show digits-cnn-20261129T120000-ab12cd
+    """
+    from qparity.views import show_run
+
+    show_run(out, _store_root(runs), run_id)
+
+
+def main() -> None:
+    """Console entry point: our errors become one paragraph and exit code 1."""
+    try:
+        app(standalone_mode=False)
+    except QparityError as e:
+        if STATE["debug"]:
+            raise
+        err.print(f"[bold red]error:[/] {e.message}", highlight=False)
+        sys.exit(1)
+    except (typer.Exit, SystemExit) as e:
+        sys.exit(getattr(e, "exit_code", getattr(e, "code", 0)))
+    except Exception as e:  # click usage errors and anything unexpected
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        if STATE["debug"]:
+            raise
+        err.print(
+            f"[bold red]internal error:[/] {type(e).__name__}: {e}. "
+            "Rerun with --debug for the traceback and report it.",
+            highlight=False,
+        )
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

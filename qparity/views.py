@@ -1,0 +1,86 @@
+"""What the CLI prints: chain progress tables and a run's summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from schemas.spec import load_spec, with_overrides
+from schemas.store import RunStore
+from schemas.tables import read_run_table
+from stages.registry import CHAIN
+
+
+def run_spec(
+    out: Console,
+    spec_path: Path,
+    overrides: list[str],
+    store_root: Path,
+    *,
+    use_prefect: bool = True,
+) -> str:
+    """Load, run and summarise a spec; returns the run id."""
+    from pipelines.flow import run_chain
+
+    spec = with_overrides(load_spec(spec_path), overrides) if overrides else load_spec(spec_path)
+    out.print(f"[bold]{spec.name}[/]: run store {store_root}/", highlight=False)
+
+    def on_stage(name, outcome):
+        hit = "cache hit" if outcome.cache_hit else "computed"
+        out.print(f"  {name:<10} {outcome.duration_s:7.2f} s  {hit}", highlight=False)
+
+    result = run_chain(
+        spec, Path(spec_path).read_text(), store_root, use_prefect=use_prefect, on_stage=on_stage
+    )
+    out.print(stage_table(store_root, result.run_id))
+    startup = (
+        f" (+{result.prefect_startup_s:.1f} s Prefect API start-up)"
+        if result.prefect_startup_s > 0.5
+        else ""
+    )
+    out.print(
+        f"run {result.run_id} complete in {result.wall_s:.1f} s{startup}; "
+        f"details: qparity show {result.run_id}",
+        highlight=False,
+    )
+    return result.run_id
+
+
+def stage_table(store_root: Path, run_id: str) -> Table:
+    """Stages of a run with duration, cache hit and top-1 (from the run's tables)."""
+    run = RunStore(store_root).open(run_id)
+    m = run.manifest()
+    metrics = {(r["stage"], r["metric"]): r for r in read_run_table(run, "metrics")}
+    table = Table("stage", "status", "duration_s", "cache", "top1", title=f"run {run_id}")
+    if ("float", "top1") in metrics:
+        table.add_row("float", "-", "-", "-", f"{metrics['float', 'top1']['value']:.4f}")
+    for name, rec in sorted(m.stages.items(), key=lambda kv: CHAIN.index(kv[0])):
+        top1 = metrics.get((name, "top1"))
+        table.add_row(
+            name,
+            rec.status,
+            f"{rec.duration_s or 0:.2f}",
+            "hit" if rec.cache_hit else "-",
+            f"{top1['value']:.4f}" if top1 else "-",
+        )
+    return table
+
+
+def show_run(out: Console, store_root: Path, run_id: str) -> None:
+    """Print a run's header, stage table and every metric."""
+    run = RunStore(store_root).open(run_id)
+    m = run.manifest()
+    out.print(
+        f"[bold]{m.run_id}[/]  status={m.status}  started={m.started_at[:19]}  "
+        f"spec={m.spec_digest[:12]}  code={m.code_version}",
+        highlight=False,
+    )
+    if m.error:
+        out.print(f"[red]error:[/] {m.error}", highlight=False)
+    out.print(stage_table(store_root, run_id))
+    table = Table("stage", "metric", "value", "n_samples", title="metrics")
+    for r in read_run_table(run, "metrics"):
+        table.add_row(r["stage"], r["metric"], f"{r['value']:.6g}", str(r["n_samples"]))
+    out.print(table)

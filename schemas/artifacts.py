@@ -1,0 +1,116 @@
+"""Artifacts: what a stage hands to the next, as pydantic models.
+
+An artifact names the files it owns (paths relative to the run folder, with their
+sha256), the digests of its inputs and of the stage config that made it, and the code
+and library versions. Concrete artifacts subclass :class:`Artifact` and narrow ``kind``
+with a ``Literal``. Its :attr:`Artifact.digest` leaves out ``created_at`` so that an
+identical recompute has an identical digest.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from schemas.store import json_digest, utc_now
+
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def combined_digest(*digests: str) -> str:
+    """One digest for an ordered list of digests (order matters; none is allowed)."""
+    for d in digests:
+        if not isinstance(d, str) or not _SHA256_RE.match(d):
+            raise ValueError(f"not a sha256 hex digest: {d!r}")
+    return json_digest(list(digests))
+
+
+class Artifact(BaseModel):
+    """Base of every stage artifact."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    kind: str
+    """What the artifact is; subclasses narrow it with a Literal."""
+    stage: str
+    """The stage that made it."""
+    files: dict[str, str]
+    """Owned files: path relative to the run folder -> sha256 hex."""
+    inputs_digest: str
+    """Digest of the input artifacts (combined_digest of their .digest)."""
+    config_digest: str
+    """Digest of the stage config that made it."""
+    code_version: str
+    """Version of the stage code."""
+    versions: dict[str, str] = {}
+    """Versions of the libraries involved (torch, onnx, ...)."""
+    created_at: str = Field(default_factory=utc_now)
+    """ISO-8601 UTC creation time (not part of the digest)."""
+
+    @field_validator("files")
+    @classmethod
+    def _check_files(cls, files: dict[str, str]) -> dict[str, str]:
+        for rel, digest in files.items():
+            parts = rel.split("/")
+            if rel.startswith("/") or "\\" in rel or ".." in parts or "" in parts:
+                raise ValueError(f"file path {rel!r} must be relative, '/'-separated, no '..'")
+            if not _SHA256_RE.match(digest):
+                raise ValueError(f"file {rel!r}: {digest!r} is not a sha256 hex digest")
+        return files
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the canonical JSON of everything but ``created_at``."""
+        return json_digest(self.model_dump(mode="json", exclude={"created_at"}))
+
+
+class Metric(BaseModel):
+    """One dataset-level judgement of a stage model (a row of the ``metrics`` table)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    stage: str
+    """The stage whose model was measured (``float`` for the float model)."""
+    metric: str
+    """What was measured, e.g. ``top1``."""
+    value: float
+    """The measured value."""
+    n_samples: int
+    """How many evaluation samples it was measured on."""
+
+
+class QatModelArtifact(Artifact):
+    """A torch-side QAT model (the vendor's qat.pt): rebuilt from the spec + its state."""
+
+    factory: str
+    """The float model factory (``module:function``) the graph is rebuilt from."""
+    example_shape: list[int]
+    """Shape of the tracing input (the batch dimension is exported as dynamic)."""
+    settings: dict[str, str | int | float | bool | dict]
+    """Toolchain settings that change the arithmetic (policy, consistency level...)."""
+    quant_state: Literal["float", "calibration", "validation", "qat"]
+    """The quantizers' state when the model is loaded."""
+    state_file: str
+    """The safetensors state_dict of the prepared GraphModule (run-relative)."""
+    metrics: list[Metric] = []
+    """Dataset metrics measured by the stage that made it."""
+
+
+class PreparedModel(QatModelArtifact):
+    """prepare's output: fake quant inserted, BN folded, observers uncalibrated."""
+
+    kind: Literal["prepared_model"] = "prepared_model"
+
+
+class CalibratedModel(QatModelArtifact):
+    """calibrate's output: every scale set from calibration data and frozen."""
+
+    kind: Literal["calibrated_model"] = "calibrated_model"
+
+
+class QatTunedModel(QatModelArtifact):
+    """qat's output: fine-tuned for N steps, scales frozen afterwards."""
+
+    kind: Literal["qat_tuned_model"] = "qat_tuned_model"

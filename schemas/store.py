@@ -1,0 +1,424 @@
+"""The run store's low-level writer: digests, atomic writes, the manifest, runs.
+
+Layout under the store root (``runs/``)::
+
+    <run_id>/manifest.json     written last: a folder without it is not a run
+    <run_id>/spec.yaml         the spec as given
+    <run_id>/artifacts/<stage>.json, debug/, tables/<table>/<part>.parquet
+    .cache/index/<key>.json    content-addressed stage cache (key -> payload)
+
+Every file is written to a hidden temp name in its folder, fsynced and renamed into
+place, so a crash never leaves a half-written file under a real name. A loaded artifact
+is checked against the sha256 of every file it owns.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from schemas.errors import ArtifactError
+
+if TYPE_CHECKING:
+    from schemas.artifacts import Artifact
+
+A = TypeVar("A", bound="Artifact")
+
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_HEX_RE = re.compile(r"^[0-9a-f]{8,128}$")
+_RERUN_HINT = "rerun the stage (qparity rerun) or delete the run"
+
+
+def validate_run_id(run_id: str) -> str:
+    """Return ``run_id`` if it is a safe folder name, else raise :class:`ArtifactError`."""
+    if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id) or ".." in run_id:
+        raise ArtifactError(
+            f"invalid run id {run_id!r}: expected 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit, without '..'",
+            hint="`qparity runs` lists runs",
+        )
+    return run_id
+
+
+def utc_now() -> str:
+    """The current time as ISO-8601 UTC with microseconds."""
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def new_run_id(name: str) -> str:
+    """A fresh run id: ``<name>-<yyyymmddTHHMMSS>-<6 hex>`` (UTC)."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    return validate_run_id(f"{name[:105]}-{stamp}-{uuid.uuid4().hex[:6]}")
+
+
+def sha256_bytes(data: bytes) -> str:
+    """sha256 hex of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    """sha256 hex of a file, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def canonical_json(obj: Any) -> bytes:
+    """JSON with sorted keys and no whitespace: equal data, equal bytes."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def json_digest(obj: Any) -> str:
+    """sha256 hex of :func:`canonical_json`."""
+    return sha256_bytes(canonical_json(obj))
+
+
+@contextmanager
+def atomic_writer(path: str | Path) -> Iterator[IO[bytes]]:
+    """Yield a binary file that replaces ``path`` only if the block completes.
+
+    Data goes to ``.<name>.tmp-<uuid>`` in the same folder, is flushed and fsynced,
+    renamed over ``path``, and the folder is fsynced. On any error the temp file is
+    removed and ``path`` is untouched; OS errors become :class:`ArtifactError`.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "xb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise ArtifactError(f"could not write the file ({e})", where=str(path)) from e
+        raise
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    with atomic_writer(path) as fh:
+        fh.write(data)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write UTF-8 ``text`` to ``path`` atomically."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    """Write ``obj`` as JSON (sorted keys, indent 2) to ``path`` atomically."""
+    atomic_write_text(path, json.dumps(obj, sort_keys=True, indent=2) + "\n")
+
+
+def atomic_copy(src: str | Path, dst: str | Path) -> None:
+    """Copy ``src`` to ``dst`` atomically."""
+    try:
+        with open(src, "rb") as fin, atomic_writer(dst) as fout:
+            shutil.copyfileobj(fin, fout)
+    except FileNotFoundError as e:
+        raise ArtifactError("source file not found", where=str(src)) from e
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class StageRecord(_Record):
+    """One stage's entry in a run manifest."""
+
+    stage: str
+    """Stage name."""
+    status: Literal["running", "complete", "failed", "skipped"]
+    """Where the stage is."""
+    started_at: str
+    """ISO-8601 UTC start time."""
+    finished_at: str | None = None
+    """ISO-8601 UTC end time, once it ended."""
+    duration_s: float | None = None
+    """Wall time in seconds, once it ended."""
+    cache_hit: bool = False
+    """True if the artifact came from the cache instead of being computed."""
+    cache_source_run: str | None = None
+    """The run the cached artifact was first computed in."""
+    artifact_digest: str | None = None
+    """Digest of the stage's artifact, once complete."""
+    error: str | None = None
+    """The error message, if the stage failed."""
+
+
+class Manifest(_Record):
+    """A run's manifest.json: what ran, with what, and how it went."""
+
+    run_id: str
+    """The run's id (its folder name)."""
+    name: str
+    """The pipeline name from the spec."""
+    spec_digest: str
+    """Digest of the validated spec."""
+    status: Literal["running", "complete", "failed"]
+    """Where the run is."""
+    started_at: str
+    """ISO-8601 UTC start time."""
+    finished_at: str | None = None
+    """ISO-8601 UTC end time, once it ended."""
+    stages: dict[str, StageRecord] = {}
+    """Stage records by stage name."""
+    code_version: str
+    """Version of qparity's code that made the run."""
+    versions: dict[str, str] = {}
+    """Versions of the libraries involved."""
+    tags: dict[str, str] = {}
+    """Labels from the spec."""
+    parent_run: str | None = None
+    """The run this one was rerun from, if any."""
+    error: str | None = None
+    """The error message, if the run failed."""
+
+
+class Run:
+    """One run folder: paths inside it, its manifest, its files and artifacts."""
+
+    def __init__(self, root: str | Path, run_id: str):
+        self.run_id = validate_run_id(run_id)
+        self.root = Path(root) / run_id
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.root)!r})"
+
+    def path(self, rel: str | Path) -> Path:
+        """The absolute path of ``rel`` inside the run; refuses anything outside it."""
+        if Path(rel).is_absolute():
+            raise ArtifactError(f"path {str(rel)!r} must be relative to the run folder")
+        base = self.root.resolve()
+        full = (base / rel).resolve()
+        if not full.is_relative_to(base) or full == base:
+            raise ArtifactError(f"path {str(rel)!r} escapes the run folder", where=str(self.root))
+        return full
+
+    def manifest(self) -> Manifest:
+        """Read and validate manifest.json."""
+        path = self.root / "manifest.json"
+        try:
+            return Manifest.model_validate_json(path.read_bytes())
+        except FileNotFoundError as e:
+            raise ArtifactError("run has no manifest.json", where=str(self.root)) from e
+        except ValidationError as e:
+            raise ArtifactError(f"invalid manifest: {e}", where=str(path), hint=_RERUN_HINT) from e
+
+    def update_manifest(self, fn: Callable[[Manifest], Manifest]) -> Manifest:
+        """Apply ``fn`` to the manifest under an exclusive lock and write it atomically."""
+        with open(self.root / ".manifest.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                new = fn(self.manifest())
+                atomic_write_json(self.root / "manifest.json", new.model_dump(mode="json"))
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+        return new
+
+    def _set_stage(self, stage: str, fresh: bool = False, **changes: Any) -> Manifest:
+        """Create (``fresh``) or update the record of ``stage`` with ``changes``."""
+
+        def apply(m: Manifest) -> Manifest:
+            old = None if fresh else m.stages.get(stage)
+            base = old.model_dump() if old else {"stage": stage, "started_at": utc_now()}
+            if "finished_at" in changes:  # duration from the recorded start
+                end = datetime.fromisoformat(changes["finished_at"])
+                base["duration_s"] = (
+                    end - datetime.fromisoformat(base["started_at"])
+                ).total_seconds()
+            rec = StageRecord.model_validate({**base, **changes})
+            return m.model_copy(update={"stages": {**m.stages, stage: rec}})
+
+        return self.update_manifest(apply)
+
+    def stage_started(self, stage: str) -> Manifest:
+        """Record that ``stage`` started now (replaces an earlier record of it)."""
+        return self._set_stage(stage, fresh=True, status="running")
+
+    def stage_finished(
+        self,
+        stage: str,
+        artifact_digest: str,
+        cache_hit: bool,
+        cache_source_run: str | None = None,
+    ) -> Manifest:
+        """Record that ``stage`` completed with the artifact of ``artifact_digest``."""
+        return self._set_stage(
+            stage,
+            status="complete",
+            finished_at=utc_now(),
+            artifact_digest=artifact_digest,
+            cache_hit=cache_hit,
+            cache_source_run=cache_source_run,
+            error=None,
+        )
+
+    def stage_failed(self, stage: str, error: str) -> Manifest:
+        """Record that ``stage`` failed with ``error``."""
+        return self._set_stage(stage, status="failed", finished_at=utc_now(), error=error)
+
+    def finish(self, status: Literal["complete", "failed"], error: str | None = None) -> Manifest:
+        """Mark the whole run complete or failed."""
+        return self.update_manifest(
+            lambda m: m.model_copy(
+                update={"status": status, "finished_at": utc_now(), "error": error}
+            )
+        )
+
+    def write_file(self, rel: str | Path, data: bytes) -> str:
+        """Write ``data`` to ``rel`` atomically; return its sha256."""
+        atomic_write_bytes(self.path(rel), data)
+        return sha256_bytes(data)
+
+    def write_text(self, rel: str | Path, text: str) -> str:
+        """Write UTF-8 ``text`` to ``rel`` atomically; return its sha256."""
+        return self.write_file(rel, text.encode("utf-8"))
+
+    def save_artifact(self, art: Artifact) -> Path:
+        """Verify the artifact's files, then write ``artifacts/<stage>.json`` atomically."""
+        self.verify_artifact(art)
+        path = self.path(f"artifacts/{art.stage}.json")
+        atomic_write_json(path, art.model_dump(mode="json"))
+        return path
+
+    def load_artifact(self, stage: str, cls: type[A]) -> A:
+        """Read ``artifacts/<stage>.json`` as ``cls`` and verify every file it owns."""
+        path = self.path(f"artifacts/{stage}.json")
+        try:
+            art = cls.model_validate_json(path.read_bytes())
+        except FileNotFoundError as e:
+            raise ArtifactError(f"no {stage} artifact", where=str(path), hint=_RERUN_HINT) from e
+        except ValidationError as e:
+            msg = f"not a valid {cls.__name__}: {e}"
+            raise ArtifactError(msg, where=str(path), hint=_RERUN_HINT) from e
+        if art.stage != stage:
+            raise ArtifactError(
+                f"artifact is for stage {art.stage!r}, not {stage!r}", where=str(path)
+            )
+        self.verify_artifact(art)
+        return art
+
+    def verify_artifact(self, art: Artifact) -> None:
+        """Check that every file of ``art`` exists and has the recorded sha256."""
+        for rel, expected in sorted(art.files.items()):
+            path = self.path(rel)
+            if not path.is_file():
+                raise ArtifactError(
+                    f"file of the {art.stage} artifact is missing (expected sha256 {expected})",
+                    where=str(path),
+                    hint=_RERUN_HINT,
+                )
+            actual = sha256_file(path)
+            if actual != expected:
+                raise ArtifactError(
+                    f"file of the {art.stage} artifact changed: expected sha256 {expected}, "
+                    f"actual {actual}",
+                    where=str(path),
+                    hint=_RERUN_HINT,
+                )
+
+
+class RunStore:
+    """The folder of all runs, plus the content-addressed stage cache index."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def create_run(
+        self,
+        name: str,
+        spec_text: str,
+        spec_digest: str,
+        code_version: str,
+        versions: dict[str, str],
+        tags: dict[str, str],
+        parent_run: str | None = None,
+    ) -> Run:
+        """Make a new run folder with spec.yaml and a 'running' manifest (written last)."""
+        run = Run(self.root, new_run_id(name))
+        for sub in ("artifacts", "debug", "tables"):
+            (run.root / sub).mkdir(parents=True)
+        atomic_write_text(run.root / "spec.yaml", spec_text)
+        manifest = Manifest(
+            run_id=run.run_id,
+            name=name,
+            spec_digest=spec_digest,
+            status="running",
+            started_at=utc_now(),
+            code_version=code_version,
+            versions=versions,
+            tags=tags,
+            parent_run=parent_run,
+        )
+        atomic_write_json(run.root / "manifest.json", manifest.model_dump(mode="json"))
+        return run
+
+    def open(self, run_id: str) -> Run:
+        """Open an existing run; :class:`ArtifactError` if there is none of that id."""
+        run = Run(self.root, run_id)
+        if not (run.root / "manifest.json").is_file():
+            raise ArtifactError(
+                f"no run {run_id!r}", where=str(self.root), hint="`qparity runs` lists runs"
+            )
+        return run
+
+    def list_runs(self) -> list[Manifest]:
+        """Manifests of every run, oldest first; folders without a valid one are skipped."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for folder in self.root.iterdir():
+            if folder.name[0] in "._" or not folder.is_dir():
+                continue
+            try:
+                found.append(Manifest.model_validate_json((folder / "manifest.json").read_bytes()))
+            except (OSError, ValidationError):
+                continue  # not (yet) a run: created mid-way or foreign
+        return sorted(found, key=lambda m: (m.started_at, m.run_id))
+
+    def _cache_path(self, key: str) -> Path:
+        if not isinstance(key, str) or not _HEX_RE.match(key):
+            raise ArtifactError(f"invalid cache key {key!r}: expected 8-128 lowercase hex digits")
+        return self.root / ".cache" / "index" / f"{key}.json"
+
+    def cache_lookup(self, key: str) -> dict[str, Any] | None:
+        """The payload recorded under ``key``, or None (a miss)."""
+        path = self._cache_path(key)
+        try:
+            payload = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise ArtifactError(f"unreadable cache entry ({e})", where=str(path)) from e
+        return payload if isinstance(payload, dict) else None
+
+    def cache_record(self, key: str, payload: dict[str, Any]) -> None:
+        """Record ``payload`` under ``key`` (atomic; replaces an earlier entry)."""
+        atomic_write_json(self._cache_path(key), payload)

@@ -1,0 +1,184 @@
+"""Arrow schemas of the tables SQL sees, and the Parquet writer and reader.
+
+Each run writes its rows under ``<run>/tables/<table>/<part>.parquet``, so that
+``read_parquet('<root>/*/tables/<table>/**/*.parquet')`` sees every run. Column names
+are the contract of DESIGN.md "Tables": add columns, never rename them. A table is added
+by adding its schema to :data:`SCHEMAS`.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from schemas.errors import ArtifactError
+from schemas.store import Run, atomic_writer
+
+TS = pa.timestamp("us", tz="UTC")
+"""Timestamps: microseconds, UTC."""
+
+RUNS = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("started_at", TS),
+        pa.field("finished_at", TS),
+        pa.field("status", pa.string()),
+        pa.field("spec_digest", pa.string()),
+        pa.field("model", pa.string()),
+        pa.field("march", pa.string()),
+        pa.field("consistency_level", pa.string()),
+        pa.field("settings", pa.string()),  # JSON of the toolchain settings
+        pa.field("code_version", pa.string()),
+        pa.field("tags", pa.string()),  # JSON of the spec's tags
+    ]
+)
+"""One row per run."""
+
+STAGES = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("stage", pa.string(), nullable=False),
+        pa.field("status", pa.string()),
+        pa.field("started_at", TS),
+        pa.field("finished_at", TS),
+        pa.field("duration_s", pa.float64()),
+        pa.field("artifact_digest", pa.string()),
+        pa.field("cache_hit", pa.bool_()),
+    ]
+)
+"""One row per stage of a run."""
+
+METRICS = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("stage", pa.string(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("value", pa.float64()),
+        pa.field("n_samples", pa.int64()),
+    ]
+)
+"""Dataset-level metrics (e.g. top1) per stage of a run."""
+
+SCHEMAS: dict[str, pa.Schema] = {"runs": RUNS, "stages": STAGES, "metrics": METRICS}
+"""Every table by name."""
+
+_PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]*$")
+
+
+def _schema(table: str) -> pa.Schema:
+    if table not in SCHEMAS:
+        raise ArtifactError(f"unknown table {table!r}", hint=f"use one of: {', '.join(SCHEMAS)}")
+    return SCHEMAS[table]
+
+
+def _python_types(dtype: pa.DataType) -> tuple[type, ...]:
+    if pa.types.is_boolean(dtype):
+        return (bool,)
+    if pa.types.is_integer(dtype):
+        return (int,)
+    if pa.types.is_floating(dtype):
+        return (int, float)
+    return (str,)
+
+
+def _check_value(value: Any, dtype: pa.DataType) -> Any:
+    """The value to store for ``dtype``; raises TypeError if it has the wrong type."""
+    if pa.types.is_timestamp(dtype):
+        if isinstance(value, str):
+            value = datetime.fromisoformat(value)
+        if not isinstance(value, datetime):
+            raise TypeError("expected a datetime or an ISO-8601 string")
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    expected = _python_types(dtype)
+    if (isinstance(value, bool) and bool not in expected) or not isinstance(value, expected):
+        raise TypeError(f"expected {' or '.join(t.__name__ for t in expected)}")
+    return value
+
+
+def _column(table: str, field: pa.Field, rows: list[dict[str, Any]]) -> pa.Array:
+    values = []
+    for i, row in enumerate(rows):
+        value = row[field.name]
+        if value is None and not field.nullable:
+            raise ArtifactError(f"table {table}, column {field.name}: row {i} is null")
+        try:
+            values.append(None if value is None else _check_value(value, field.type))
+        except (TypeError, ValueError) as e:
+            msg = f"table {table}, column {field.name}: row {i} has {value!r}: {e}"
+            raise ArtifactError(msg) from e
+    return pa.array(values, type=field.type)
+
+
+def to_arrow(table: str, rows: list[dict[str, Any]]) -> pa.Table:
+    """Validate ``rows`` against the table's schema and build an Arrow table."""
+    schema = _schema(table)
+    names = set(schema.names)
+    for i, row in enumerate(rows):
+        missing, extra = names - row.keys(), row.keys() - names
+        if missing or extra:
+            what = (
+                f"missing column {sorted(missing)[0]}"
+                if missing
+                else f"unknown column {sorted(extra)[0]}"
+            )
+            raise ArtifactError(
+                f"table {table}: row {i}: {what}", hint=f"columns: {', '.join(schema.names)}"
+            )
+    return pa.Table.from_arrays([_column(table, f, rows) for f in schema], schema=schema)
+
+
+def write_rows(run: Run, table: str, rows: list[dict[str, Any]], part: str) -> Path:
+    """Write ``rows`` to ``tables/<table>/<part>.parquet`` atomically (replacing that part)."""
+    if not all(_PART_RE.match(p) and ".." not in p for p in part.split("/")):
+        raise ArtifactError(
+            f"invalid part name {part!r}", hint="use letters, digits, '.', '_', '-', '='"
+        )
+    data = to_arrow(table, rows)
+    path = run.path(f"tables/{table}/{part}.parquet")
+    with atomic_writer(path) as fh:
+        pq.write_table(data, fh)
+    return path
+
+
+def read_table(root: str | Path, table: str) -> pa.Table:
+    """Every run's rows of ``table`` under the store ``root``, via DuckDB."""
+    schema = _schema(table)
+    root = Path(root)
+    if not any(root.glob(f"*/tables/{table}/**/*.parquet")):
+        return schema.empty_table()
+    pattern = f"{root}/*/tables/{table}/**/*.parquet"
+    con = duckdb.connect()
+    try:
+        con.execute("SET TimeZone = 'UTC'")
+        query = "SELECT * FROM read_parquet($pattern, union_by_name = true)"
+        result = con.sql(query, params={"pattern": pattern}).to_arrow_table()
+    except duckdb.Error as e:
+        raise ArtifactError(f"cannot read table {table} ({e})", where=str(root)) from e
+    finally:
+        con.close()
+    return _conform(result, schema)
+
+
+def _conform(result: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Cast the schema's columns back to their types; keep any extra columns after them."""
+    columns = [result.column(f.name).cast(f.type) for f in schema]
+    fields = list(schema.with_metadata(None))
+    for name in result.column_names:
+        if name not in schema.names:
+            columns.append(result.column(name))
+            fields.append(result.schema.field(name))
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+
+
+def read_run_table(run: Run, table: str) -> list[dict[str, Any]]:
+    """Rows of one table of one run, as dicts (empty if the run has none)."""
+    files = sorted(run.path(f"tables/{table}").glob("**/*.parquet"))
+    if not files:
+        return []
+    return pa.concat_tables([pq.read_table(f) for f in files]).to_pylist()

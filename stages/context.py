@@ -1,0 +1,131 @@
+"""What every stage function gets besides its input artifact: the spec, the run, the data."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import torch
+
+from schemas.spec import PipelineSpec
+from schemas.store import Run
+from stages.data import Split, load_splits
+from stages.modelio import build_float, model_digest
+from stages.quantizer import QuantPolicy
+
+# Consistency strategy levels (DESIGN.md "Numerics"): what each level switches on.
+# pot_*: power-of-two scales at prepare; the two flags are recorded for convert.
+CONSISTENCY_LEVELS = {
+    "none": {
+        "pot_activations": False,
+        "pot_weights": False,
+        "high_precision_qpp": False,
+        "fuse_requantize": True,
+    },
+    0: {
+        "pot_activations": False,
+        "pot_weights": False,
+        "high_precision_qpp": True,
+        "fuse_requantize": False,
+    },
+    1: {
+        "pot_activations": True,
+        "pot_weights": False,
+        "high_precision_qpp": False,
+        "fuse_requantize": True,
+    },
+    2: {
+        "pot_activations": True,
+        "pot_weights": True,
+        "high_precision_qpp": False,
+        "fuse_requantize": True,
+    },
+}
+
+
+def policy_from_spec(spec: PipelineSpec) -> QuantPolicy:
+    """The quantizer policy a spec asks for, consistency level applied."""
+    q = spec.quant
+    level = CONSISTENCY_LEVELS[q.consistency_level]
+    return QuantPolicy(
+        activation_dtype=q.activation_dtype,
+        overrides=dict(q.overrides),
+        observer=q.observer,
+        rounding=q.rounding,
+        pot_activations=level["pot_activations"],
+        pot_weights=level["pot_weights"],
+        high_precision_output=q.high_precision_output,
+        percentile=q.percentile,
+        averaging_constant=q.averaging_constant,
+    )
+
+
+def toolchain_settings(spec: PipelineSpec) -> dict:
+    """Settings that change the arithmetic, as recorded in the run and its artifacts."""
+    level = CONSISTENCY_LEVELS[spec.quant.consistency_level]
+    return {
+        **asdict(policy_from_spec(spec)),
+        "march": spec.quant.march,
+        "consistency_level": str(spec.quant.consistency_level),
+        "high_precision_qpp": level["high_precision_qpp"],
+        "fuse_requantize": level["fuse_requantize"],
+    }
+
+
+@dataclass
+class RunContext:
+    """A stage's view of the run: spec, run folder, datasets (loaded once, lazily)."""
+
+    spec: PipelineSpec
+    run: Run
+    code_version: str
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @cached_property
+    def splits(self) -> dict[str, Split]:
+        """calibration, evaluation and train splits (see stages.data.load_splits)."""
+        d = self.spec.data
+        return load_splits(d.dataset, d.calibration_samples, d.evaluation_samples)
+
+    @property
+    def calibration(self) -> Split:
+        return self.splits["calibration"]
+
+    @property
+    def evaluation(self) -> Split:
+        return self.splits["evaluation"]
+
+    @cached_property
+    def float_model(self) -> torch.nn.Module:
+        """The spec's float model (factory + weights), built once per run."""
+        return build_float(self.spec.model.factory, self.spec.model.weights)
+
+    @cached_property
+    def float_digest(self) -> str:
+        """Digest of the float model: its weights and the source of its factory module."""
+        return model_digest(self.float_model, self.spec.model.factory)
+
+    def data_digest(self, name: str) -> str:
+        """Digest of one input of a stage: a data split or the float model."""
+        return self.float_digest if name == "float_model" else self.splits[name].digest
+
+    @cached_property
+    def example(self) -> torch.Tensor:
+        """Two evaluation samples: the tracing input (batch is exported as dynamic)."""
+        n = min(2, len(self.evaluation))
+        return torch.from_numpy(self.evaluation.x[:n].copy())
+
+    @cached_property
+    def policy(self) -> QuantPolicy:
+        return policy_from_spec(self.spec)
+
+    def artifact_dir(self, stage: str) -> Path:
+        """The folder a stage writes its files to (created)."""
+        path = self.run.path(f"artifacts/{stage}")
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def write_debug(self, name: str, text: str) -> None:
+        """Write a vendor-style text file into the run's debug folder (atomically)."""
+        self.run.write_text(f"debug/{name}", text)

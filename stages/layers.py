@@ -1,0 +1,239 @@
+"""The op table and canonical layer ids of an exported (torch.export) graph.
+
+Every op qparity can carry through the chain is listed in :data:`OP_TABLE` with its
+quantization category. Anything else is *unsupported* and is reported by name and node
+before any stage runs (DESIGN.md, "Op coverage").
+
+Canonical layer id (DESIGN.md, "Contracts"): the module path of the float model.
+- A node that is the only op of a leaf module call gets the module path (``block1.conv1``);
+  a second call of the same module gets ``@k`` (``relu@1``), as torch.export names it.
+- Any other node gets ``<module path>.<op>`` (``block1.add``, ``att.linear_1``) with the
+  op numbered in graph order inside that module when it repeats; the root module's own
+  ops are just ``<op>``.
+The id is computed once on the exported float graph and stored in ``node.meta[ID_KEY]``;
+prepare keeps node meta, so every later torch-side model sees the same ids.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+import torch.fx
+
+ID_KEY = "qparity_id"
+aten = torch.ops.aten
+
+
+class Category(StrEnum):
+    """How an op is quantized. Passthrough ops keep their input's scale exactly."""
+
+    WEIGHTED = "weighted"  # conv/linear: int8 per-channel weights, int32 accumulate
+    COMPUTE = "compute"  # produces new values: output gets its own quantizer
+    LUT = "lut"  # table op on the BPU (sigmoid, exp, ...): output quantizer
+    COMPOSITE = "composite"  # decomposed on the BPU (softmax, layer_norm, attention)
+    PASSTHROUGH = "passthrough"  # layout/selection ops: exact under the input's scale
+
+
+def _table() -> dict[object, tuple[str, Category]]:
+    c = Category
+    rows = {
+        c.WEIGHTED: {
+            "conv": [aten.conv1d.default, aten.conv2d.default, aten.conv2d.padding],
+            "linear": [aten.linear.default],
+        },
+        c.COMPUTE: {
+            "matmul": [aten.matmul.default, aten.bmm.default, aten.mm.default],
+            "add": [aten.add.Tensor, aten.add.Scalar],
+            "sub": [aten.sub.Tensor, aten.sub.Scalar],
+            "mul": [aten.mul.Tensor, aten.mul.Scalar],
+            "div": [aten.div.Tensor, aten.div.Scalar],
+            "leaky_relu": [aten.leaky_relu.default],
+            "prelu": [aten.prelu.default],
+            "avg_pool": [
+                aten.avg_pool2d.default,
+                aten.adaptive_avg_pool2d.default,
+                aten.avg_pool1d.default,
+            ],
+            "mean": [aten.mean.dim, aten.mean.default],
+            "sum": [aten.sum.dim_IntList],
+            "cat": [aten.cat.default, aten.concat.default],
+            "resize": [aten.upsample_bilinear2d.vec, aten.upsample_bilinear2d.default],
+            "grid_sample": [aten.grid_sampler.default, aten.grid_sampler_2d.default],
+            "embedding": [aten.embedding.default],
+            "batch_norm": [
+                aten.batch_norm.default,
+                aten._native_batch_norm_legit_no_training.default,
+            ],
+        },
+        c.LUT: {
+            "sigmoid": [aten.sigmoid.default],
+            "tanh": [aten.tanh.default],
+            "exp": [aten.exp.default],
+            "log": [aten.log.default],
+            "gelu": [aten.gelu.default],
+            "silu": [aten.silu.default],
+            "hardswish": [aten.hardswish.default],
+            "reciprocal": [aten.reciprocal.default],
+            "sqrt": [aten.sqrt.default],
+            "rsqrt": [aten.rsqrt.default],
+        },
+        c.COMPOSITE: {
+            "softmax": [aten.softmax.int, aten._softmax.default],
+            "layer_norm": [aten.layer_norm.default],
+            "attention": [aten.scaled_dot_product_attention.default],
+        },
+        c.PASSTHROUGH: {
+            "relu": [aten.relu.default],
+            "relu6": [aten.relu6.default],
+            "clamp": [aten.clamp.default, aten.hardtanh.default],
+            "max_pool": [
+                aten.max_pool2d.default,
+                aten.max_pool1d.default,
+                aten.adaptive_max_pool2d.default,
+            ],
+            "upsample_nearest": [aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default],
+            "pad": [aten.pad.default, aten.constant_pad_nd.default],
+            "reshape": [
+                aten.view.default,
+                aten.reshape.default,
+                aten.flatten.using_ints,
+                aten.unflatten.int,
+                aten.squeeze.dim,
+                aten.squeeze.dims,
+                aten.unsqueeze.default,
+                aten.expand.default,
+            ],
+            "permute": [aten.permute.default, aten.transpose.int, aten.t.default],
+            "slice": [
+                aten.slice.Tensor,
+                aten.select.int,
+                aten.split.Tensor,
+                aten.split_with_sizes.default,
+                aten.chunk.default,
+                aten.narrow.default,
+                operator.getitem,
+            ],
+            "identity": [
+                aten.contiguous.default,
+                aten.clone.default,
+                aten.dropout.default,
+                aten.detach_.default,
+                aten.alias.default,
+            ],
+        },
+    }
+    return {t: (op, cat) for cat, ops in rows.items() for op, ts in ops.items() for t in ts}
+
+
+OP_TABLE = _table()
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """One tensor-producing node of an exported graph."""
+
+    node: str
+    layer_id: str
+    op_type: str
+    category: Category | None  # None: unsupported
+    target: str
+    module_type: str
+    inputs: tuple[str, ...] = ()  # node names of the tensor inputs
+
+    @property
+    def supported(self) -> bool:
+        return self.category is not None
+
+
+def is_tensor_node(node: torch.fx.Node) -> bool:
+    """True for call_function nodes that produce a tensor (not SymInt shape arithmetic)."""
+    if node.op != "call_function":
+        return False
+    val = node.meta.get("val")
+    if isinstance(val, (list, tuple)):
+        return any(isinstance(v, torch.Tensor) for v in val)
+    return isinstance(val, torch.Tensor)
+
+
+def classify(node: torch.fx.Node) -> tuple[str, Category | None]:
+    """(op_type, category) of a node; an unknown target gives (target name, None)."""
+    found = OP_TABLE.get(node.target)
+    if found is not None:
+        return found
+    return str(node.target).removeprefix("aten."), None
+
+
+def _module_of(node: torch.fx.Node) -> tuple[str, str, str]:
+    """(stack key, module path, module type) of the innermost module that called ``node``."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return "", "", ""
+    key, (path, mtype) = list(stack.items())[-1]
+    mtype = mtype if isinstance(mtype, str) else getattr(mtype, "__qualname__", str(mtype))
+    if key.startswith("_empty_nn_module_stack"):
+        return "", "", ""
+    return key, path, mtype
+
+
+def assign_layer_ids(gm: torch.fx.GraphModule) -> list[OpInfo]:
+    """Give every tensor node of ``gm`` its canonical id (in ``node.meta[ID_KEY]``)."""
+    nodes = [n for n in gm.graph.nodes if is_tensor_node(n)]
+    per_call = defaultdict(list)
+    for n in nodes:
+        per_call[_module_of(n)[0]].append(n)
+    op_counts: Counter[tuple[str, str]] = Counter()
+    infos = []
+    for n in nodes:
+        key, path, mtype = _module_of(n)
+        op_type, cat = classify(n)
+        call = key.rsplit("@", 1)[1] if "@" in key else None
+        owned = path and len(per_call[key]) == 1
+        if owned:
+            layer_id = f"{path}@{call}" if call else path
+        else:
+            base = f"{path}.{op_type}" if path else op_type
+            k = op_counts[(key, op_type)]
+            op_counts[(key, op_type)] += 1
+            layer_id = base if k == 0 else f"{base}_{k}"
+            if call:
+                layer_id = f"{layer_id}@{call}"
+        n.meta[ID_KEY] = layer_id
+        infos.append(
+            OpInfo(
+                n.name,
+                layer_id,
+                op_type,
+                cat,
+                str(n.target),
+                mtype,
+                tuple(a.name for a in n.all_input_nodes),
+            )
+        )
+    return infos
+
+
+def layer_infos(gm: torch.fx.GraphModule) -> list[OpInfo]:
+    """The ops of a graph whose ids were assigned earlier (e.g. after prepare)."""
+    out = []
+    for n in gm.graph.nodes:
+        if ID_KEY in n.meta and n.op == "call_function":
+            op_type, cat = classify(n)
+            out.append(
+                OpInfo(n.name, n.meta[ID_KEY], op_type, cat, str(n.target), _module_of(n)[2])
+            )
+    return out
+
+
+def module_call_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
+    """Module path -> number of distinct calls, for modules called more than once."""
+    calls: dict[str, set[str]] = defaultdict(set)
+    for n in gm.graph.nodes:
+        if is_tensor_node(n):
+            key, path, _ = _module_of(n)
+            if path:
+                calls[path].add(key)
+    return {p: len(keys) for p, keys in calls.items() if len(keys) > 1}

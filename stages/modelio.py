@@ -1,0 +1,171 @@
+"""Float and QAT models: build from a spec, export, prepare, save and rebuild without pickle.
+
+A QAT model is never pickled: it is rebuilt from the spec (factory -> torch.export ->
+prepare with the same policy, which is deterministic) and its state_dict is loaded from
+safetensors. Everything torch-side that the stages share lives here.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import inspect
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
+
+import safetensors.torch
+import torch
+import torch.fx
+from torchao.quantization.pt2e import move_exported_model_to_eval
+from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+from schemas.errors import ArtifactError, SpecError, StageError
+from stages.fake_quant import QFakeQuantize, quantizers
+from stages.layers import ID_KEY, OpInfo, assign_layer_ids
+from stages.loader import import_object
+from stages.quantizer import NashQuantizer, QuantPolicy
+
+
+def build_float(factory: str, weights: str | None = None) -> torch.nn.Module:
+    """Call the spec's model factory (and load its safetensors weights) in eval mode."""
+    fn = import_object(factory, field="model.factory")
+    try:
+        model = fn()
+    except Exception as e:  # user code
+        raise StageError(
+            f"model factory {factory} raised {type(e).__name__}: {e}",
+            where="model.factory",
+            hint="run the factory on its own to debug it",
+        ) from e
+    if not isinstance(model, torch.nn.Module):
+        raise SpecError(
+            f"{factory} returned {type(model).__name__}, not a torch.nn.Module",
+            where="model.factory",
+            hint="return the model instance",
+        )
+    if weights:
+        load_weights(model, Path(weights), field="model.weights")
+    return model.eval()
+
+
+def load_weights(model: torch.nn.Module, path: Path, *, field: str) -> None:
+    """Load a safetensors state_dict strictly; errors name the file and the keys."""
+    try:
+        state = safetensors.torch.load_file(str(path))
+    except (OSError, safetensors.SafetensorError) as e:
+        raise ArtifactError(
+            f"cannot read safetensors file {path} ({e})",
+            where=field,
+            hint="point to a file written by safetensors.torch.save_file",
+        ) from e
+    result = model.load_state_dict(state, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise ArtifactError(
+            f"{path} does not fit the model: missing {result.missing_keys[:5]}, "
+            f"unexpected {result.unexpected_keys[:5]}",
+            where=field,
+            hint="use weights saved from the same model architecture",
+        )
+
+
+def save_state(model: torch.nn.Module, path: Path) -> None:
+    """state_dict -> safetensors (tensors made contiguous and unshared)."""
+    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    tmp = path.with_name(f".{path.name}.tmp")
+    safetensors.torch.save_file(state, str(tmp))
+    os.replace(tmp, path)
+
+
+def export_graph(model: torch.nn.Module, example: torch.Tensor) -> torch.fx.GraphModule:
+    """torch.export with a dynamic batch; a failure names the op or line and what to do."""
+    try:
+        ep = torch.export.export(
+            model, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},), strict=False
+        )
+    except Exception as e:  # torch.export raises many types; all mean "cannot trace"
+        first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        raise StageError(
+            f"torch.export cannot trace the model: {first[:300]}",
+            where="prepare",
+            hint="remove data-dependent Python control flow on tensor values "
+            "(use torch.where / torch.cond) or unsupported Python ops "
+            "in forward; run with --debug for the full trace",
+        ) from e
+    return ep.module()
+
+
+def prepare_qat(
+    float_model: torch.nn.Module, example: torch.Tensor, policy: QuantPolicy
+) -> tuple[torch.fx.GraphModule, list[OpInfo], dict[str, tuple[str, str]]]:
+    """Float model -> QAT GraphModule (BN folded, fake quant per the policy).
+
+    Returns the module, its ops with canonical ids, and quantizer -> (layer id, role).
+    The float model must be a copy: BN folding rewrites the traced parameters.
+    """
+    gm = export_graph(float_model, example)
+    infos = assign_layer_ids(gm)
+    if any(not i.supported for i in infos):
+        raise UnsupportedOps(infos)
+    gm = prepare_pt2e(gm, NashQuantizer(policy))
+    move_exported_model_to_eval(gm)
+    return gm, infos, name_quantizers(gm)
+
+
+def load_qat(art, ctx) -> torch.fx.GraphModule:
+    """Rebuild the QAT model of an artifact in this run and load its saved state."""
+    gm, _, _ = prepare_qat(copy.deepcopy(ctx.float_model), ctx.example, ctx.policy)
+    state_file = ctx.run.path(art.state_file)
+    load_weights(gm, state_file, field=f"artifact {art.state_file}")
+    name_quantizers(gm)
+    return gm
+
+
+class UnsupportedOps(StageError):
+    """The model uses ops qparity cannot carry through the chain (``infos``: all ops)."""
+
+    def __init__(self, infos: list[OpInfo]):
+        self.infos = infos
+        bad = [i for i in infos if not i.supported]
+        listing = "; ".join(f"{o.target} at node {o.node} (layer {o.layer_id})" for o in bad)
+        super().__init__(
+            f"{len(bad)} unsupported op(s): {listing}",
+            where="prepare",
+            hint="replace them with supported ops (DESIGN.md 'Op coverage'); "
+            "debug/model_check_result.txt lists them",
+        )
+
+
+def name_quantizers(gm: torch.fx.GraphModule) -> dict[str, tuple[str, str]]:
+    """Quantizer module name -> (layer id, role in {input, weight, output})."""
+    roles = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_module" or not isinstance(gm.get_submodule(node.target), QFakeQuantize):
+            continue
+        src = node.args[0]
+        if src.op == "get_attr":
+            user = next(iter(node.users))
+            roles[node.target] = (user.meta.get(ID_KEY, user.name), "weight")
+        elif src.op == "placeholder":
+            roles[node.target] = (f"input:{src.name}", "input")
+        else:
+            roles[node.target] = (src.meta.get(ID_KEY, src.name), "output")
+    for name, fq in quantizers(gm):
+        layer, role = roles.get(name, (name, "output"))
+        fq.name = f"{layer}[{role}]"
+    return roles
+
+
+def model_digest(model: torch.nn.Module, factory: str) -> str:
+    """sha256 over the state_dict tensors and the factory module's source file."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().contiguous().cpu().numpy().tobytes())
+    module = sys.modules.get(factory.partition(":")[0])
+    source = inspect.getsourcefile(module) if module else None
+    if source:
+        h.update(Path(source).read_bytes())
+    return h.hexdigest()

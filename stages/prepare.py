@@ -1,0 +1,73 @@
+"""prepare: float model -> QAT model (BN folded, fake quant inserted per the policy).
+
+Writes debug/fx_graph.txt and debug/model_check_result.txt; an unsupported op stops the
+stage after the report is written. Records float top-1 and the prepared model's top-1 with
+every quantizer in FLOAT state (which must equal float: only BN folding happened).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+from schemas.artifacts import Metric, PreparedModel
+from stages.context import RunContext, toolchain_settings
+from stages.evaluate import top1
+from stages.fake_quant import QuantState, set_model_state
+from stages.layers import assign_layer_ids
+from stages.model_check import folded_layers, render_check, render_fx_graph
+from stages.modelio import UnsupportedOps, export_graph, prepare_qat, save_state
+from stages.registry_types import StageCall
+
+
+def prepare(upstream: None, ctx: RunContext, call: StageCall) -> PreparedModel:
+    """Build the QAT model of the spec's float model and report what was found."""
+    model, n = ctx.float_model, len(ctx.evaluation)
+    float_top1 = top1(model, ctx.evaluation, ctx.spec.data.batch_size)
+    try:
+        gm, infos, roles = prepare_qat(copy.deepcopy(model), ctx.example, ctx.policy)
+    except UnsupportedOps as e:
+        ctx.write_debug("model_check_result.txt", render_check(e.infos, None, None))
+        raise
+    ctx.write_debug("fx_graph.txt", render_fx_graph(gm))
+    ctx.write_debug("model_check_result.txt", render_check(infos, gm, roles))
+    set_model_state(gm, QuantState.FLOAT)
+    prepared_top1 = top1(gm, ctx.evaluation, ctx.spec.data.batch_size)
+    out = ctx.artifact_dir("prepare")
+    save_state(model, out / "float.safetensors")
+    save_state(gm, out / "qat.safetensors")
+    folded = folded_layers(infos, gm)
+    layers = [
+        dict(
+            i.__dict__,
+            category=i.category and str(i.category),
+            topo_index=k,
+            merged_into=folded.get(i.layer_id),
+        )
+        for k, i in enumerate(infos)
+    ]
+    ctx.run.write_text("artifacts/prepare/layers.json", json.dumps(layers, indent=1))
+    return call.make(
+        PreparedModel,
+        ctx.run,
+        files=[
+            "artifacts/prepare/float.safetensors",
+            "artifacts/prepare/qat.safetensors",
+            "artifacts/prepare/layers.json",
+        ],
+        factory=ctx.spec.model.factory,
+        example_shape=list(ctx.example.shape),
+        settings=toolchain_settings(ctx.spec),
+        quant_state="float",
+        state_file="artifacts/prepare/qat.safetensors",
+        metrics=[
+            Metric(stage="float", metric="top1", value=float_top1, n_samples=n),
+            Metric(stage="prepare", metric="top1", value=prepared_top1, n_samples=n),
+        ],
+    )
+
+
+def check_only(ctx: RunContext) -> str:
+    """model_check_result.txt for a model without preparing it (used by the CLI)."""
+    gm = export_graph(copy.deepcopy(ctx.float_model), ctx.example)
+    return render_check(assign_layer_ids(gm), None, None)

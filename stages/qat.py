@@ -1,0 +1,46 @@
+"""qat (optional): N fine-tuning steps of the calibrated QAT model, then scales frozen.
+
+During training every quantizer is in QAT state (observer on, fake quant on, straight-
+through gradients) and the exported graph is switched to train mode with torchao's helper
+(``.train()`` on an exported model raises); afterwards eval mode and VALIDATION state.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torchao.quantization.pt2e import move_exported_model_to_eval, move_exported_model_to_train
+
+from schemas.artifacts import QatModelArtifact, QatTunedModel
+from stages.calibrate import save_qat
+from stages.context import RunContext
+from stages.evaluate import first_output, top1
+from stages.fake_quant import QuantState, freeze_model, set_model_state
+from stages.modelio import load_qat
+from stages.registry_types import StageCall
+
+
+def qat(upstream: QatModelArtifact, ctx: RunContext, call: StageCall) -> QatTunedModel:
+    """Fine-tune for ``stages.qat.steps`` steps on the train split; evaluate."""
+    cfg = ctx.spec.stages.qat
+    gm = load_qat(upstream, ctx)
+    train = ctx.splits["train"]
+    for _ in train.batches(len(train)):  # refuse NaN/Inf (naming the sample) before training
+        pass
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    set_model_state(gm, QuantState.QAT)
+    move_exported_model_to_train(gm)
+    opt = torch.optim.Adam([p for p in gm.parameters() if p.requires_grad], lr=cfg.lr)
+    for _ in range(cfg.steps):
+        idx = rng.choice(len(train), size=min(cfg.batch_size, len(train)), replace=False)
+        x, y = torch.from_numpy(train.x[idx]), torch.from_numpy(train.y[idx])
+        loss = torch.nn.functional.cross_entropy(first_output(gm(x)), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    move_exported_model_to_eval(gm)
+    freeze_model(gm)
+    set_model_state(gm, QuantState.VALIDATION)
+    acc = top1(gm, ctx.evaluation, ctx.spec.data.batch_size)
+    return save_qat(gm, ctx, call, QatTunedModel, upstream, acc)

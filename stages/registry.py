@@ -1,0 +1,81 @@
+"""The one registry of stages: their order, inputs, output artifact types and functions.
+
+A stage function has one signature, ``fn(upstream, ctx, call) -> Artifact``: ``upstream``
+is the artifact of the nearest enabled stage before it (None for the first). Optional
+stages run only when the spec enables them. ``data`` names the other inputs whose digests
+enter the stage's cache key (data splits, the float model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from schemas.artifacts import Artifact, CalibratedModel, PreparedModel, QatTunedModel
+from schemas.errors import SpecError
+from schemas.spec import PipelineSpec
+from schemas.store import sha256_bytes
+from stages.calibrate import calibrate
+from stages.prepare import prepare
+from stages.qat import qat
+
+
+@dataclass(frozen=True)
+class StageDef:
+    """One row of the registry."""
+
+    name: str
+    fn: Callable
+    output: type[Artifact]
+    data: tuple[str, ...]
+    optional: bool = False
+
+    def enabled(self, spec: PipelineSpec) -> bool:
+        """Optional stages run when their section says ``enabled: true``."""
+        section = getattr(spec.stages, self.name, None)
+        return not self.optional or bool(getattr(section, "enabled", False))
+
+
+STAGES: tuple[StageDef, ...] = (
+    StageDef("prepare", prepare, PreparedModel, ("float_model", "evaluation")),
+    StageDef("calibrate", calibrate, CalibratedModel, ("calibration", "evaluation")),
+    StageDef("qat", qat, QatTunedModel, ("train", "evaluation"), optional=True),
+)
+BY_NAME = {s.name: s for s in STAGES}
+# The chain of DESIGN.md; stages not in STAGES are not built yet and end the chain.
+CHAIN = ("prepare", "calibrate", "qat", "pre_export", "export", "convert", "compile", "board_sim")
+
+
+def get(name: str) -> StageDef:
+    """The registry row of a stage; a SpecError lists the known names."""
+    if name not in BY_NAME:
+        raise SpecError(
+            f"unknown stage '{name}'", where="stage", hint=f"use one of: {', '.join(BY_NAME)}"
+        )
+    return BY_NAME[name]
+
+
+def plan(spec: PipelineSpec) -> list[tuple[StageDef, StageDef | None]]:
+    """(stage, upstream stage) pairs to run, in chain order, honouring stop_after."""
+    stop = spec.stages.stop_after
+    out, upstream = [], None
+    for s in STAGES:
+        if s.enabled(spec):
+            out.append((s, upstream))
+            upstream = s
+        if s.name == stop:
+            break
+    return out
+
+
+@cache
+def code_version() -> str:
+    """Digest of the product code stages depend on (schemas, simulator, stages)."""
+    root = Path(__file__).resolve().parent.parent
+    parts = []
+    for pkg in ("schemas", "simulator", "stages"):
+        for f in sorted((root / pkg).rglob("*.py")):
+            parts.append(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return sha256_bytes(b"\0".join(parts))[:16]
