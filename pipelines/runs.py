@@ -74,10 +74,10 @@ def execute_stage(
 ) -> StageOutcome:
     """Run one stage (or take it from the cache), record it in the manifest and tables."""
     run, t0 = ctx.run, time.perf_counter()
-    call = _stage_call(ctx, stage, upstream)
-    key = json_digest([stage.name, call.inputs_digest, call.config_digest, call.code_version])
     run.stage_started(stage.name)
     try:
+        call = _stage_call(ctx, stage, upstream)
+        key = json_digest([stage.name, call.inputs_digest, call.config_digest, call.code_version])
         cached = _from_cache(store, run, key, stage)
         art = cached[0] if cached else stage.fn(upstream, ctx, call)
         if cached is None:

@@ -118,7 +118,7 @@ def main() -> None:
     except QparityError as e:
         if STATE["debug"]:
             raise
-        err.print(f"[bold red]error:[/] {e.message}", highlight=False)
+        err.print(f"[bold red]error:[/] {e.message}", highlight=False, soft_wrap=True)
         sys.exit(1)
     except (typer.Exit, SystemExit) as e:
         sys.exit(getattr(e, "exit_code", getattr(e, "code", 0)))

@@ -164,7 +164,7 @@ def classify(node: torch.fx.Node) -> tuple[str, Category | None]:
     found = OP_TABLE.get(node.target)
     if found is not None:
         return found
-    return str(node.target).removeprefix("aten."), None
+    return getattr(node.target, "_opname", str(node.target)), None
 
 
 def _module_of(node: torch.fx.Node) -> tuple[str, str, str]:

@@ -14,8 +14,6 @@ import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
-
 import safetensors.torch
 import torch
 import torch.fx

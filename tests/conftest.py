@@ -1,0 +1,58 @@
+"""Shared fixtures: tiny specs on the tiny models of tests/models.py, a temp run store."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
+
+import pytest
+import yaml
+
+from schemas.spec import parse_spec
+from schemas.store import RunStore
+from stages.context import RunContext
+from stages.registry import code_version
+
+TINY = {
+    "name": "tiny",
+    "model": {"factory": "tests.models:tiny"},
+    "data": {
+        "dataset": "tests.models:data",
+        "calibration_samples": 64,
+        "evaluation_samples": 64,
+        "batch_size": 32,
+    },
+}
+
+
+def tiny_spec_dict(**sections) -> dict:
+    """The tiny spec with sections replaced/added (e.g. quant={...})."""
+    spec = {k: dict(v) if isinstance(v, dict) else v for k, v in TINY.items()}
+    spec.update(sections)
+    return spec
+
+
+@pytest.fixture
+def write_spec(tmp_path):
+    """Write a spec dict as YAML and return its path."""
+
+    def write(data: dict, name: str = "spec.yaml"):
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return path
+
+    return write
+
+
+@pytest.fixture
+def make_ctx(tmp_path):
+    """A RunContext in a fresh run of a temp store, for calling stage functions directly."""
+
+    def make(**sections) -> RunContext:
+        spec = parse_spec(tiny_spec_dict(**sections), "test spec")
+        store = RunStore(tmp_path / "runs")
+        run = store.create_run(spec.name, "", "0" * 64, code_version(), {}, {})
+        return RunContext(spec=spec, run=run, code_version=code_version())
+
+    return make

@@ -1,0 +1,18 @@
+"""The chain as a Prefect flow (ephemeral local server): the one flow test we keep."""
+
+import yaml
+
+from pipelines.flow import run_chain
+from schemas.spec import parse_spec
+from tests.conftest import tiny_spec_dict
+
+
+def test_prefect_flow_runs_the_chain_and_reuses_the_cache(tmp_path):
+    data = tiny_spec_dict()
+    spec = parse_spec(data, "t")
+    seen = []
+    first = run_chain(spec, yaml.safe_dump(data), tmp_path, on_stage=lambda n, o: seen.append(n))
+    second = run_chain(spec, yaml.safe_dump(data), tmp_path)
+    assert seen == ["prepare", "calibrate"]
+    assert not any(o.cache_hit for o in first.outcomes.values())
+    assert all(o.cache_hit for o in second.outcomes.values())

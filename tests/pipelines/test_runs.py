@@ -1,0 +1,63 @@
+"""The chain without Prefect: cache hits across runs, digests checked, failures recorded."""
+
+import pytest
+import yaml
+
+from pipelines.flow import run_chain
+from schemas.errors import QparityError
+from schemas.spec import parse_spec
+from schemas.store import RunStore
+from schemas.tables import read_table
+from tests.conftest import tiny_spec_dict
+
+
+def _run(root, **sections):
+    data = tiny_spec_dict(**sections)
+    return run_chain(parse_spec(data, "t"), yaml.safe_dump(data), root, use_prefect=False)
+
+
+def test_second_run_is_all_cache_hits_with_identical_artifacts(tmp_path):
+    first = _run(tmp_path)
+    second = _run(tmp_path)
+    assert [o.cache_hit for o in first.outcomes.values()] == [False, False]
+    assert [o.cache_hit for o in second.outcomes.values()] == [True, True]
+    for stage, o in first.outcomes.items():
+        assert second.outcomes[stage].artifact.digest == o.artifact.digest
+        assert second.outcomes[stage].source_run == first.run_id
+    store = RunStore(tmp_path)
+    m = store.open(second.run_id).manifest()
+    assert m.status == "complete" and all(s.cache_hit for s in m.stages.values())
+    store.open(second.run_id).load_artifact("calibrate", type(o.artifact))  # files verify
+    metrics = read_table(tmp_path, "metrics").to_pylist()
+    tops = {(r["run_id"], r["stage"]) for r in metrics if r["metric"] == "top1"}
+    assert {(second.run_id, s) for s in ("float", "prepare", "calibrate")} <= tops
+    hits = {(r["run_id"], r["cache_hit"]) for r in read_table(tmp_path, "stages").to_pylist()}
+    assert (second.run_id, True) in hits and (second.run_id, False) not in hits
+
+
+def test_changed_stage_setting_reruns_only_that_stage(tmp_path):
+    _run(tmp_path, stages={"qat": {"enabled": True, "steps": 1}})
+    again = _run(tmp_path, stages={"qat": {"enabled": True, "steps": 2}})
+    assert {k: o.cache_hit for k, o in again.outcomes.items()} == {
+        "prepare": True,
+        "calibrate": True,
+        "qat": False,
+    }
+
+
+def test_tampered_cached_artifact_is_not_reused(tmp_path):
+    first = _run(tmp_path)
+    state = RunStore(tmp_path).open(first.run_id).path("artifacts/prepare/qat.safetensors")
+    state.write_bytes(state.read_bytes()[:-8] + b"tampered")
+    again = _run(tmp_path)
+    assert not again.outcomes["prepare"].cache_hit
+    assert again.outcomes["prepare"].artifact.digest == first.outcomes["prepare"].artifact.digest
+
+
+def test_failing_stage_marks_the_run_failed_never_complete(tmp_path):
+    with pytest.raises(QparityError, match="unsupported op"):
+        _run(tmp_path, model={"factory": "tests.models:cumsum"})
+    (m,) = RunStore(tmp_path).list_runs()
+    assert m.status == "failed" and "unsupported" in m.error
+    assert m.stages["prepare"].status == "failed"
+    assert read_table(tmp_path, "runs").to_pylist()[0]["status"] == "failed"

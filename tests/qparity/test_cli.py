@@ -1,0 +1,67 @@
+"""The command line: short errors that say what to fix, exit codes, nothing marked complete."""
+
+import sys
+
+import pytest
+
+from qparity import cli
+from schemas.store import RunStore
+from tests.conftest import tiny_spec_dict
+
+
+def _cli(monkeypatch, *args) -> int:
+    monkeypatch.setattr(sys, "argv", ["qparity", *map(str, args)])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+        raise SystemExit(0)
+    return e.value.code
+
+
+def _run(monkeypatch, capsys, tmp_path, spec_path):
+    code = _cli(monkeypatch, "run", spec_path, "--runs", tmp_path / "runs", "--no-prefect")
+    return code, capsys.readouterr()
+
+
+def test_misspelled_key_names_file_field_and_fix(monkeypatch, capsys, tmp_path, write_spec):
+    data = tiny_spec_dict(quant={"obsrever": "minmax"})
+    code, io = _run(monkeypatch, capsys, tmp_path, write_spec(data))
+    assert code == 1
+    assert "spec.yaml: quant.obsrever: unknown key" in io.err and "Fix:" in io.err
+    assert "Traceback" not in io.err
+    assert RunStore(tmp_path / "runs").list_runs() == []
+
+
+def test_factory_that_does_not_import(monkeypatch, capsys, tmp_path, write_spec):
+    data = tiny_spec_dict(model={"factory": "tests.no_such_module:build"})
+    code, io = _run(monkeypatch, capsys, tmp_path, write_spec(data))
+    assert code == 1
+    assert "model.factory: cannot import module 'tests.no_such_module'" in io.err
+    assert [m.status for m in RunStore(tmp_path / "runs").list_runs()] == ["failed"]
+
+
+def test_unsupported_op(monkeypatch, capsys, tmp_path, write_spec):
+    code, io = _run(
+        monkeypatch,
+        capsys,
+        tmp_path,
+        write_spec(tiny_spec_dict(model={"factory": "tests.models:cumsum"})),
+    )
+    assert code == 1 and "unsupported op(s): aten.cumsum.default" in io.err
+    (m,) = RunStore(tmp_path / "runs").list_runs()
+    assert m.status == "failed"
+
+
+def test_run_then_runs_and_show(monkeypatch, capsys, tmp_path, write_spec):
+    code, io = _run(monkeypatch, capsys, tmp_path, write_spec(tiny_spec_dict()))
+    assert code == 0 and "calibrate" in io.out and "computed" in io.out
+    (m,) = RunStore(tmp_path / "runs").list_runs()
+    assert _cli(monkeypatch, "runs", "--runs", tmp_path / "runs") == 0
+    assert m.run_id in capsys.readouterr().out
+    assert _cli(monkeypatch, "show", m.run_id, "--runs", tmp_path / "runs") == 0
+    out = capsys.readouterr().out
+    assert "top1" in out and "float" in out and "complete" in out
+
+
+def test_show_refuses_a_path_as_run_id(monkeypatch, capsys, tmp_path):
+    assert _cli(monkeypatch, "show", "../etc", "--runs", tmp_path) == 1
+    assert "invalid run id" in capsys.readouterr().err

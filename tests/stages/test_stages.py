@@ -1,0 +1,95 @@
+"""prepare, calibrate and qat as plain functions on the tiny model (no Prefect)."""
+
+import pytest
+import torch
+
+from schemas.artifacts import CalibratedModel, PreparedModel
+from schemas.errors import StageError
+from stages.calibrate import calibrate
+from stages.evaluate import top1
+from stages.fake_quant import QuantState, quantizers
+from stages.modelio import UnsupportedOps, load_qat
+from stages.prepare import prepare
+from stages.qat import qat
+from stages.registry_types import StageCall
+
+H = "0" * 64
+
+
+def _call(stage):
+    return StageCall(stage, H, H, "test")
+
+
+def _run(ctx, *names):
+    art = None
+    for name in names:
+        fn = {"prepare": prepare, "calibrate": calibrate, "qat": qat}[name]
+        art = fn(art, ctx, _call(name))
+        ctx.run.save_artifact(art)
+    return art
+
+
+def test_prepare_folds_bn_without_changing_the_float_result(make_ctx):
+    ctx = make_ctx()
+    art = _run(ctx, "prepare")
+    assert isinstance(art, PreparedModel)
+    m = {x.stage: x.value for x in art.metrics}
+    assert m["float"] == m["prepare"] == 1.0
+    check = ctx.run.path("debug/model_check_result.txt").read_text()
+    assert "bn: folded into conv" in check and "head: high precision" in check
+    graph = ctx.run.path("debug/fx_graph.txt").read_text()
+    assert "| conv2 |" in graph and "batch_norm" not in graph
+
+
+def test_calibrate_sets_scales_and_validation_state_prints(make_ctx):
+    ctx = make_ctx()
+    art = _run(ctx, "prepare", "calibrate")
+    assert isinstance(art, CalibratedModel) and art.quant_state == "validation"
+    gm = load_qat(art, ctx)
+    for _, fq in quantizers(gm):
+        assert fq.state is QuantState.VALIDATION and fq.is_frozen
+        assert torch.isfinite(fq.scale).all() and (fq.scale > 0).all()
+    text = str(gm)
+    assert "VALIDATION" in text.upper() and "int8" in text and "scale" in text
+    # the saved state reloads to the same model: same top-1 as the stage measured
+    assert top1(gm, ctx.evaluation, 32) == art.metrics[0].value
+    assert art.metrics[0].value >= 0.9
+
+
+def test_qat_trains_and_freezes(make_ctx):
+    ctx = make_ctx(stages={"qat": {"enabled": True, "steps": 3, "lr": 1e-4}})
+    before = _run(ctx, "prepare", "calibrate")
+    after = qat(before, ctx, _call("qat"))
+    ctx.run.save_artifact(after)
+    a, b = load_qat(before, ctx), load_qat(after, ctx)
+    assert not torch.equal(a.state_dict()["conv.weight"], b.state_dict()["conv.weight"])
+    assert all(fq.state is QuantState.VALIDATION for _, fq in quantizers(b))
+    assert after.metrics[0].stage == "qat"
+
+
+def test_nan_sample_is_refused_by_index(make_ctx):
+    ctx = make_ctx(
+        data={
+            "dataset": "tests.models:nan_data",
+            "calibration_samples": 64,
+            "evaluation_samples": 64,
+            "batch_size": 32,
+        }
+    )
+    with pytest.raises(StageError, match=r"sample 7 of the evaluation split"):
+        _run(ctx, "prepare")
+
+
+def test_unsupported_op_writes_the_report_then_fails(make_ctx):
+    ctx = make_ctx(model={"factory": "tests.models:cumsum"})
+    with pytest.raises(UnsupportedOps, match=r"cumsum.*node cumsum") as e:
+        _run(ctx, "prepare")
+    assert "model_check_result.txt" in e.value.message
+    report = ctx.run.path("debug/model_check_result.txt").read_text()
+    assert "## unsupported ops (1)" in report and "aten.cumsum.default" in report
+
+
+def test_untraceable_model_names_the_problem(make_ctx):
+    ctx = make_ctx(model={"factory": "tests.models:branchy"})
+    with pytest.raises(StageError, match=r"torch.export cannot trace.*Fix: remove data-dependent"):
+        _run(ctx, "prepare")
