@@ -104,3 +104,17 @@ def test_second_build_loads_from_cache(trained: torch.nn.Module, monkeypatch) ->
     for name, tensor in trained.state_dict().items():
         assert torch.equal(again.state_dict()[name], tensor)
         assert torch.equal(cached[name], tensor)
+
+
+def test_direct_read_matches_sklearn_load_digits():
+    """The split reads sklearn's bundled file itself; together it is exactly load_digits()."""
+
+    bunch = load_digits()
+    splits = data.load()
+    x = np.concatenate([splits["train"][0], splits["evaluation"][0]]).reshape(len(bunch.target), -1)
+    y = np.concatenate([splits["train"][1], splits["evaluation"][1]])
+    ref = data._normalize(bunch.images).reshape(len(bunch.target), -1)
+    order, ref_order = np.lexsort(np.c_[x, y].T), np.lexsort(np.c_[ref, bunch.target].T)
+    assert np.array_equal(x[order], ref[ref_order]) and np.array_equal(
+        y[order], bunch.target[ref_order]
+    )
