@@ -18,8 +18,9 @@ from pathlib import Path
 
 from schemas.artifacts import Artifact, combined_digest
 from schemas.errors import ArtifactError
+from schemas.fileio import atomic_copy, json_digest
 from schemas.spec import PipelineSpec, spec_digest, stage_config_digest
-from schemas.store import Run, RunStore, atomic_copy, json_digest
+from schemas.store import Run, RunStore
 from schemas.tables import write_rows
 from stages.context import RunContext, toolchain_settings
 from stages.registry import StageDef, code_version
@@ -83,8 +84,9 @@ def execute_stage(
         if cached is None:
             run.save_artifact(art)
             store.cache_record(key, {"run_id": run.run_id, "stage": stage.name})
-    except Exception as e:
-        run.stage_failed(stage.name, str(e))
+    except BaseException as e:  # interrupts too: never leave a stage marked running
+        m = run.stage_failed(stage.name, f"{type(e).__name__}: {e}")
+        _stage_row(run, m.stages[stage.name], time.perf_counter() - t0, None, False)
         raise
     outcome = StageOutcome(
         art, cached is not None, time.perf_counter() - t0, cached[1] if cached else None
@@ -141,28 +143,26 @@ def _record(run: Run, stage: str, outcome: StageOutcome) -> None:
     m = run.stage_finished(
         stage, outcome.artifact.digest, outcome.cache_hit, cache_source_run=outcome.source_run
     )
-    rec = m.stages[stage]
-    write_rows(
-        run,
-        "stages",
-        [
-            {
-                "run_id": run.run_id,
-                "stage": stage,
-                "status": "complete",
-                "started_at": rec.started_at,
-                "finished_at": rec.finished_at,
-                "duration_s": outcome.duration_s,
-                "artifact_digest": outcome.artifact.digest,
-                "cache_hit": outcome.cache_hit,
-            }
-        ],
-        part=stage,
-    )
-    metrics = getattr(outcome.artifact, "metrics", [])
-    write_rows(
-        run, "metrics", [{"run_id": run.run_id, **m.model_dump()} for m in metrics], part=stage
-    )
+    art = outcome.artifact
+    _stage_row(run, m.stages[stage], outcome.duration_s, art.digest, outcome.cache_hit)
+    metrics = getattr(art, "metrics", [])
+    rows = [{"run_id": run.run_id, **x.model_dump()} for x in metrics]
+    write_rows(run, "metrics", rows, part=stage)
+
+
+def _stage_row(run: Run, rec, duration_s: float, digest: str | None, hit: bool) -> None:
+    """The stage's row of the ``stages`` table (one part per stage: reruns replace it)."""
+    row = {
+        "run_id": run.run_id,
+        "stage": rec.stage,
+        "status": rec.status,
+        "started_at": rec.started_at,
+        "finished_at": rec.finished_at,
+        "duration_s": duration_s,
+        "artifact_digest": digest,
+        "cache_hit": hit,
+    }
+    write_rows(run, "stages", [row], part=rec.stage)
 
 
 def finish_run(run: Run, spec: PipelineSpec, error: str | None = None) -> None:

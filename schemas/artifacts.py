@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from schemas.store import json_digest, utc_now
+from schemas.fileio import json_digest, utc_now
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 

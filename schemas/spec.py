@@ -22,7 +22,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from schemas.errors import SpecError
-from schemas.store import json_digest
+from schemas.fileio import json_digest
 
 STAGE_NAMES: tuple[str, ...] = (
     "prepare",

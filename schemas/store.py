@@ -15,134 +15,33 @@ is checked against the sha256 of every file it owns.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
-import os
-import re
-import shutil
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from datetime import UTC, datetime
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from schemas.errors import ArtifactError
+from schemas.fileio import (
+    HEX_KEY_RE,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    new_run_id,
+    sha256_bytes,
+    sha256_file,
+    utc_now,
+    validate_run_id,
+)
 
 if TYPE_CHECKING:
     from schemas.artifacts import Artifact
 
 A = TypeVar("A", bound="Artifact")
 
-_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_HEX_RE = re.compile(r"^[0-9a-f]{8,128}$")
 _RERUN_HINT = "rerun the stage (qparity rerun) or delete the run"
-
-
-def validate_run_id(run_id: str) -> str:
-    """Return ``run_id`` if it is a safe folder name, else raise :class:`ArtifactError`."""
-    if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id) or ".." in run_id:
-        raise ArtifactError(
-            f"invalid run id {run_id!r}: expected 1-128 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit, without '..'",
-            hint="`qparity runs` lists runs",
-        )
-    return run_id
-
-
-def utc_now() -> str:
-    """The current time as ISO-8601 UTC with microseconds."""
-    return datetime.now(UTC).isoformat(timespec="microseconds")
-
-
-def new_run_id(name: str) -> str:
-    """A fresh run id: ``<name>-<yyyymmddTHHMMSS>-<6 hex>`` (UTC)."""
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-    return validate_run_id(f"{name[:105]}-{stamp}-{uuid.uuid4().hex[:6]}")
-
-
-def sha256_bytes(data: bytes) -> str:
-    """sha256 hex of ``data``."""
-    return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    """sha256 hex of a file, read in chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def canonical_json(obj: Any) -> bytes:
-    """JSON with sorted keys and no whitespace: equal data, equal bytes."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def json_digest(obj: Any) -> str:
-    """sha256 hex of :func:`canonical_json`."""
-    return sha256_bytes(canonical_json(obj))
-
-
-@contextmanager
-def atomic_writer(path: str | Path) -> Iterator[IO[bytes]]:
-    """Yield a binary file that replaces ``path`` only if the block completes.
-
-    Data goes to ``.<name>.tmp-<uuid>`` in the same folder, is flushed and fsynced,
-    renamed over ``path``, and the folder is fsynced. On any error the temp file is
-    removed and ``path`` is untouched; OS errors become :class:`ArtifactError`.
-    """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "xb") as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise ArtifactError(f"could not write the file ({e})", where=str(path)) from e
-        raise
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically."""
-    with atomic_writer(path) as fh:
-        fh.write(data)
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write UTF-8 ``text`` to ``path`` atomically."""
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_json(path: str | Path, obj: Any) -> None:
-    """Write ``obj`` as JSON (sorted keys, indent 2) to ``path`` atomically."""
-    atomic_write_text(path, json.dumps(obj, sort_keys=True, indent=2) + "\n")
-
-
-def atomic_copy(src: str | Path, dst: str | Path) -> None:
-    """Copy ``src`` to ``dst`` atomically."""
-    try:
-        with open(src, "rb") as fin, atomic_writer(dst) as fout:
-            shutil.copyfileobj(fin, fout)
-    except FileNotFoundError as e:
-        raise ArtifactError("source file not found", where=str(src)) from e
 
 
 class _Record(BaseModel):
@@ -404,7 +303,7 @@ class RunStore:
         return sorted(found, key=lambda m: (m.started_at, m.run_id))
 
     def _cache_path(self, key: str) -> Path:
-        if not isinstance(key, str) or not _HEX_RE.match(key):
+        if not isinstance(key, str) or not HEX_KEY_RE.match(key):
             raise ArtifactError(f"invalid cache key {key!r}: expected 8-128 lowercase hex digits")
         return self.root / ".cache" / "index" / f"{key}.json"
 

@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas.errors import ArtifactError
-from schemas.store import Run, atomic_writer
+from schemas.fileio import atomic_writer
+from schemas.store import Run
 
 TS = pa.timestamp("us", tz="UTC")
 """Timestamps: microseconds, UTC."""

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from schemas.artifacts import Artifact, CalibratedModel, PreparedModel, QatTunedModel
 from schemas.errors import SpecError
+from schemas.fileio import sha256_bytes
 from schemas.spec import PipelineSpec
-from schemas.store import sha256_bytes
 from stages.calibrate import calibrate
 from stages.prepare import prepare
 from stages.qat import qat

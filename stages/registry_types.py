@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from schemas.artifacts import Artifact
-from schemas.store import Run, sha256_file
+from schemas.fileio import sha256_file
+from schemas.store import Run
 
 
 @dataclass(frozen=True)

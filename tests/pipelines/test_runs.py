@@ -61,3 +61,19 @@ def test_failing_stage_marks_the_run_failed_never_complete(tmp_path):
     assert m.status == "failed" and "unsupported" in m.error
     assert m.stages["prepare"].status == "failed"
     assert read_table(tmp_path, "runs").to_pylist()[0]["status"] == "failed"
+
+
+def test_failed_stage_has_a_row_in_the_stages_table(tmp_path):
+    with pytest.raises(QparityError):
+        _run(
+            tmp_path,
+            data={
+                "dataset": "tests.models:nan_data",
+                "calibration_samples": 64,
+                "evaluation_samples": 64,
+                "batch_size": 32,
+            },
+        )
+    (row,) = read_table(tmp_path, "stages").to_pylist()
+    assert row["stage"] == "prepare" and row["status"] == "failed"
+    assert row["artifact_digest"] is None and row["finished_at"] is not None

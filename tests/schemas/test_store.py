@@ -9,10 +9,7 @@ import pytest
 
 from schemas.artifacts import Artifact, combined_digest
 from schemas.errors import ArtifactError
-from schemas.store import (
-    Manifest,
-    Run,
-    RunStore,
+from schemas.fileio import (
     atomic_copy,
     atomic_write_bytes,
     atomic_write_json,
@@ -21,6 +18,7 @@ from schemas.store import (
     sha256_file,
     validate_run_id,
 )
+from schemas.store import Manifest, Run, RunStore
 
 
 def make_run(tmp_path) -> tuple[RunStore, Run]:

@@ -1,0 +1,128 @@
+"""File-level primitives of the run store: digests, atomic writes, ids and timestamps.
+
+Every file is written to a hidden temp name in its folder, fsynced and renamed into place,
+so a crash never leaves a half-written file under a real name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+from schemas.errors import ArtifactError
+
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+HEX_KEY_RE = re.compile(r"^[0-9a-f]{8,128}$")
+
+
+def validate_run_id(run_id: str) -> str:
+    """Return ``run_id`` if it is a safe folder name, else raise :class:`ArtifactError`."""
+    if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id) or ".." in run_id:
+        raise ArtifactError(
+            f"invalid run id {run_id!r}: expected 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit, without '..'",
+            hint="`qparity runs` lists runs",
+        )
+    return run_id
+
+
+def utc_now() -> str:
+    """The current time as ISO-8601 UTC with microseconds."""
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def new_run_id(name: str) -> str:
+    """A fresh run id: ``<name>-<yyyymmddTHHMMSS>-<6 hex>`` (UTC)."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    return validate_run_id(f"{name[:105]}-{stamp}-{uuid.uuid4().hex[:6]}")
+
+
+def sha256_bytes(data: bytes) -> str:
+    """sha256 hex of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    """sha256 hex of a file, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def canonical_json(obj: Any) -> bytes:
+    """JSON with sorted keys and no whitespace: equal data, equal bytes."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def json_digest(obj: Any) -> str:
+    """sha256 hex of :func:`canonical_json`."""
+    return sha256_bytes(canonical_json(obj))
+
+
+@contextmanager
+def atomic_writer(path: str | Path) -> Iterator[IO[bytes]]:
+    """Yield a binary file that replaces ``path`` only if the block completes.
+
+    Data goes to ``.<name>.tmp-<uuid>`` in the same folder, is flushed and fsynced,
+    renamed over ``path``, and the folder is fsynced. On any error the temp file is
+    removed and ``path`` is untouched; OS errors become :class:`ArtifactError`.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "xb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise ArtifactError(f"could not write the file ({e})", where=str(path)) from e
+        raise
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    with atomic_writer(path) as fh:
+        fh.write(data)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write UTF-8 ``text`` to ``path`` atomically."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    """Write ``obj`` as JSON (sorted keys, indent 2) to ``path`` atomically."""
+    atomic_write_text(path, json.dumps(obj, sort_keys=True, indent=2) + "\n")
+
+
+def atomic_copy(src: str | Path, dst: str | Path) -> None:
+    """Copy ``src`` to ``dst`` atomically."""
+    try:
+        with open(src, "rb") as fin, atomic_writer(dst) as fout:
+            shutil.copyfileobj(fin, fout)
+    except FileNotFoundError as e:
+        raise ArtifactError("source file not found", where=str(src)) from e
