@@ -114,3 +114,31 @@ class QatTunedModel(QatModelArtifact):
     """qat's output: fine-tuned for N steps, scales frozen afterwards."""
 
     kind: Literal["qat_tuned_model"] = "qat_tuned_model"
+
+
+class QatExportModel(QatModelArtifact):
+    """pre_export's output (the vendor's qat.export.pt): table ops in fixed point."""
+
+    kind: Literal["qat_export_model"] = "qat_export_model"
+    tables_file: str
+    """tables.json (ops, attributes, scales); the arrays are in tables.safetensors beside it."""
+    fixed_point: list[str] = []
+    """Layer ids whose table op was made fixed point."""
+    float_ops: dict[str, str] = {}
+    """Table ops left in float, with the reason."""
+
+
+class QatOnnxModel(Artifact):
+    """export's output (the vendor's qat.bc): a QDQ ONNX graph of the deploy (eval) graph."""
+
+    kind: Literal["qat_onnx"] = "qat_onnx"
+    onnx_file: str
+    """The ONNX file (run-relative)."""
+    layer_ids: list[str]
+    """Canonical ids of the layers in the graph, in topological order."""
+    unmapped: dict[str, str] = {}
+    """Layer ids of qat.export absent from the graph, with the reason (never dropped silently)."""
+    backend: str
+    """What runs it: onnxruntime, or the reference evaluator when custom ops are present."""
+    metrics: list[Metric] = []
+    """Dataset metrics of the graph."""

@@ -173,6 +173,23 @@ class QatConfig(_Section):
     """Seed of data order and any randomness in training."""
 
 
+class PreExportConfig(_Section):
+    """Settings of pre_export: which table ops become fixed point, and the table shapes."""
+
+    subtree: list[str] = []
+    """Module paths to apply pre_export to (the vendor's partial pre_export); empty: all."""
+    segments: PosInt = 6
+    """Segments of an int16-input table."""
+    entries: int = Field(default=64, ge=2, strict=True)
+    """Entries per segment of an int16-input table."""
+    dividing: Literal["even", "curvature"] = "even"
+    """How segment dividing points are placed: evenly, or by the function's curvature."""
+
+
+class ExportConfig(_Section):
+    """Settings of export (qat.onnx); none yet: the graph is opset 21 + the qparity domain."""
+
+
 class StagesSpec(_Section):
     """Per-stage settings, and where to stop."""
 
@@ -182,6 +199,10 @@ class StagesSpec(_Section):
     """Settings of calibrate."""
     qat: QatConfig = QatConfig()
     """Settings of qat."""
+    pre_export: PreExportConfig = PreExportConfig()
+    """Settings of pre_export."""
+    export: ExportConfig = ExportConfig()
+    """Settings of export."""
     stop_after: Annotated[str | None, AfterValidator(_check_stage)] = None
     """Stop the chain after this stage; null runs every stage."""
 

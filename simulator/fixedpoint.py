@@ -246,3 +246,67 @@ def quantize(x: Array, scale: Array, dtype: str, mode: str, ch_axis: int | None 
 
         return q.double().clamp(qmin, qmax).to(torch.int32)
     return np.clip(q.astype(np.float64), qmin, qmax).astype(np.int64)
+
+
+# Integer helpers, the same on numpy arrays and torch tensors (int64 throughout).
+
+
+def const_like(a: np.ndarray, ref):
+    """A constant int64 array as the kind (numpy/torch, device) of ``ref``."""
+    if _is_torch(ref):
+        import torch
+
+        return torch.as_tensor(a, dtype=torch.int64, device=ref.device)
+    return np.asarray(a, dtype=np.int64)
+
+
+def clamp(x, lo, hi):
+    """``min(max(x, lo), hi)`` with Python-int bounds (``None`` = unbounded)."""
+    if _is_torch(x):
+        return x.clamp(lo, hi)
+    return np.clip(x, lo, hi)
+
+
+def where(cond, a, b):
+    """Elementwise ``a if cond else b``."""
+    if _is_torch(cond):
+        import torch
+
+        return torch.where(cond, a, b)
+    return np.where(cond, a, b)
+
+
+def round_div(v, d, mode: str):
+    """Integer-exact ``round_by(v / d, mode)`` for integer ``v`` and positive integer ``d``.
+
+    FORMULA: ``fl = floor(v / d)``, ``r = v - fl * d`` (``0 <= r < d``);
+    ``fl + (2r > d)`` plus, on a tie ``2r == d``: half_even ``+ (fl odd)``, bpu_round
+    ``+ (v > 0)`` (ties away from zero). Same tie rules as
+    :func:`simulator.fixedpoint.round_by`, without going through float.
+    """
+    if mode not in ROUNDING_MODES:
+        round_by(0.0, mode)  # raises the one "unknown rounding mode" error
+    fl = v // d
+    twice = 2 * (v - fl * d)
+    tie = twice == d
+    extra = tie & ((fl & 1) == 1) if mode == "half_even" else tie & (v > 0)
+    return fl + (twice > d) + extra
+
+
+def fixed_multiplier(ratio, bits: int, rounding: str = "half_even"):
+    """Integer ``(m, s)`` with ``m / 2**s ~ ratio``, ``m < 2**bits``, largest such ``s``.
+
+    FORMULA: ``s = floor(log2((2**bits - 1) / ratio))`` (lowered by one if rounding
+    carries ``m`` to ``2**bits``), ``m = round_by(ratio * 2**s)``; ``0 <= s <= 62``.
+    Example: ``ratio = 0.1 / 0.2028451 (0.49299), bits = 15 -> (32308, 16)`` (the vendor example).
+    """
+    r = np.asarray(ratio, dtype=np.float64)
+    if not (np.all(np.isfinite(r)) and np.all(r > 0) and np.all(r < 2.0**bits - 1)):
+        raise SimulatorError(f"multiplier ratio {r} outside (0, 2**{bits} - 1)")
+    s = np.clip(np.floor(np.log2((2.0**bits - 1) / r)), 0, 62).astype(np.int64)
+    m = round_by(r * np.exp2(s), rounding)
+    s = np.where(m >= 2**bits, s - 1, s)
+    m = round_by(r * np.exp2(s), rounding).astype(np.int64)
+    if np.any(m == 0):
+        raise SimulatorError(f"multiplier ratio {r} too small for a 62-bit shift")
+    return m, s

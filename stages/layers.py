@@ -51,6 +51,8 @@ def _table() -> dict[object, tuple[str, Category]]:
             "sub": [aten.sub.Tensor, aten.sub.Scalar],
             "mul": [aten.mul.Tensor, aten.mul.Scalar],
             "div": [aten.div.Tensor, aten.div.Scalar],
+            "abs": [aten.abs.default],
+            "neg": [aten.neg.default],
             "leaky_relu": [aten.leaky_relu.default],
             "prelu": [aten.prelu.default],
             "avg_pool": [
@@ -153,10 +155,19 @@ def is_tensor_node(node: torch.fx.Node) -> bool:
     """True for call_function nodes that produce a tensor (not SymInt shape arithmetic)."""
     if node.op != "call_function":
         return False
+    if _is_buffer_update(node):
+        return False
     val = node.meta.get("val")
     if isinstance(val, (list, tuple)):
         return any(isinstance(v, torch.Tensor) for v in val)
     return isinstance(val, torch.Tensor)
+
+
+def _is_buffer_update(node: torch.fx.Node) -> bool:
+    """In-place update of a buffer (BN's num_batches_tracked += 1 in a train-mode trace)."""
+    name = getattr(node.target, "_opname", "")
+    first = node.args[0] if node.args else None
+    return name.endswith("_") and isinstance(first, torch.fx.Node) and first.op == "get_attr"
 
 
 def classify(node: torch.fx.Node) -> tuple[str, Category | None]:

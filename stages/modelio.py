@@ -22,7 +22,7 @@ from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
 from schemas.errors import ArtifactError, SpecError, StageError
 from stages.fake_quant import QFakeQuantize, quantizers
-from stages.layers import ID_KEY, OpInfo, assign_layer_ids
+from stages.layers import ID_KEY, OpInfo, assign_layer_ids, classify, is_tensor_node
 from stages.loader import import_object
 from stages.quantizer import NashQuantizer, QuantPolicy
 
@@ -77,8 +77,16 @@ def save_state(model: torch.nn.Module, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def export_graph(model: torch.nn.Module, example: torch.Tensor) -> torch.fx.GraphModule:
-    """torch.export with a dynamic batch; a failure names the op or line and what to do."""
+def export_graph(
+    model: torch.nn.Module, example: torch.Tensor, mode: str = "eval"
+) -> torch.fx.GraphModule:
+    """torch.export in ``mode`` ("train": QAT graph, "eval": deploy graph), dynamic batch.
+
+    A failure names the op or line and what to do. Python branches on ``self.training``
+    are fixed by the mode, which is how a train-only branch ends up in qat.pt but not in
+    the exported deploy graph.
+    """
+    model.train(mode == "train")
     try:
         ep = torch.export.export(
             model, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},), strict=False
@@ -96,20 +104,46 @@ def export_graph(model: torch.nn.Module, example: torch.Tensor) -> torch.fx.Grap
 
 
 def prepare_qat(
-    float_model: torch.nn.Module, example: torch.Tensor, policy: QuantPolicy
+    float_model: torch.nn.Module, example: torch.Tensor, policy: QuantPolicy, mode: str = "train"
 ) -> tuple[torch.fx.GraphModule, list[OpInfo], dict[str, tuple[str, str]]]:
     """Float model -> QAT GraphModule (BN folded, fake quant per the policy).
 
-    Returns the module, its ops with canonical ids, and quantizer -> (layer id, role).
-    The float model must be a copy: BN folding rewrites the traced parameters.
+    ``mode="train"`` traces the graph QAT trains (qat.pt); ``"eval"`` the deploy graph.
+    BN is folded with its running statistics in both, and the module is switched to eval
+    behaviour (dropout off) afterwards. Returns the module, its ops with canonical ids, and
+    quantizer -> (layer id, role). The float model must be a copy: folding rewrites it.
     """
-    gm = export_graph(float_model, example)
+    gm = export_graph(float_model, example, mode)
     infos = assign_layer_ids(gm)
     if any(not i.supported for i in infos):
         raise UnsupportedOps(infos)
     gm = prepare_pt2e(gm, NashQuantizer(policy))
-    move_exported_model_to_eval(gm)
+    _keep_ids(gm, move_exported_model_to_eval)
     return gm, infos, name_quantizers(gm)
+
+
+def _keep_ids(gm: torch.fx.GraphModule, rewrite) -> None:
+    """Run a torchao graph rewrite, then give back the ids of nodes it replaced.
+
+    The eval rewrite replaces batch_norm / dropout nodes without their meta; a replacement
+    is found by the op it computes and the input it reads.
+    """
+    before = {
+        (classify(n)[0], n.args[0].name): n.meta[ID_KEY]
+        for n in gm.graph.nodes
+        if ID_KEY in n.meta and n.args and isinstance(n.args[0], torch.fx.Node)
+    }
+    rewrite(gm)
+    for n in gm.graph.nodes:
+        if (
+            ID_KEY not in n.meta
+            and is_tensor_node(n)
+            and n.args
+            and isinstance(n.args[0], torch.fx.Node)
+        ):
+            lid = before.get((classify(n)[0], n.args[0].name))
+            if lid:
+                n.meta[ID_KEY] = lid
 
 
 def load_qat(art, ctx) -> torch.fx.GraphModule:
@@ -167,3 +201,11 @@ def model_digest(model: torch.nn.Module, factory: str) -> str:
     if source:
         h.update(Path(source).read_bytes())
     return h.hexdigest()
+
+
+def attr_tensor(gm: torch.nn.Module, target: str) -> torch.Tensor:
+    """The tensor a get_attr node names (a dotted path of attributes)."""
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj

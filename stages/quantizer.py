@@ -30,6 +30,8 @@ from stages.fake_quant import QFakeQuantize
 from stages.layers import ID_KEY, Category, classify, is_tensor_node
 
 TORCH_DTYPES = {"int8": torch.int8, "int16": torch.int16}
+# Ops whose trailing tensor inputs are parameters: how many leading inputs are activations.
+PARAM_OPS = {"layer_norm": 1, "batch_norm": 1, "prelu": 1, "embedding": 0}
 QRANGES = {"int8": (-128, 127), "int16": (-32768, 32767)}
 
 
@@ -118,6 +120,9 @@ class NashQuantizer(Quantizer):
         act = _activation_spec(self.policy, dtype)
         inputs = {}
         tensor_args = [a for a in _flat_args(node) if isinstance(a, torch.fx.Node)]
+        op_type = classify(node)[0]
+        if op_type in PARAM_OPS:  # their other tensor inputs are parameters, not activations
+            tensor_args = tensor_args[: PARAM_OPS[op_type]]
         for i, arg in enumerate(tensor_args):
             if cat is Category.WEIGHTED and i == 1:
                 inputs[arg] = _weight_spec(self.policy)

@@ -13,11 +13,20 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from schemas.artifacts import Artifact, CalibratedModel, PreparedModel, QatTunedModel
+from schemas.artifacts import (
+    Artifact,
+    CalibratedModel,
+    PreparedModel,
+    QatExportModel,
+    QatOnnxModel,
+    QatTunedModel,
+)
 from schemas.errors import SpecError
 from schemas.fileio import sha256_bytes
 from schemas.spec import PipelineSpec
 from stages.calibrate import calibrate
+from stages.export import export
+from stages.pre_export import pre_export
 from stages.prepare import prepare
 from stages.qat import qat
 
@@ -42,6 +51,8 @@ STAGES: tuple[StageDef, ...] = (
     StageDef("prepare", prepare, PreparedModel, ("float_model", "evaluation")),
     StageDef("calibrate", calibrate, CalibratedModel, ("calibration", "evaluation")),
     StageDef("qat", qat, QatTunedModel, ("train", "evaluation"), optional=True),
+    StageDef("pre_export", pre_export, QatExportModel, ("evaluation",)),
+    StageDef("export", export, QatOnnxModel, ("float_model", "evaluation")),
 )
 BY_NAME = {s.name: s for s in STAGES}
 # The chain of DESIGN.md; stages not in STAGES are not built yet and end the chain.

@@ -65,13 +65,28 @@ def branchy() -> nn.Module:
     return _seeded(BranchyNet)
 
 
-def data() -> dict:
-    """Random 1x8x8 inputs; labels from the tiny net itself, so float top-1 is 1.0."""
+def _labelled_by(model: nn.Module) -> dict:
+    """Random 1x8x8 inputs labelled by ``model`` (eval mode), so its float top-1 is 1.0."""
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, size=(160, 1, 8, 8)).astype(np.float32)
     with torch.no_grad():
-        y = tiny()(torch.from_numpy(x)).argmax(1).numpy()
+        y = model.eval()(torch.from_numpy(x)).argmax(1).numpy()
     return {"train": (x[:96], y[:96]), "evaluation": (x[96:], y[96:])}
+
+
+def data() -> dict:
+    """Random inputs labelled by the tiny net."""
+    return _labelled_by(tiny())
+
+
+def aux_data() -> dict:
+    """Random inputs labelled by the aux-branch net's deploy (eval) branch."""
+    return _labelled_by(aux_branch())
+
+
+def table_data() -> dict:
+    """Random inputs labelled by the table-op net."""
+    return _labelled_by(tables())
 
 
 def nan_data() -> dict:
@@ -81,3 +96,48 @@ def nan_data() -> dict:
     x = x.copy()
     x[7, 0, 3, 3] = np.nan
     return {"train": d["train"], "evaluation": (x, y)}
+
+
+class AuxNet(TinyNet):
+    """A train-only branch (deep-supervision style): in qat.pt, absent from the deploy graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.aux = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        if self.training:
+            y = y + 3.0 * self.aux(y)
+        y = torch.relu(y + self.conv2(y))
+        y = self.pool(y) * torch.sigmoid(y.mean((2, 3), keepdim=True))
+        return self.head(y.flatten(1))
+
+
+class TableNet(nn.Module):
+    """Table ops of several kinds after a conv: sigmoid, tanh, exp, gelu, silu, softmax, LN."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.ln = nn.LayerNorm(16)
+        self.head = nn.Linear(4 * 16, 10)
+
+    def forward(self, x):
+        y = self.conv(x)[:, :, ::2, ::2].flatten(2)  # B x 4 x 16
+        y = torch.sigmoid(y) + torch.tanh(y) + torch.exp(-y.abs())
+        y = nn.functional.gelu(y) + nn.functional.silu(y)
+        y = self.ln(y) + torch.softmax(y, dim=-1)
+        return self.head(y.flatten(1))
+
+
+def aux_branch() -> nn.Module:
+    m = _seeded(AuxNet)
+    torch.manual_seed(1)
+    nn.init.normal_(m.aux.weight, std=1.0)
+    return m
+
+
+def tables() -> nn.Module:
+    torch.manual_seed(0)
+    return TableNet().eval()

@@ -12,6 +12,8 @@ from tests.conftest import tiny_spec_dict
 
 
 def _run(root, **sections):
+    sections.setdefault("stages", {})
+    sections["stages"] = {"stop_after": "pre_export", **sections["stages"]}
     data = tiny_spec_dict(**sections)
     return run_chain(parse_spec(data, "t"), yaml.safe_dump(data), root, use_prefect=False)
 
@@ -19,15 +21,17 @@ def _run(root, **sections):
 def test_second_run_is_all_cache_hits_with_identical_artifacts(tmp_path):
     first = _run(tmp_path)
     second = _run(tmp_path)
-    assert [o.cache_hit for o in first.outcomes.values()] == [False, False]
-    assert [o.cache_hit for o in second.outcomes.values()] == [True, True]
+    assert list(first.outcomes) == ["prepare", "calibrate", "pre_export"]
+    assert not any(o.cache_hit for o in first.outcomes.values())
+    assert all(o.cache_hit for o in second.outcomes.values())
     for stage, o in first.outcomes.items():
         assert second.outcomes[stage].artifact.digest == o.artifact.digest
         assert second.outcomes[stage].source_run == first.run_id
     store = RunStore(tmp_path)
     m = store.open(second.run_id).manifest()
     assert m.status == "complete" and all(s.cache_hit for s in m.stages.values())
-    store.open(second.run_id).load_artifact("calibrate", type(o.artifact))  # files verify
+    calibrated = second.outcomes["calibrate"].artifact
+    store.open(second.run_id).load_artifact("calibrate", type(calibrated))  # files verify
     metrics = read_table(tmp_path, "metrics").to_pylist()
     tops = {(r["run_id"], r["stage"]) for r in metrics if r["metric"] == "top1"}
     assert {(second.run_id, s) for s in ("float", "prepare", "calibrate")} <= tops
@@ -35,13 +39,14 @@ def test_second_run_is_all_cache_hits_with_identical_artifacts(tmp_path):
     assert (second.run_id, True) in hits and (second.run_id, False) not in hits
 
 
-def test_changed_stage_setting_reruns_only_that_stage(tmp_path):
+def test_changed_stage_setting_reruns_that_stage_and_what_follows(tmp_path):
     _run(tmp_path, stages={"qat": {"enabled": True, "steps": 1}})
     again = _run(tmp_path, stages={"qat": {"enabled": True, "steps": 2}})
     assert {k: o.cache_hit for k, o in again.outcomes.items()} == {
         "prepare": True,
         "calibrate": True,
         "qat": False,
+        "pre_export": False,  # its input changed
     }
 
 

@@ -206,3 +206,26 @@ def test_pot_scale_keeps_powers_of_two_and_rejects_bad():
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(SimulatorError):
             fp.pot_scale(bad)
+
+
+@FAST
+@given(
+    v=st.lists(st.integers(-(2**50), 2**50), min_size=1, max_size=30),
+    d=st.integers(1, 2**40) | st.sampled_from([1, 2, 4, 256, 3, 10]),
+    mode=MODES,
+)
+def test_round_div_is_exact_round_by(v, d, mode):
+    want = [ref_round(Fraction(x, d), mode) for x in v]
+    assert fp.round_div(np.array(v, dtype=np.int64), d, mode).tolist() == want
+    assert fp.round_div(torch.tensor(v, dtype=torch.int64), d, mode).tolist() == want
+    ties = np.array([2 * x + 1 for x in v], dtype=np.int64) // 2 * 2 + 1  # odd: ties at d=2
+    assert fp.round_div(ties, 2, mode).tolist() == fp.round_by(ties / 2, mode).tolist()
+
+
+def test_fixed_multiplier_vendor_example_and_largest_shift():
+    assert [int(v) for v in fp.fixed_multiplier(0.1 * 1.0 / 0.2028451, 15)] == [32308, 16]
+    ratios = np.array([0.49299, 1e-6, 0.75, 63 * 256 / 7, 1.0])
+    m, s = fp.fixed_multiplier(ratios, 16)
+    assert np.all(m < 2**16) and np.all(np.round(ratios * 2.0 ** (s + 1)) >= 2**16)
+    with pytest.raises(SimulatorError):
+        fp.fixed_multiplier(2.0**17, 16)

@@ -60,3 +60,13 @@ def test_categories_and_unsupported():
     assert by_id["sigmoid"].category is Category.LUT
     assert by_id["pool"].category is Category.PASSTHROUGH
     assert not by_id["cumsum"].supported and by_id["cumsum"].op_type == "cumsum"
+
+
+def test_standalone_batch_norm_keeps_its_id_through_prepare():
+    from stages.modelio import prepare_qat
+    from stages.quantizer import QuantPolicy
+
+    model = nn.Sequential(nn.Conv2d(1, 2, 1), nn.ReLU(), nn.BatchNorm2d(2)).eval()
+    gm, _, _ = prepare_qat(model, torch.randn(2, 1, 4, 4), QuantPolicy())
+    ids = {n.meta.get(ID_KEY) for n in gm.graph.nodes if n.op == "call_function"}
+    assert {"0", "1", "2"} <= ids

@@ -5,15 +5,12 @@ import torch
 
 from schemas.artifacts import CalibratedModel, PreparedModel
 from schemas.errors import StageError
-from stages.calibrate import calibrate
 from stages.evaluate import top1
 from stages.fake_quant import QuantState, quantizers
 from stages.modelio import UnsupportedOps, load_qat
-from stages.prepare import prepare
 from stages.qat import qat
 from stages.registry_types import StageCall
-
-H = "0" * 64
+from tests.stages.helpers import H, run_stages
 
 
 def _call(stage):
@@ -21,12 +18,7 @@ def _call(stage):
 
 
 def _run(ctx, *names):
-    art = None
-    for name in names:
-        fn = {"prepare": prepare, "calibrate": calibrate, "qat": qat}[name]
-        art = fn(art, ctx, _call(name))
-        ctx.run.save_artifact(art)
-    return art
+    return run_stages(ctx, *names)[names[-1]]
 
 
 def test_prepare_folds_bn_without_changing_the_float_result(make_ctx):

@@ -1,0 +1,170 @@
+"""Run an exported ONNX graph on a batch and capture layer tensors by canonical id.
+
+Backends: onnxruntime when every node is a standard op (BASIC graph optimization only:
+higher levels rejected a transformer at opset 21, NOTES.md "ONNX"); otherwise
+``onnx.reference.ReferenceEvaluator`` with the ``qparity`` domain ops of
+:mod:`simulator.custom_ops` plugged in as ``new_ops``. Layers are captured by tensor name:
+export names each layer's final float tensor exactly its layer id.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from schemas.errors import StageError
+
+DOMAIN = "qparity"
+THREADS = 2
+DISABLED_OPTIMIZERS = ["WeightBiasQuantization"]
+"""onnxruntime's BASIC level rewrites a float conv/linear bias between Q/DQ weights and
+activations into int32 at ``s_in * s_w`` (measured: 1.5e-5 off torch on one conv, flipping
+output quantization steps). Torch fake quant keeps the bias float, so export must too; the
+int32 bias belongs to the convert stage."""
+
+
+class OnnxRunner:
+    """One ONNX model, ready to run: ``run(x)`` and ``run_capture(x, layer_ids)``."""
+
+    def __init__(self, model_or_path: onnx.ModelProto | str | Path):
+        self.model = _load(model_or_path)
+        custom = any(n.domain == DOMAIN for n in self.model.graph.node)
+        self.backend = "reference" if custom else "onnxruntime"
+        self.input_name = self.model.graph.input[0].name
+        self.output_names = [o.name for o in self.model.graph.output]
+        self.tensor_names = {t for n in self.model.graph.node for t in n.output}
+        self._sessions: dict[tuple[str, ...], object] = {}
+
+    def run(self, x: np.ndarray) -> list[np.ndarray]:
+        """The graph outputs for input ``x``."""
+        outputs, _ = self.run_capture(x, [])
+        return outputs
+
+    def run_capture(
+        self, x: np.ndarray, layer_ids: list[str]
+    ) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+        """(outputs, {layer id: tensor}) for the tensors named by ``layer_ids``."""
+        missing = [i for i in layer_ids if i not in self.tensor_names]
+        if missing:
+            raise StageError(
+                f"no tensor named {missing[:5]} in the graph",
+                where="onnx runner",
+                hint="capture ids of ExportResult.layer_ids whose layer has one output",
+            )
+        extra = [i for i in layer_ids if i not in self.output_names]
+        feeds = {self.input_name: np.ascontiguousarray(x)}
+        if self.backend == "onnxruntime":
+            values = self._ort(tuple(extra)).run(None, feeds)
+            named = dict(zip(self.output_names + extra, values, strict=True))
+        else:
+            named = self._reference().run(None, feeds, intermediate=True)
+        outputs = [named[n] for n in self.output_names]
+        return outputs, {i: named[i] for i in layer_ids}
+
+    def _ort(self, extra: tuple[str, ...]):
+        """An onnxruntime session whose outputs also include ``extra`` tensors (cached)."""
+        if extra not in self._sessions:
+            import onnxruntime as ort
+
+            opts = ort.SessionOptions()
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            opts.intra_op_num_threads = opts.inter_op_num_threads = THREADS
+            model = _with_outputs(self.model, extra)
+            self._sessions[extra] = ort.InferenceSession(
+                model.SerializeToString(),
+                opts,
+                providers=["CPUExecutionProvider"],
+                disabled_optimizers=DISABLED_OPTIMIZERS,
+            )
+        return self._sessions[extra]
+
+    def _reference(self):
+        if "ref" not in self._sessions:
+            from onnx.reference import ReferenceEvaluator
+
+            types = {
+                v.name: helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
+                for v in self.model.graph.value_info
+                if v.type.tensor_type.elem_type
+            }
+            ops = custom_op_classes(types)
+            self._sessions["ref"] = ReferenceEvaluator(self.model, new_ops=ops)
+        return self._sessions["ref"]
+
+
+def _load(model_or_path) -> onnx.ModelProto:
+    """A ModelProto as is, or loaded from a file; a bad file is a StageError naming it."""
+    if isinstance(model_or_path, onnx.ModelProto):
+        return model_or_path
+    path = Path(model_or_path)
+    try:
+        model = onnx.load(str(path))
+        onnx.checker.check_model(model)
+    except (OSError, onnx.checker.ValidationError, ValueError) as e:
+        raise StageError(
+            f"cannot load ONNX model {path}: {type(e).__name__}: {str(e)[:200]}",
+            where=str(path),
+            hint="the file is missing, truncated or not ONNX; re-run the export stage",
+        ) from e
+    except Exception as e:  # protobuf DecodeError and friends: a corrupt file
+        raise StageError(
+            f"cannot parse ONNX model {path} ({type(e).__name__})",
+            where=str(path),
+            hint="the file is truncated or not ONNX; re-run the export stage",
+        ) from e
+    if not model.graph.node:
+        raise StageError(f"{path} holds no ONNX graph", where=str(path), hint="re-export it")
+    return model
+
+
+def _with_outputs(model: onnx.ModelProto, names: tuple[str, ...]) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph also outputs ``names`` (types from shape inference)."""
+    if not names:
+        return model
+    model = copy.deepcopy(model)
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v for v in inferred.graph.value_info}
+    for name in names:
+        vi = types.get(name) or helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
+        model.graph.output.append(copy.deepcopy(vi))
+    return model
+
+
+def custom_op_classes(out_types: dict[str, np.dtype] | None = None) -> list[type]:
+    """OpRun classes of the qparity domain, one per :data:`simulator.custom_ops.CUSTOM_OPS`.
+
+    ``out_types`` (tensor name -> dtype, from the graph's ``value_info``) casts a custom
+    op's integer result to its declared type, so a following DequantizeLinear sees the
+    zero point's type; a value outside that type's range is an error, never wrapped.
+    """
+    from onnx.reference.op_run import OpRun
+
+    from simulator.custom_ops import CUSTOM_OPS
+
+    types = out_types or {}
+
+    def make(op_type: str, op) -> type:
+        def _run(self, *inputs, **attrs):
+            out = np.asarray(op.evaluate(list(inputs), attrs))
+            dtype = types.get(self.onnx_node.output[0])
+            return (out if dtype is None else _cast(out, dtype, self.onnx_node),)
+
+        return type(op_type, (OpRun,), {"op_domain": DOMAIN, "_run": _run})
+
+    return [make(name, op) for name, op in CUSTOM_OPS.items()]
+
+
+def _cast(out: np.ndarray, dtype: np.dtype, node: onnx.NodeProto) -> np.ndarray:
+    info = np.iinfo(dtype)
+    if out.size and (out.min() < info.min or out.max() > info.max):
+        raise StageError(
+            f"custom op {node.op_type} produced values in [{out.min()}, {out.max()}], "
+            f"outside its declared {np.dtype(dtype).name}",
+            where=f"onnx node {node.name}",
+            hint="the custom op must saturate to its output dtype",
+        )
+    return out.astype(dtype)

@@ -1,0 +1,107 @@
+"""OnnxRunner: backend choice, outputs, capture by layer id, bad files."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+from schemas.errors import StageError
+from stages.onnx_runner import OnnxRunner
+
+
+def _model(domain: str = "") -> onnx.ModelProto:
+    """x -> Relu ("relu") -> Mul by 2 ("mul"); optionally a qparity::QuantizeLinear."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["relu"], "relu"),
+        helper.make_node("Mul", ["relu", "two"], ["mul"], "mul"),
+    ]
+    out = "mul"
+    if domain:
+        nodes += [
+            helper.make_node(
+                "QuantizeLinear",
+                ["mul", "s"],
+                ["q"],
+                "q",
+                domain=domain,
+                axis=1,
+                dtype="int8",
+                rounding="bpu_round",
+            ),  # fmt: skip
+            helper.make_node("DequantizeLinear", ["q", "s", "zp"], ["dq"], "dq"),
+        ]
+        out = "dq"
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, ["batch", 3])],
+        [
+            helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
+            helper.make_tensor("s", TensorProto.FLOAT, [], [0.5]),
+            helper.make_tensor("zp", TensorProto.INT8, [], [0]),
+        ],
+        value_info=[helper.make_tensor_value_info("q", TensorProto.INT8, None)],
+    )
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("qparity", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 10
+    return model
+
+
+X = np.array([[-1.0, 0.25, 0.75], [1.25, 2.0, -3.0]], np.float32)
+
+
+def test_onnxruntime_backend_runs_and_captures_by_name(tmp_path):
+    onnx.save(_model(), str(tmp_path / "m.onnx"))
+    runner = OnnxRunner(tmp_path / "m.onnx")
+    assert runner.backend == "onnxruntime"
+    (out,) = runner.run(X)
+    np.testing.assert_array_equal(out, np.maximum(X, 0) * 2)
+    outs, layers = runner.run_capture(X, ["relu", "mul"])
+    np.testing.assert_array_equal(layers["relu"], np.maximum(X, 0))
+    np.testing.assert_array_equal(layers["mul"], outs[0])
+
+
+def test_custom_domain_uses_the_reference_backend_with_bpu_rounding():
+    runner = OnnxRunner(_model("qparity"))
+    assert runner.backend == "reference"
+    outs, layers = runner.run_capture(X, ["relu"])
+    # 2 * relu(x) / 0.5 = 4 * relu(x): 0.25 -> 1.0 exactly, 0.75 -> 3.0; ties need x/s=.5
+    np.testing.assert_array_equal(outs[0], np.clip(np.maximum(X, 0) * 2, -64, 63.5))
+    np.testing.assert_array_equal(layers["relu"], np.maximum(X, 0))
+    ties = np.array([[0.125, 0.375, -0.125]], np.float32)  # relu -> 2x -> /0.5: 0.5, 1.5, 0
+    np.testing.assert_array_equal(runner.run(ties)[0], [[0.5, 1.0, 0.0]])  # half away
+
+
+def test_unknown_capture_id_is_an_error():
+    with pytest.raises(StageError, match=r"no tensor named \['nope'\]"):
+        OnnxRunner(_model()).run_capture(X, ["nope"])
+
+
+def test_truncated_and_non_onnx_files_name_the_file(tmp_path):
+    data = _model().SerializeToString()
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(data[: len(data) // 2])
+    junk = tmp_path / "junk.onnx"
+    junk.write_text("this is not a protobuf\n" * 10)
+    for path in (cut, junk, tmp_path / "missing.onnx"):
+        with pytest.raises(StageError, match=str(path.name)):
+            OnnxRunner(path)
+
+
+def test_export_then_run_a_saved_model_with_a_dynamic_batch(tmp_path):
+    from stages.modelio import export_graph
+    from stages.onnx_export import export_onnx
+    from tests.models import tiny
+
+    x = torch.randn(7, 1, 8, 8)
+    gm = export_graph(tiny(), x[:2])
+    export_onnx(gm, x[:2], tmp_path / "tiny.onnx")
+    runner = OnnxRunner(tmp_path / "tiny.onnx")
+    with torch.no_grad():
+        ref = gm(x).numpy()
+    np.testing.assert_allclose(runner.run(x.numpy())[0], ref, atol=1e-5)
