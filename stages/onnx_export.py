@@ -27,18 +27,34 @@ import numpy as np
 import onnx
 import torch
 import torch.fx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 from schemas.errors import StageError
 from stages.fake_quant import QFakeQuantize, quantizers
 from stages.layers import ID_KEY, is_tensor_node
+from stages.onnx_builder import (
+    DOMAIN,
+    INT_DTYPES,
+    LAYER_KEY,
+    QUANTIZER_KEY,
+    GraphBuilder,
+    trace_shapes,
+)
 from stages.onnx_ops import rules
 
-DOMAIN = "qparity"
+__all__ = [
+    "DOMAIN",
+    "LAYER_KEY",
+    "OPSET",
+    "QUANTIZER_KEY",
+    "ExportResult",
+    "GraphBuilder",
+    "export_onnx",
+    "render_graph_text",
+    "trace_shapes",
+]
+
 OPSET = 21
-LAYER_KEY = "qparity.layer_id"
-QUANTIZER_KEY = "qparity.quantizer"
-_ONNX_INT = {"int8": np.int8, "int16": np.int16, "int32": np.int32}
 _RULES = rules()
 
 
@@ -50,163 +66,6 @@ class ExportResult:
     layer_ids: list[str]  # mapped layers, topological order
     unmapped: dict[str, str] = field(default_factory=dict)  # layer id -> reason
     path: Path | None = None
-
-
-class GraphBuilder:
-    """Accumulates ONNX nodes and initializers for one fx graph; the rules' API."""
-
-    def __init__(self, gm: torch.fx.GraphModule, final: dict[str, str], traced: dict):
-        self.gm, self.final = gm, final  # fx node name -> its reserved tensor name
-        self.traced = traced  # fx node name -> (shape, dtype) or a list of them
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: dict[str, TensorProto] = {}
-        self.value_info: list[onnx.ValueInfoProto] = []
-        self.env: dict[str, str | list[str]] = {}
-        self._tensors: set[str] = set(final.values())  # reserved for the layers
-        self._node_names: set[str] = set()
-        self.node: torch.fx.Node | None = None
-        self.layer, self._count, self.start = "", 0, 0
-
-    def begin(self, node: torch.fx.Node, layer: str) -> None:
-        """Start translating ``node`` (its nodes are named after ``layer``)."""
-        self.node, self.layer, self._count, self.start = node, layer, 0, len(self.nodes)
-
-    def unique(self, name: str, used: set[str] | None = None) -> str:
-        """``name``, or ``name#k`` when taken."""
-        used = self._tensors if used is None else used
-        out, k = name, 1
-        while out in used:
-            out, k = f"{name}#{k}", k + 1
-        used.add(out)
-        return out
-
-    def fail(self, what: str, hint: str | None = None) -> StageError:
-        """A StageError naming the current fx node and layer id."""
-        node = self.node.name if self.node is not None else "?"
-        return StageError(what, where=f"export, node {node} (layer {self.layer})", hint=hint)
-
-    # -- values -------------------------------------------------------------------------
-    def args(self, node: torch.fx.Node) -> dict:
-        """The node's arguments by schema name, defaults filled in."""
-        schema = node.target._schema
-        out = {}
-        for i, a in enumerate(schema.arguments):
-            if i < len(node.args):
-                out[a.name] = node.args[i]
-            elif a.name in node.kwargs:
-                out[a.name] = node.kwargs[a.name]
-            else:
-                out[a.name] = a.default_value if a.has_default_value() else None
-        return out
-
-    def arg(self, a, like: torch.fx.Node | None = None) -> str:
-        """Tensor name of an fx value; a Python number becomes a 0-d initializer."""
-        if isinstance(a, torch.fx.Node):
-            if a.op == "get_attr" and a.name not in self.env:
-                self.env[a.name] = self._attr(a)
-            value = self.env.get(a.name)
-            if not isinstance(value, str):
-                raise self.fail(f"input {a.name} is not a single tensor")
-            return value
-        if isinstance(a, bool | int | float):
-            dtype = self.dtype(like) if like is not None else torch.float32
-            return self.const(torch.tensor(a, dtype=dtype).numpy())
-        raise self.fail(f"unsupported argument {a!r}")
-
-    def _attr(self, node: torch.fx.Node) -> str:
-        """Initializer of a parameter / buffer / lifted constant (get_attr)."""
-        value = self.gm
-        for part in node.target.split("."):
-            value = getattr(value, part)
-        array = value.detach().cpu().numpy()
-        return self.const(
-            array.astype(np.float32) if array.dtype == np.float64 else array, node.target
-        )
-
-    def const(self, array: np.ndarray, name: str | None = None) -> str:
-        """Add an initializer (named after the current layer unless ``name``)."""
-        name = self.unique(name or f"{self.layer}/c{len(self.inits)}")
-        self.inits[name] = numpy_helper.from_array(np.array(array, order="C"), name)
-        return name
-
-    def ints(self, values) -> str:
-        return self.const(np.asarray(values, np.int64))
-
-    def item(self, src: torch.fx.Node, idx: int) -> str:
-        value = self.env.get(src.name)
-        if not isinstance(value, list) or not value[idx]:
-            raise self.fail(f"output {idx} of {src.name} is not exported")
-        return value[idx]
-
-    def _traced(self, a: torch.fx.Node):
-        found = self.traced.get(a.name)
-        if found is None:
-            raise self.fail(f"no traced shape for {a.name}")
-        return found
-
-    def shape(self, a: torch.fx.Node) -> tuple:
-        """Traced shape: ints, and ``"<k>*batch<+c>"`` strings for dynamic dims."""
-        return self._traced(a)[0]
-
-    def shapes(self, node: torch.fx.Node) -> list[tuple]:
-        """Traced shapes of a multi-output op (split, chunk)."""
-        return [s for s, _ in self._traced(node)]
-
-    def out_shape(self, node: torch.fx.Node) -> tuple:
-        return self.shape(node)
-
-    def rank(self, a: torch.fx.Node) -> int:
-        return len(self.shape(a))
-
-    def numel(self, a: torch.fx.Node) -> int:
-        return int(np.prod(self.shape(a)))
-
-    def dtype(self, a: torch.fx.Node) -> torch.dtype:
-        return self._traced(a)[1]
-
-    def multi(self, node: torch.fx.Node) -> bool:
-        """True when the op returns several tensors (getitem picks one)."""
-        return isinstance(self._traced(node), list)
-
-    # -- nodes --------------------------------------------------------------------------
-    def emit(self, op: str, inputs: list[str], n_out: int = 1, domain: str = "",
-             name: str | None = None, attrs: dict | None = None, **kw) -> str | list[str]:  # fmt: skip
-        """Append one node; returns its output name(s) (``<node name>:<i>``).
-
-        Attributes come as keywords, or as ``attrs`` when their names are arbitrary
-        (custom ops)."""
-        attrs = {**(attrs or {}), **kw}
-        if name is None:
-            name = self.layer if self._count == 0 else f"{self.layer}/{self._count}"
-        self._count += 1
-        name = self.unique(name, self._node_names)
-        outs = [self.unique(f"{name}:{i}") for i in range(n_out)]
-        attrs = {k: v for k, v in attrs.items() if v is not None}
-        node = helper.make_node(op, inputs, outs, name, domain=domain, **attrs)
-        node.metadata_props.add(key=LAYER_KEY, value=self.layer)
-        self.nodes.append(node)
-        return outs[0] if n_out == 1 else outs
-
-    def typed(self, tensor: str, dtype: str) -> None:
-        """Declare the integer type of a custom-op output (shape inference skips them)."""
-        elem = helper.np_dtype_to_tensor_dtype(np.dtype(_ONNX_INT[dtype]))
-        self.value_info.append(helper.make_tensor_value_info(tensor, elem, None))
-
-    def rename(self, old: str, new: str) -> bool:
-        """Give a tensor made by the current translation its reserved name.
-
-        False if ``old`` was made earlier (the op aliased its input)."""
-        mine = self.nodes[self.start :]
-        if not any(old in n.output for n in mine):
-            return False
-        for n in mine:
-            for seq in (n.input, n.output):
-                for i, t in enumerate(seq):
-                    if t == old:
-                        seq[i] = new
-        for vi in self.value_info:
-            vi.name = new if vi.name == old else vi.name
-        return True
 
 
 # -- the export ---------------------------------------------------------------------------
@@ -280,67 +139,7 @@ def _input(b: GraphBuilder, node, first: bool) -> onnx.ValueInfoProto:
     name = "x" if first else node.name
     b.unique(name)
     b.env[node.name] = name
-    shape = [d if isinstance(d, int) else "batch" for d in b.shape(node)]
-    return helper.make_tensor_value_info(name, _elem(b.dtype(node)), shape)
-
-
-def _elem(dtype: torch.dtype) -> int:
-    """ONNX element type of a torch dtype."""
-    return helper.np_dtype_to_tensor_dtype(torch.empty(0, dtype=dtype).numpy().dtype)
-
-
-class _ShapeRun(torch.fx.Interpreter):
-    """Runs the graph with quantizers as identity (no observer sees the batch)."""
-
-    def __init__(self, gm: torch.fx.GraphModule):
-        super().__init__(gm)
-        self.seen: dict[str, object] = {}
-
-    def run_node(self, n: torch.fx.Node):
-        value = super().run_node(n)
-        if isinstance(value, torch.Tensor):
-            self.seen[n.name] = (tuple(value.shape), value.dtype)
-        elif isinstance(value, list | tuple) and value and isinstance(value[0], torch.Tensor):
-            self.seen[n.name] = [(tuple(v.shape), v.dtype) for v in value]
-        return value
-
-    def call_module(self, target, args, kwargs):
-        if isinstance(self.module.get_submodule(target), QFakeQuantize):
-            return args[0]
-        return super().call_module(target, args, kwargs)
-
-
-def trace_shapes(gm: torch.fx.GraphModule, example: torch.Tensor) -> dict[str, object]:
-    """Shapes and dtypes of every node, from two runs with batch B and B+1.
-
-    A dim that moves with the batch is written ``"<k>*batch<+c>"`` (torch.export's meta
-    shapes are not used: nodes rewritten after export, e.g. eval batch norm, carry the
-    pattern's example shapes).
-    """
-    base = example.repeat((2,) + (1,) * (example.ndim - 1))[: max(2, len(example))]
-    runs = []
-    for x in (base, torch.cat([base, base[:1]])):
-        interp = _ShapeRun(gm)
-        with torch.no_grad():
-            interp.run(x)
-        runs.append(interp.seen)
-    batch = len(base)
-
-    def merge(a, b):
-        if isinstance(a, list):
-            return [merge(u, v) for u, v in zip(a, b, strict=True)]
-        dims = tuple(
-            d if d == e else _symbol(d, e - d, batch) for d, e in zip(a[0], b[0], strict=True)
-        )
-        return dims, a[1]
-
-    return {k: merge(v, runs[1][k]) for k, v in runs[0].items() if k in runs[1]}
-
-
-def _symbol(d: int, k: int, batch: int) -> str:
-    """The dim ``d`` at batch ``batch`` that grows by ``k`` per sample: ``k*batch+c``."""
-    c = d - k * batch
-    return f"{k}*batch" + (f"{c:+d}" if c else "")
+    return b.info(name, node, dynamic="batch")
 
 
 def _call_function(b: GraphBuilder, node, mapped: list, unmapped: dict) -> None:
@@ -351,11 +150,10 @@ def _call_function(b: GraphBuilder, node, mapped: list, unmapped: dict) -> None:
     if rule is None:
         raise b.fail(f"no ONNX translation for {node.target}", hint="see DESIGN.md 'Op coverage'")
     out = rule(b, node)
-    b.env[node.name] = out
     if isinstance(out, list):
+        b.env[node.name] = out
         mapped.append(layer)
-    elif b.rename(out, b.final[node.name]):
-        b.env[node.name] = b.final[node.name]
+    elif b.bind(node, out, b.final[node.name]):
         mapped.append(layer)
     else:
         unmapped[layer] = f"identity op {node.target} folded away (same tensor as its input)"
@@ -377,7 +175,7 @@ def _qparams(b: GraphBuilder, scale, dtype: str, tag: str, per_channel=False) ->
     """Scale (0-d per tensor, 1-D per channel) and a zero point of the quantized dtype."""
     s = np.asarray(scale, np.float32)
     s = s if per_channel else s.reshape(())
-    zp = np.zeros(s.shape, _ONNX_INT[dtype])
+    zp = np.zeros(s.shape, INT_DTYPES[dtype])
     return b.const(s, f"{tag}/scale"), b.const(zp, f"{tag}/zero_point")
 
 
@@ -402,8 +200,7 @@ def _quantizer(b: GraphBuilder, node, fq: QFakeQuantize) -> None:
     y = b.emit("DequantizeLinear", [q, s, zp], name=f"{fq.name}/dq", axis=axis)
     for n in b.nodes[b.start :]:
         n.metadata_props.add(key=QUANTIZER_KEY, value=fq.name)
-    final = b.final.get(node.name, fq.name)
-    b.env[node.name] = final if b.rename(y, final) else y
+    b.bind(node, y, b.final.get(node.name, fq.name))
 
 
 def _fixed_point(b: GraphBuilder, node, mod) -> None:
@@ -418,8 +215,7 @@ def _fixed_point(b: GraphBuilder, node, mod) -> None:
     out = b.emit(mod.onnx_op, [q, *names], domain=DOMAIN, name=layer, attrs=attrs)
     b.typed(out, mod.out_dtype)
     y = b.emit("DequantizeLinear", [out, s_out, zp_out], name=f"{layer}/dq")
-    b.rename(y, b.final[node.name])
-    b.env[node.name] = b.final[node.name]
+    b.bind(node, y, b.final[node.name])
 
 
 def _outputs(b: GraphBuilder, node) -> list[onnx.ValueInfoProto]:
@@ -431,9 +227,7 @@ def _outputs(b: GraphBuilder, node) -> list[onnx.ValueInfoProto]:
         if name in seen or name in b.inits or not any(name in n.output for n in b.nodes):
             name = b.emit("Identity", [name])
         seen.add(name)
-        shape = [d if isinstance(d, int) else None for d in b.shape(src)]
-        elem = _elem(b.dtype(src))
-        outs.append(helper.make_tensor_value_info(name, elem, shape))
+        outs.append(b.info(name, src, dynamic=None))
     return outs
 
 

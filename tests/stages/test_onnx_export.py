@@ -15,8 +15,8 @@ from stages.fake_quant import QuantState, freeze_model, quantizers, set_model_st
 from stages.layers import ID_KEY
 from stages.modelio import prepare_qat
 from stages.onnx_export import LAYER_KEY, export_onnx, render_graph_text
-from stages.onnx_ops import target_shape
 from stages.onnx_runner import OnnxRunner
+from stages.onnx_shape_ops import target_shape
 from stages.quantizer import QuantPolicy
 from tests.models import data, tiny
 
