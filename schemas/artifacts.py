@@ -142,3 +142,21 @@ class QatOnnxModel(Artifact):
     """What runs it: onnxruntime, or the reference evaluator when custom ops are present."""
     metrics: list[Metric] = []
     """Dataset metrics of the graph."""
+
+
+class QuantizedModel(Artifact):
+    """convert's output (the vendor's quantized.bc): an integer ONNX graph."""
+
+    kind: Literal["quantized_onnx"] = "quantized_onnx"
+    onnx_file: str
+    """The integer ONNX file (run-relative)."""
+    layers_file: str
+    """JSON: layer id -> integer tensor name, scale(s), dtype, channel axis."""
+    settings: dict[str, str | int | float | bool]
+    """The arithmetic: multiplier_bits, rounding, fuse_requantize."""
+    float_ops: list[str] = []
+    """Layer ids left as float islands (DequantizeLinear, float op, QuantizeLinear)."""
+    warnings: list[str] = []
+    """Advisor warnings (e.g. layers whose outputs mostly saturate)."""
+    metrics: list[Metric] = []
+    """Dataset metrics of the integer graph."""

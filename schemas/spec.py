@@ -145,6 +145,13 @@ class QuantSpec(_Section):
     """Consistency strategy: none, 0 (wide requantize), 1 (pow2 activations), 2 (pow2 all)."""
     high_precision_output: bool = True
     """Conv/linear model outputs stay unquantized (int32 on the board)."""
+    weight_dtype: Dtype = "int8"
+    """Conv/linear weight dtype; the march must support it (Nash: int8 only)."""
+    fuse_requantize: bool | None = None
+    """Requantize conv/linear + add once (no quantizer between them); null: the
+    consistency level's default (off at level 0, on otherwise)."""
+    high_precision_qpp: bool | None = None
+    """Wide (32-bit) requantize multipliers; null: the level's default (on at level 0)."""
 
 
 class PrepareConfig(_Section):
@@ -186,6 +193,19 @@ class PreExportConfig(_Section):
     """How segment dividing points are placed: evenly, or by the function's curvature."""
 
 
+class ConvertConfig(_Section):
+    """Settings of convert (quantized.onnx): the integer arithmetic."""
+
+    multiplier_bits: int | None = Field(default=None, ge=8, le=32, strict=True)
+    """Signed width of requantize multipliers (|m| < 2**(bits-1)); null: 16, or 32 with
+    high_precision_qpp."""
+    rounding: Literal["half_even", "bpu_round"] | None = None
+    """Rounding of requantize and bias; null: quant.rounding."""
+    saturation_warning: float = Field(default=0.5, gt=0, le=1)
+    """Warn (debug/convert_advisor.txt) when more than this share of a layer's outputs
+    sit at the integer limits on the calibration samples."""
+
+
 class ExportConfig(_Section):
     """Settings of export (qat.onnx); none yet: the graph is opset 21 + the qparity domain."""
 
@@ -203,6 +223,8 @@ class StagesSpec(_Section):
     """Settings of pre_export."""
     export: ExportConfig = ExportConfig()
     """Settings of export."""
+    convert: ConvertConfig = ConvertConfig()
+    """Settings of convert."""
     stop_after: Annotated[str | None, AfterValidator(_check_stage)] = None
     """Stop the chain after this stage; null runs every stage."""
 

@@ -17,6 +17,8 @@ Inputs per op (after the data input):
 - ``Softmax``: exp_entries, exp_bounds, exp_mults, exp_shifts, then recip_* likewise.
 - ``LayerNorm``: rsqrt_entries, rsqrt_bounds, rsqrt_mults, rsqrt_shifts, weight_q, bias_q.
 - ``QuantizeLinear``: scale (one value per tensor, or one per channel along ``axis``).
+- The integer ops of quantized.onnx (``QConv``, ``QLinear``, ``QAdd``...): inputs,
+  attributes and formulas in :mod:`simulator.int_ops`; their encode is the identity.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 from schemas.errors import SimulatorError
 from simulator import fixedpoint as fp
 from simulator.composite import LayerNormTables, SoftmaxTables, int_layernorm, int_softmax
+from simulator.int_ops import INT_OPS, encode
 from simulator.lut import ARRAY_FIELDS, LutTable, from_arrays, lookup, to_arrays
 
 DOMAIN = "qparity"
@@ -135,5 +138,6 @@ CUSTOM_OPS: dict[str, CustomOp] = {
     "Softmax": CustomOp(_softmax_encode, _softmax_evaluate),
     "LayerNorm": CustomOp(_layernorm_encode, _layernorm_evaluate),
     "QuantizeLinear": CustomOp(_quantize_encode, _quantize_evaluate),
+    **{name: CustomOp(encode, evaluate) for name, evaluate in INT_OPS.items()},
 }
 """Op type (in :data:`DOMAIN`) -> encoder/evaluator."""

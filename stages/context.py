@@ -10,6 +10,8 @@ import torch
 
 from schemas.spec import PipelineSpec
 from schemas.store import Run
+from simulator.march import check_dtypes
+from stages.convert_graph import ConvertSettings
 from stages.data import Split, load_splits
 from stages.modelio import build_float, model_digest
 from stages.quantizer import QuantPolicy
@@ -44,10 +46,21 @@ CONSISTENCY_LEVELS = {
 }
 
 
-def policy_from_spec(spec: PipelineSpec) -> QuantPolicy:
-    """The quantizer policy a spec asks for, consistency level applied."""
+def level_settings(spec: PipelineSpec) -> dict:
+    """The consistency level's switches with the spec's explicit overrides applied."""
     q = spec.quant
-    level = CONSISTENCY_LEVELS[q.consistency_level]
+    out = dict(CONSISTENCY_LEVELS[q.consistency_level])
+    for key in ("fuse_requantize", "high_precision_qpp"):
+        if getattr(q, key) is not None:
+            out[key] = getattr(q, key)
+    return out
+
+
+def policy_from_spec(spec: PipelineSpec) -> QuantPolicy:
+    """The quantizer policy a spec asks for, consistency level applied, march checked."""
+    q = spec.quant
+    check_dtypes(q.march, q.weight_dtype, {q.activation_dtype, *q.overrides.values()})
+    level = level_settings(spec)
     return QuantPolicy(
         activation_dtype=q.activation_dtype,
         overrides=dict(q.overrides),
@@ -56,20 +69,31 @@ def policy_from_spec(spec: PipelineSpec) -> QuantPolicy:
         pot_activations=level["pot_activations"],
         pot_weights=level["pot_weights"],
         high_precision_output=q.high_precision_output,
+        fuse_requantize=level["fuse_requantize"],
         percentile=q.percentile,
         averaging_constant=q.averaging_constant,
     )
 
 
+def convert_settings(spec: PipelineSpec) -> ConvertSettings:
+    """convert's arithmetic: multiplier width, requantize rounding, fusion."""
+    level, cfg = level_settings(spec), spec.stages.convert
+    bits = cfg.multiplier_bits or (32 if level["high_precision_qpp"] else 16)
+    return ConvertSettings(
+        multiplier_bits=bits,
+        rounding=cfg.rounding or spec.quant.rounding,
+        fuse_requantize=level["fuse_requantize"],
+    )
+
+
 def toolchain_settings(spec: PipelineSpec) -> dict:
     """Settings that change the arithmetic, as recorded in the run and its artifacts."""
-    level = CONSISTENCY_LEVELS[spec.quant.consistency_level]
     return {
         **asdict(policy_from_spec(spec)),
+        **level_settings(spec),
+        **asdict(convert_settings(spec)),
         "march": spec.quant.march,
         "consistency_level": str(spec.quant.consistency_level),
-        "high_precision_qpp": level["high_precision_qpp"],
-        "fuse_requantize": level["fuse_requantize"],
     }
 
 

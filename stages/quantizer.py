@@ -8,7 +8,8 @@ Placement (the Nash BPU's rules, DESIGN.md "Numerics"):
   quantizer; passthrough ops (reshape, relu, max-pool, slice...) reuse their input's scale
   and get none, since they are exact on integers.
 - a consumer whose input is not quantized yet (a graph input, a constant) quantizes it.
-Activation dtype: the spec's default, overridden per module path (a key matches the path
+With ``fuse_requantize`` a conv/linear feeding only an add/sub has no output quantizer
+(the BPU requantizes conv + add once). Activation dtype: the spec's default, overridden per module path (a key matches the path
 and everything below it). Scales: ``s = 2*amax/(qmax-qmin)``, rounded up to a power of two
 for activations at consistency level >= 1 and for weights at level 2.
 """
@@ -46,6 +47,7 @@ class QuantPolicy:
     pot_activations: bool = False
     pot_weights: bool = False
     high_precision_output: bool = True
+    fuse_requantize: bool = False
     percentile: float = 99.99
     averaging_constant: float = 0.01
 
@@ -101,6 +103,7 @@ class NashQuantizer(Quantizer):
     def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         self._check_overrides(model)
         quantized: set[torch.fx.Node] = set()
+        self._fused: set[torch.fx.Node] = set()
         outputs = _output_producers(model)
         for node in model.graph.nodes:
             if not is_tensor_node(node):
@@ -128,16 +131,34 @@ class NashQuantizer(Quantizer):
                 inputs[arg] = _weight_spec(self.policy)
             elif cat is Category.WEIGHTED and i == 2:
                 continue  # bias: int32 at s_in * s_w, made at convert
+            elif arg in self._fused:
+                continue  # the int32 accumulator of a fused conv/linear + add
             elif not _is_quantized(arg, quantized) and _is_float_tensor(arg):
                 inputs[arg] = act
         high_precision = (
             cat is Category.WEIGHTED and node in outputs and self.policy.high_precision_output
         )
+        fused = cat is Category.WEIGHTED and self._fuses(node, outputs)
         node.meta["quantization_annotation"] = QuantizationAnnotation(
-            input_qspec_map=inputs, output_qspec=None if high_precision else act, _annotated=True
+            input_qspec_map=inputs,
+            output_qspec=None if high_precision or fused else act,
+            _annotated=True,
         )
-        if not high_precision:
+        if fused:
+            self._fused.add(node)
+        elif not high_precision:
             quantized.add(node)
+
+    def _fuses(self, node: torch.fx.Node, outputs) -> bool:
+        """fuse_requantize: a conv/linear whose only user is an add/sub is requantized once,
+        after the add, so QAT has no quantizer between them either."""
+        users = list(node.users)
+        return (
+            self.policy.fuse_requantize
+            and node not in outputs
+            and len(users) == 1
+            and classify(users[0])[0] in ("add", "sub")
+        )
 
     def _check_overrides(self, model: torch.fx.GraphModule) -> None:
         ids = {n.meta[ID_KEY] for n in model.graph.nodes if ID_KEY in n.meta}

@@ -20,11 +20,13 @@ from schemas.artifacts import (
     QatExportModel,
     QatOnnxModel,
     QatTunedModel,
+    QuantizedModel,
 )
 from schemas.errors import SpecError
 from schemas.fileio import sha256_bytes
 from schemas.spec import PipelineSpec
 from stages.calibrate import calibrate
+from stages.convert import convert
 from stages.export import export
 from stages.pre_export import pre_export
 from stages.prepare import prepare
@@ -53,6 +55,7 @@ STAGES: tuple[StageDef, ...] = (
     StageDef("qat", qat, QatTunedModel, ("train", "evaluation"), optional=True),
     StageDef("pre_export", pre_export, QatExportModel, ("evaluation",)),
     StageDef("export", export, QatOnnxModel, ("float_model", "evaluation")),
+    StageDef("convert", convert, QuantizedModel, ("calibration", "evaluation")),
 )
 BY_NAME = {s.name: s for s in STAGES}
 # The chain of DESIGN.md; stages not in STAGES are not built yet and end the chain.

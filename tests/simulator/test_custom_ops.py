@@ -11,6 +11,7 @@ from simulator import composite as c
 from simulator import fixedpoint as fp
 from simulator import lut
 from simulator.custom_ops import CUSTOM_OPS, DOMAIN
+from simulator.int_ops import INT_OPS
 
 RNG = np.random.default_rng(0)
 
@@ -29,7 +30,7 @@ def _evaluate(op: str, x, attrs, inits):
 
 def test_table_of_ops():
     assert DOMAIN == "qparity"
-    assert set(CUSTOM_OPS) == {"Lut", "Softmax", "LayerNorm", "QuantizeLinear"}
+    assert set(CUSTOM_OPS) == {"Lut", "Softmax", "LayerNorm", "QuantizeLinear"} | set(INT_OPS)
 
 
 @pytest.mark.parametrize("kind", ["direct", "segmented"])

@@ -229,3 +229,99 @@ def test_fixed_multiplier_vendor_example_and_largest_shift():
     assert np.all(m < 2**16) and np.all(np.round(ratios * 2.0 ** (s + 1)) >= 2**16)
     with pytest.raises(SimulatorError):
         fp.fixed_multiplier(2.0**17, 16)
+
+
+def ref_requantize(acc: int, m: int, s: int, dtype: str, mode: str) -> int:
+    qmin, qmax = fp.qrange(dtype)
+    return min(max(ref_round(Fraction(acc * m, 2**s), mode), qmin), qmax)
+
+
+@FAST
+@given(
+    acc=st.lists(st.integers(-(2**31) + 1, 2**31 - 1), min_size=1, max_size=20),
+    m=st.integers(0, 2**31 - 1),
+    s=st.integers(0, 62),
+    dtype=st.sampled_from(["int8", "int16", "int32"]),
+    mode=MODES,
+)
+def test_requantize_matches_reference(acc, m, s, dtype, mode):
+    got = fp.requantize(np.array(acc, dtype=np.int64), m, s, dtype, mode)
+    assert got.dtype == np.int64
+    assert got.tolist() == [ref_requantize(a, m, s, dtype, mode) for a in acc]
+    got_t = fp.requantize(torch.tensor(acc, dtype=torch.int32), m, s, dtype, mode)
+    assert got_t.tolist() == got.tolist()
+
+
+@pytest.mark.parametrize("mode", fp.ROUNDING_MODES)
+def test_requantize_exact_ties_and_saturation(mode):
+    acc = np.array([1, 3, 5, -1, -3, -5, 6, -6], dtype=np.int32)  # *3/2 or /2: all .5 ties
+    want = [ref_requantize(int(a), 1, 1, "int8", mode) for a in acc]
+    assert fp.requantize(acc, 1, 1, "int8", mode).tolist() == want
+    assert want[:3] == ([0, 2, 2] if mode == "half_even" else [1, 2, 3])
+    big = np.array([2**31 - 1, -(2**31), 40000, -40000])
+    assert fp.requantize(big, 2**31 - 1, 0, "int32", mode).tolist() == [2**31 - 1, -(2**31)] * 2
+    assert fp.requantize(big, 1, 0, "int16", mode).tolist() == [32767, -32768] * 2
+
+
+def test_requantize_public_example():
+    m, s = fp.fixed_multiplier(0.1 * 1.0 / 0.2028451, 15)
+    assert (int(m), int(s)) == (32308, 16)
+    assert int(fp.requantize(np.array(1000), m, s, "int16", "bpu_round")) == round(
+        1000 * 32308 / 65536
+    )
+
+
+def test_requantize_per_channel_axis():
+    acc = np.arange(-12, 12, dtype=np.int64).reshape(2, 3, 4) * 1000
+    m, s = np.array([3, 5, 7]), np.array([4, 6, 8])
+    got = fp.requantize(acc, m, s, "int16", "half_even", axis=1)
+    for c in range(3):
+        want = fp.requantize(acc[:, c], m[c], s[c], "int16", "half_even")
+        np.testing.assert_array_equal(got[:, c], want)
+    one = fp.requantize(acc, np.array([3]), np.array([4]), "int8", "half_even", axis=1)
+    np.testing.assert_array_equal(one, fp.requantize(acc, 3, 4, "int8", "half_even"))
+    with pytest.raises(SimulatorError, match="channels"):
+        fp.requantize(acc, m, s, "int8", "half_even", axis=2)
+
+
+def test_requantize_refuses_overflow_and_bad_input():
+    with pytest.raises(SimulatorError, match="2\\*\\*62"):
+        fp.requantize(np.array([2**40]), 2**22, 0, "int32", "half_even")
+    with pytest.raises(SimulatorError, match="shift"):
+        fp.requantize(np.array([1]), 1, 63, "int8", "half_even")
+    with pytest.raises(SimulatorError, match="integer"):
+        fp.requantize(np.array([1.5]), 1, 0, "int8", "half_even")
+    with pytest.raises(SimulatorError, match="rounding"):
+        fp.requantize(np.array([1]), 1, 0, "int8", "half_up")
+
+
+@FAST
+@given(
+    ratios=st.lists(
+        st.floats(1e-6, 200.0) | st.lists(st.floats(1e-6, 200.0), min_size=1, max_size=4),
+        min_size=1,
+        max_size=3,
+    ),
+    bits=st.sampled_from([8, 15, 16, 31]),
+    mode=MODES,
+)
+def test_aligned_multipliers_keep_every_ratio_to_full_width(ratios, bits, mode):
+    mults, s = fp.aligned_multipliers(ratios, bits, mode)
+    for r, m in zip(ratios, mults, strict=True):
+        assert np.shape(m) == np.shape(r)
+        for v, mv in zip(np.ravel(r).tolist(), np.ravel(m).tolist(), strict=True):
+            mant, sh = fp.fixed_multiplier(v, bits, mode)
+            assert mv == int(mant) << (s - int(sh))  # the mantissa, shifted onto s
+            assert abs(Fraction(mv, 2**s) - Fraction(v)) <= Fraction(v) / 2 ** (bits - 1)
+    flat = np.concatenate([np.ravel(r) for r in ratios])
+    assert s == max(int(fp.fixed_multiplier(v, bits, mode)[1]) for v in flat.tolist())
+
+
+def test_aligned_multipliers_errors_and_example():
+    mults, s = fp.aligned_multipliers([1.0, 1.4e-3], 15)  # a skip input and an accumulator
+    assert s == 24 and int(mults[0]) == 2**24 and int(mults[1]) == round(1.4e-3 * 2**24)
+    for bad in ([0.5, 0.0], [np.nan], [np.array([1.0, -1.0])], [np.inf], []):
+        with pytest.raises(SimulatorError, match="finite and positive"):
+            fp.aligned_multipliers(bad, 16)
+    with pytest.raises(SimulatorError):
+        fp.aligned_multipliers([2.0**16], 16)

@@ -1,0 +1,120 @@
+"""convert: qat.onnx -> quantized.onnx (the vendor's quantized.bc), integers throughout.
+
+The arithmetic (multiplier width, requantize rounding, conv+add fusion) comes from the
+consistency level and ``stages.convert``, and is recorded in the artifact. The integer
+graph is run by the reference executor (numpy kernels of simulator/ behind onnx's reference
+evaluator); its top-1 goes to the metrics, and layers whose outputs mostly sit at the
+integer limits on the calibration samples are listed in debug/convert_advisor.txt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+
+import numpy as np
+import onnx
+import torch
+
+from schemas.artifacts import Metric, QatOnnxModel, QuantizedModel
+from schemas.errors import StageError
+from simulator import fixedpoint as fp
+from stages.context import RunContext, convert_settings
+from stages.convert_graph import Converter, QTensor
+from stages.evaluate import top1
+from stages.onnx_export import render_graph_text
+from stages.onnx_runner import OnnxRunner
+from stages.registry_types import StageCall
+
+
+def convert(upstream: QatOnnxModel, ctx: RunContext, call: StageCall) -> QuantizedModel:
+    """Write the integer graph, evaluate it, and check for saturating layers."""
+    settings = convert_settings(ctx.spec)
+    try:
+        src = onnx.load(str(ctx.run.path(upstream.onnx_file)))
+    except Exception as e:  # onnx raises DecodeError and friends
+        raise StageError(
+            f"cannot read {upstream.onnx_file} ({e})", where="convert", hint="rerun export"
+        ) from e
+    converter = Converter(src, settings)
+    model, layers = converter.run()
+    out = ctx.artifact_dir("convert")
+    _save(model, out / "quantized.onnx")
+    ctx.run.write_text("artifacts/convert/layers.json", json.dumps(layer_json(layers), indent=1))
+    ctx.write_debug("quantized_onnx.txt", render_graph_text(model))
+    runner = OnnxRunner(out / "quantized.onnx")
+    warnings = saturation_warnings(runner, layers, ctx)
+    ctx.write_debug("convert_advisor.txt", "\n".join(warnings or ["no warnings"]) + "\n")
+    acc = top1(
+        lambda x: torch.from_numpy(runner.run(x.numpy())[0]),
+        ctx.evaluation,
+        ctx.spec.data.batch_size,
+    )
+    files = ["artifacts/convert/quantized.onnx", "artifacts/convert/layers.json"]
+    return call.make(
+        QuantizedModel,
+        ctx.run,
+        files=files,
+        onnx_file=files[0],
+        layers_file=files[1],
+        settings=asdict(settings),
+        float_ops=sorted(converter.islands),
+        warnings=warnings,
+        metrics=[Metric(stage="convert", metric="top1", value=acc, n_samples=len(ctx.evaluation))],
+    )
+
+
+def _save(model: onnx.ModelProto, path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    onnx.save(model, str(tmp))
+    os.replace(tmp, path)
+
+
+def layer_json(layers: dict[str, QTensor]) -> dict:
+    """Layer id -> where its integers are and what they mean."""
+    return {
+        lid: {
+            "tensor": q.name,
+            "scale": np.asarray(q.scale).reshape(-1).tolist(),
+            "dtype": q.dtype,
+            "axis": q.axis,
+        }
+        for lid, q in layers.items()
+    }
+
+
+def saturation_warnings(
+    runner: OnnxRunner,
+    layers: dict[str, QTensor],
+    ctx: RunContext,
+) -> list[str]:
+    """Layers whose outputs sit at the integer limits more than the allowed share."""
+    limit = ctx.spec.stages.convert.saturation_warning
+    x = ctx.calibration.x[: ctx.spec.stages.calibrate.batch_size]
+    names = {q.name: lid for lid, q in layers.items() if q.dtype in ("int8", "int16")}
+    _, values = runner.run_capture(x, list(names))
+    out = []
+    for name, lid in names.items():
+        qmin, qmax = fp.qrange(layers[lid].dtype)
+        v = np.asarray(values[name])
+        share = float(np.mean((v <= qmin) | (v >= qmax)))
+        if share > limit:
+            out.append(
+                f"{lid} | saturates | {share:.0%} of its {layers[lid].dtype} outputs "
+                f"at the limits | advice: use int16 for this layer or recalibrate "
+                "(percentile/mse observer)"
+            )
+    return out
+
+
+def run_integer(
+    run_path, art: QuantizedModel, x: np.ndarray
+) -> tuple[list[np.ndarray], dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """The reference integer executor on a batch: (outputs, {layer id: (integers, scale)})."""
+    layers = json.loads((run_path / art.layers_file).read_text())
+    runner = OnnxRunner(run_path / art.onnx_file)
+    outputs, values = runner.run_capture(x, [v["tensor"] for v in layers.values()])
+    return outputs, {
+        lid: (np.asarray(values[v["tensor"]]), np.asarray(v["scale"])) for lid, v in layers.items()
+    }
