@@ -1,7 +1,8 @@
 """Run a torch-side stage model on a batch and capture every layer's tensor by canonical id.
 
 A layer's captured value is what its consumers see: the output of its output quantizer
-when it has one, else its own output. qat.onnx names the same tensor after the layer id,
+when it has one, else its own output. The quantized model input is captured as
+``input:<name>``. qat.onnx names the same tensor after the layer id,
 so both sides capture the same thing.
 """
 
@@ -29,6 +30,8 @@ class _Capture(torch.fx.Interpreter):
             src = n.args[0]
             if isinstance(src, torch.fx.Node) and ID_KEY in src.meta:
                 self.values[src.meta[ID_KEY]] = result  # after the output quantizer
+            elif isinstance(src, torch.fx.Node) and src.op == "placeholder":
+                self.values[f"input:{src.name}"] = result  # the quantized model input
         return result
 
 

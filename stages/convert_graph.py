@@ -186,9 +186,18 @@ class Converter:
         return model
 
     def layer_table(self) -> dict[str, QTensor]:
-        """Layer id -> integer form of its final tensor (qat.onnx names it by the id)."""
+        """Layer id -> integer form of its final tensor (qat.onnx names it by the id);
+        the quantized model input as ``input:<name>``."""
         ids = {_layer_id(n) for n in self.src.graph.node}
-        return {name: q for name, q in self.qt.items() if name in ids}
+        table = {name: q for name, q in self.qt.items() if name in ids}
+        table.update(
+            {
+                name.removesuffix("[input]"): q
+                for name, q in self.qt.items()
+                if name.startswith("input:") and name.endswith("[input]")
+            }
+        )
+        return table
 
 
 def _layer_id(node: onnx.NodeProto) -> str:
