@@ -160,3 +160,34 @@ class QuantizedModel(Artifact):
     """Advisor warnings (e.g. layers whose outputs mostly saturate)."""
     metrics: list[Metric] = []
     """Dataset metrics of the integer graph."""
+
+
+class HbmModel(Artifact):
+    """compile's output: the program for the simulated BPU (.hbm)."""
+
+    kind: Literal["hbm"] = "hbm"
+    hbm_file: str
+    """The .hbm file (run-relative)."""
+    march: str
+    """The march it was compiled for."""
+    instructions: int
+    """Number of instructions."""
+    board_file: str | None = None
+    """board.hbm: the program with the board's camera input path in front (None when the
+    runtime input is a featuremap)."""
+    fused: list[list[str]] = []
+    """Groups of layer ids one instruction covers (many-to-one)."""
+    metrics: list[Metric] = []
+    """Dataset metrics of the program on the simulated BPU (featuremap input)."""
+
+
+class BoardRun(Artifact):
+    """board_sim's output: the program run on the simulated board with its own input."""
+
+    kind: Literal["board_run"] = "board_run"
+    runtime_format: str
+    """What the camera delivered (featuremap: the evaluation inputs as is)."""
+    training_format: str
+    """What the model was trained on."""
+    metrics: list[Metric] = []
+    """Dataset metrics on the board."""

@@ -47,6 +47,15 @@ STAGE_CONFIG_PATHS: dict[str, tuple[str, ...]] = {
         "stages.calibrate",
     ),
     "qat": ("stages.qat",),
+    "compile": (
+        "quant.march",
+        "quant.rounding",
+        "stages.convert",
+        "stages.board_sim",
+        "data.input_format",
+        "data.mean",
+        "data.std",
+    ),
 }
 """Dotted spec paths each stage reads itself; its config digest covers exactly these.
 
@@ -122,6 +131,11 @@ class DataSpec(_Section):
     """Batch size for evaluation and capture."""
     input_format: Literal["rgb", "bgr", "yuv444", "gray", "featuremap"] = "featuremap"
     """The input layout the model saw in training."""
+    mean: list[float] = []
+    """Per-channel mean in pixel units (0..255) the training inputs were normalized with:
+    ``x = (pixel - mean) / std``; the board folds it into its input path. Empty: 0."""
+    std: list[float] = []
+    """Per-channel std in pixel units; empty: 1."""
 
 
 class QuantSpec(_Section):
@@ -206,6 +220,15 @@ class ConvertConfig(_Section):
     sit at the integer limits on the calibration samples."""
 
 
+class BoardSimConfig(_Section):
+    """Settings of board_sim: the board's own input path."""
+
+    runtime_format: Literal["featuremap", "nv12", "yuv444", "rgb", "bgr", "gray"] = "featuremap"
+    """What the camera delivers on the board; featuremap feeds the evaluation inputs as is."""
+    color: Literal["bt601_full", "bt601_video"] = "bt601_full"
+    """Colour conversion standard between YUV and RGB on the board."""
+
+
 class ExportConfig(_Section):
     """Settings of export (qat.onnx); none yet: the graph is opset 21 + the qparity domain."""
 
@@ -225,6 +248,8 @@ class StagesSpec(_Section):
     """Settings of export."""
     convert: ConvertConfig = ConvertConfig()
     """Settings of convert."""
+    board_sim: BoardSimConfig = BoardSimConfig()
+    """Settings of board_sim."""
     stop_after: Annotated[str | None, AfterValidator(_check_stage)] = None
     """Stop the chain after this stage; null runs every stage."""
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from schemas.fileio import sha256_bytes
 from schemas.spec import PipelineSpec
 from schemas.store import Run
 from simulator.march import check_dtypes
@@ -132,7 +133,9 @@ class RunContext:
 
     def data_digest(self, name: str) -> str:
         """Digest of one input of a stage: a data split or the float model."""
-        return self.float_digest if name == "float_model" else self.splits[name].digest
+        if name == "float_model":
+            return self.float_digest
+        return self.splits[name].digest if name in self.splits else sha256_bytes(b"absent")
 
     @cached_property
     def example(self) -> torch.Tensor:

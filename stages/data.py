@@ -1,7 +1,8 @@
 """Datasets as stages see them: validated numpy splits, streamed in batches.
 
 A dataset is a ``module:function`` returning ``{"train": (x, y), "evaluation": (x, y)}``
-(optionally a separate ``"calibration"`` split): x float32 N x ..., y int labels. Calibration
+(optionally a separate ``"calibration"`` split, and ``"camera_evaluation"``: the evaluation
+samples as uint8 RGB camera frames, for board_sim's input path): x float32 N x ..., y int labels. Calibration
 uses the first ``calibration_samples`` of "calibration" (else "train"), evaluation the first
 ``evaluation_samples`` of "evaluation". Every batch is checked for NaN/Inf before a model
 sees it, and the error names the split and the sample index.
@@ -78,11 +79,32 @@ def load_splits(
             hint="add a 'train' split for calibration",
         )
     train_pair = data.get("train", data[calib_key])
-    return {
+    splits = {
         "calibration": _split(calib_key, data[calib_key], calibration_samples),
         "evaluation": _split("evaluation", data["evaluation"], evaluation_samples),
         "train": _split("train", train_pair, len(train_pair[0])),
     }
+    if "camera_evaluation" in data:
+        splits["camera"] = _camera(data["camera_evaluation"], splits["evaluation"])
+    return splits
+
+
+def _camera(frames, evaluation: Split) -> Split:
+    """The evaluation samples as the board's camera sees them (uint8 RGB N x H x W x 3)."""
+    frames = np.asarray(frames)
+    if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3:
+        raise StageError(
+            f"camera_evaluation is {frames.dtype} {frames.shape}",
+            where="data.camera_evaluation",
+            hint="uint8 RGB frames N x H x W x 3",
+        )
+    if len(frames) < len(evaluation):
+        raise StageError(
+            f"{len(frames)} camera frames for {len(evaluation)} samples",
+            where="data.camera_evaluation",
+            hint="one frame per evaluation sample",
+        )
+    return Split("camera", np.ascontiguousarray(frames[: len(evaluation)]), evaluation.y)
 
 
 def _split(name: str, pair, n: int) -> Split:

@@ -15,7 +15,9 @@ from pathlib import Path
 
 from schemas.artifacts import (
     Artifact,
+    BoardRun,
     CalibratedModel,
+    HbmModel,
     PreparedModel,
     QatExportModel,
     QatOnnxModel,
@@ -25,7 +27,9 @@ from schemas.artifacts import (
 from schemas.errors import SpecError
 from schemas.fileio import sha256_bytes
 from schemas.spec import PipelineSpec
+from stages.board_sim import board_sim
 from stages.calibrate import calibrate
+from stages.compile import compile_model
 from stages.convert import convert
 from stages.export import export
 from stages.pre_export import pre_export
@@ -56,6 +60,8 @@ STAGES: tuple[StageDef, ...] = (
     StageDef("pre_export", pre_export, QatExportModel, ("evaluation",)),
     StageDef("export", export, QatOnnxModel, ("float_model", "evaluation")),
     StageDef("convert", convert, QuantizedModel, ("calibration", "evaluation")),
+    StageDef("compile", compile_model, HbmModel, ("evaluation",)),
+    StageDef("board_sim", board_sim, BoardRun, ("evaluation", "camera")),
 )
 BY_NAME = {s.name: s for s in STAGES}
 # The chain of DESIGN.md; stages not in STAGES are not built yet and end the chain.

@@ -141,3 +141,35 @@ def aux_branch() -> nn.Module:
 def tables() -> nn.Module:
     torch.manual_seed(0)
     return TableNet().eval()
+
+
+class RgbNet(nn.Module):
+    """TinyNet for 3-channel 8x8 frames (board input tests)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(4 * 8 * 8, 10)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.conv(x)).flatten(1))
+
+
+def rgb() -> nn.Module:
+    torch.manual_seed(0)
+    return RgbNet().eval()
+
+
+def camera_data() -> dict:
+    """Random RGB camera frames, normalized x = (pixel - 127.5) / 127.5, labelled by rgb()."""
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, size=(160, 8, 8, 3), dtype=np.uint8)
+    x = np.ascontiguousarray((frames.astype(np.float32) - 127.5) / 127.5).transpose(0, 3, 1, 2)
+    x = np.ascontiguousarray(x)
+    with torch.no_grad():
+        y = rgb()(torch.from_numpy(x)).argmax(1).numpy()
+    return {
+        "train": (x[:96], y[:96]),
+        "evaluation": (x[96:], y[96:]),
+        "camera_evaluation": frames[96:],
+    }

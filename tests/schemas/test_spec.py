@@ -7,6 +7,7 @@ import pytest
 from schemas.errors import SpecError
 from schemas.spec import (
     STAGE_CONFIG_PATHS,
+    STAGE_NAMES,
     PipelineSpec,
     load_spec,
     parse_spec,
@@ -190,7 +191,10 @@ def test_stage_digests_follow_the_table():
     assert stage_config_digest(calib, "calibrate") != stage_config_digest(base, "calibrate")
     evaluation = with_overrides(base, ["data.evaluation_samples=10"])
     assert stage_config_digest(evaluation, "calibrate") == stage_config_digest(base, "calibrate")
-    assert set(STAGE_CONFIG_PATHS) <= {"prepare", "calibrate", "qat"}
+    assert set(STAGE_CONFIG_PATHS) <= set(STAGE_NAMES)
+    board = with_overrides(base, ["stages.board_sim.runtime_format=nv12"])
+    assert stage_config_digest(board, "compile") != stage_config_digest(base, "compile")
+    assert stage_config_digest(board, "convert") == stage_config_digest(base, "convert")
 
 
 def test_stage_digest_of_other_and_unknown_stages():

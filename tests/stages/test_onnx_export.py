@@ -108,8 +108,9 @@ def _compare_layers(gm, result, x: torch.Tensor, tol: float) -> list[str]:
 
     Every torch layer is captured on the ONNX side unless export lists it as unmapped."""
     out, layers = capture(gm, x)
-    ids = [i for i, v in layers.items()
-           if isinstance(v, torch.Tensor) and not i.startswith("input:")]  # input: not a layer
+    ids = [
+        i for i, v in layers.items() if isinstance(v, torch.Tensor) and not i.startswith("input:")
+    ]  # input: not a layer
     assert set(ids) <= set(result.layer_ids) | set(result.unmapped)
     ids = [i for i in ids if i not in result.unmapped]
     onnx_out, onnx_layers = OnnxRunner(result.model).run_capture(x.numpy(), ids)

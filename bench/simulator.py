@@ -1,0 +1,416 @@
+"""Speed of the bit-exact simulator against torch float32 eager and onnxruntime.
+
+For each model (examples/digits, examples/transformer, a ResNet-18-shaped net at
+224x224x3 from bench/resnet.py) this runs the chain up to compile in a temporary run store,
+then times, side by side in this one process on the same batch of frames:
+
+- sim:   ``Executor(hbm.load(model.hbm)).run({input: x})``, the bit-exact integer program;
+- torch: the float model in float32 eager under ``torch.inference_mode()``;
+- ORT:   qat.onnx through ``stages.onnx_runner.OnnxRunner`` (onnxruntime, BASIC graph
+         optimization, 2 threads: what the chain uses) when the graph has only standard
+         ops; with ``qparity`` custom ops (tables, softmax, LayerNorm) onnxruntime cannot
+         load it and the number is n/a.
+
+Timing: one warm-up run of each engine, then rounds that run every engine once in turn
+(so drift hits all equally); each engine's time is the median over the rounds
+(``time.perf_counter``). torch keeps its default thread count (the machine's cores) and
+onnxruntime runs 2 intra-op threads. Each chain runs in a child process with a per-stage
+time limit, so a stage that is too slow is reported (name and time) instead of waited for.
+
+    python bench/simulator.py [--models digits transformer resnet18] [--rounds 7]
+                              [--stage-timeout 180]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from schemas.spec import PipelineSpec, load_spec, with_overrides  # noqa: E402
+
+MODELS = {
+    # name: (spec file, batch, overrides that keep the chain fast)
+    "digits": (ROOT / "examples/digits/spec.yaml", 256,
+               ["data.evaluation_samples=256"]),
+    "transformer": (ROOT / "examples/transformer/spec.yaml", 256,
+                    ["data.evaluation_samples=256"]),
+    "resnet18": (ROOT / "examples/digits/spec.yaml", 8,
+                 ["name=resnet18-bench", "model.factory=bench.resnet:build",
+                  "data.dataset=bench.resnet:load", "quant.overrides={}",
+                  "data.calibration_samples=16", "data.evaluation_samples=8",
+                  "data.batch_size=4", "stages.calibrate.batch_size=4",
+                  "compare.probe_samples=2", "tags={example: resnet18}"]),
+}  # fmt: skip
+TARGETS = (("sim >= 2x torch fp32 eager", "sim/torch", 2.0),
+           ("sim >= 0.5x ORT", "sim/ORT", 0.5))  # fmt: skip
+
+
+def bench_spec(name: str) -> PipelineSpec:
+    path, _, sets = MODELS[name]
+    return with_overrides(load_spec(path), [*sets, "stages.stop_after=compile"])
+
+
+# -- the chain, in a child process ------------------------------------------------------------
+
+
+def _child(name: str, store: str) -> None:
+    """Run one model's chain; print one JSON line per event (flushed) for the parent."""
+    from pipelines.flow import run_chain
+    from stages.registry import plan
+
+    def emit(**kw) -> None:
+        print("@@" + json.dumps(kw), flush=True)
+
+    spec = bench_spec(name)
+    stages = [s.name for s, _ in plan(spec)]
+    emit(event="plan", stages=stages)
+    emit(event="start", stage=stages[0])
+    t = [time.perf_counter()]
+
+    def on_stage(stage: str, outcome) -> None:
+        now = time.perf_counter()
+        emit(event="done", stage=stage, seconds=round(now - t[0], 2))
+        t[0] = now
+        nxt = stages.index(stage) + 1
+        if nxt < len(stages):
+            emit(event="start", stage=stages[nxt])
+
+    text = MODELS[name][0].read_text()
+    result = run_chain(spec, text, Path(store), use_prefect=False, on_stage=on_stage)
+    emit(event="finished", run_id=result.run_id, wall_s=round(result.wall_s, 2))
+
+
+def run_chain_limited(name: str, store: Path, stage_timeout: float) -> dict:
+    """The chain in a child process; kill it when one stage runs past ``stage_timeout``.
+
+    Returns ``{"run_id", "stages": {stage: s}}`` or ``{"error", "stage", "seconds", ...}``.
+    """
+    cmd = [sys.executable, "-u", str(Path(__file__).resolve()), "--_child", name, str(store)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    lines: queue.Queue = queue.Queue()
+    err: list[str] = []
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout] + [lines.put(None)],
+                     daemon=True).start()  # fmt: skip
+    threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True).start()
+    out = {"stages": {}}
+    current, started = None, time.perf_counter()
+    while True:
+        left = stage_timeout - (time.perf_counter() - started)
+        try:
+            line = lines.get(timeout=max(left, 0.01))
+        except queue.Empty:
+            proc.kill()
+            proc.wait()
+            return {**out, "error": "timeout", "stage": current,
+                    "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+        if line is None:
+            break
+        if not line.startswith("@@"):
+            continue
+        ev = json.loads(line[2:])
+        if ev["event"] == "start":
+            current, started = ev["stage"], time.perf_counter()
+        elif ev["event"] == "done":
+            out["stages"][ev["stage"]] = ev["seconds"]
+        elif ev["event"] == "finished":
+            out["run_id"], out["wall_s"] = ev["run_id"], ev["wall_s"]
+    proc.wait()
+    if proc.returncode != 0 or "run_id" not in out:
+        tail = "".join(err)[-1500:]
+        return {**out, "error": f"exit {proc.returncode}", "stage": current,
+                "seconds": round(time.perf_counter() - started, 1), "stderr": tail}  # fmt: skip
+    return out
+
+
+# -- engines --------------------------------------------------------------------------------
+
+
+def engines(name: str, store: Path, run_id: str, batch: int):
+    """(x, {engine: fn() -> logits}, timed sim executor, labels, notes) for one model."""
+    from schemas.artifacts import HbmModel, QatOnnxModel
+    from schemas.store import RunStore
+    from simulator import hbm
+    from simulator.executor import Executor
+    from stages.data import load_splits
+    from stages.modelio import build_float
+    from stages.onnx_runner import DOMAIN, OnnxRunner
+
+    spec = bench_spec(name)
+    run = RunStore(store).open(run_id)
+    d = spec.data
+    ev = load_splits(d.dataset, d.calibration_samples, d.evaluation_samples)["evaluation"]
+    x = np.ascontiguousarray(ev.x[:batch])
+    if len(x) < batch:
+        raise SystemExit(f"{name}: only {len(x)} evaluation frames for batch {batch}")
+
+    program = hbm.load(run.path(run.load_artifact("compile", HbmModel).hbm_file))
+    executor = Executor(program, timings=True)  # 1 perf_counter per instruction: negligible
+    in_name = next(iter(program.inputs))
+    model = build_float(spec.model.factory, spec.model.weights)
+    xt = torch.from_numpy(x)
+
+    def torch_fp32():
+        with torch.inference_mode():
+            return model(xt).numpy()
+
+    fns = {"sim": lambda: next(iter(executor.run({in_name: x})[0].values())),
+           "torch": torch_fp32}  # fmt: skip
+    notes = []
+    qat = run.load_artifact("export", QatOnnxModel)
+    runner = OnnxRunner(run.path(qat.onnx_file))
+    if runner.backend == "onnxruntime":
+        fns["ORT"] = lambda: runner.run(x)[0]
+    else:
+        custom = sorted({n.op_type for n in runner.model.graph.node if n.domain == DOMAIN})
+        notes.append(f"ORT n/a: qat.onnx holds {DOMAIN}-domain custom ops "
+                     f"({', '.join(custom)}) that onnxruntime cannot load; the chain runs it "
+                     "with onnx's ReferenceEvaluator instead (not a speed reference)")  # fmt: skip
+    return x, fns, (executor, in_name), ev.y[:batch], notes
+
+
+class CpuWatch:
+    """CPU used by *other* processes (in cores) between start and stop: /proc/stat busy
+    time minus this process's own (and its children's) CPU time."""
+
+    @staticmethod
+    def _busy() -> float:
+        try:
+            with open("/proc/stat") as fh:
+                v = [int(t) for t in fh.readline().split()[1:]]
+        except OSError:
+            return float("nan")
+        return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")  # minus idle, iowait
+
+    @staticmethod
+    def _own() -> float:
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    def start(self) -> CpuWatch:
+        self.t, self.busy, self.own = time.perf_counter(), self._busy(), self._own()
+        return self
+
+    def stop(self) -> float:
+        wall = time.perf_counter() - self.t
+        other = (self._busy() - self.busy) - (self._own() - self.own)
+        return max(other, 0.0) / max(wall, 1e-9)
+
+
+def wait_quiet(max_wait: float, limit: float = 0.25) -> float:
+    """Wait (up to ``max_wait`` s) until other processes use < ``limit`` cores; return it."""
+    deadline, load = time.perf_counter() + max_wait, float("nan")
+    while True:
+        w = CpuWatch().start()
+        time.sleep(1.0)
+        load = w.stop()
+        if load < limit or time.perf_counter() >= deadline:
+            return load
+
+
+def measure(fns: dict, rounds: int, sim_exec) -> tuple[dict[str, float], dict, float]:
+    """Warm up each engine once, then ``rounds`` interleaved rounds: median seconds per
+    engine, the simulator's median seconds per op kind and per instruction, and the CPU
+    (cores) other processes used meanwhile."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    by_op: list[dict[str, float]] = []
+    per_instr: dict[int, list[float]] = {}
+    watch = CpuWatch().start()
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+            if k == "sim":
+                by_op.append(sim_exec.timings_by_op())
+                for i, _, s in sim_exec.timings:
+                    per_instr.setdefault(i, []).append(s)
+    load = watch.stop()
+    ops = {k: float(np.median([r.get(k, 0.0) for r in by_op])) for k in by_op[0]}
+    instrs = {i: float(np.median(v)) for i, v in per_instr.items()}
+    return {k: float(np.median(v)) for k, v in times.items()}, {"ops": ops, "instrs": instrs}, load
+
+
+def conv_anatomy(sim_exec, x, repeats: int = 3) -> dict[str, float] | None:
+    """Seconds of all NHWC CONV instructions split into pad+im2col, the int8 GEMM, and the
+    rest (int64 bias add, requantize, relu, cast), re-running simulator.exec_kernels' own
+    steps. None when the executor internals differ from what this expects."""
+    from simulator.isa import Op
+
+    ex, in_name = sim_exec
+    try:
+        bufs = ex._load({in_name: x})
+        ex._run(bufs)
+        parts = {"pad + im2col": 0.0, "int8 GEMM (torch._int_mm)": 0.0, "whole": 0.0}
+        for ins in ex.program.instructions:
+            if ins.op == Op.CONV and ins.attrs.get("layout") == "nhwc":
+                for k, v in _conv_steps(ex, ins, bufs, repeats).items():
+                    parts[k] += v
+    except Exception as e:  # internals moved: skip the breakdown, keep the bench
+        print(f"# conv anatomy skipped ({type(e).__name__}: {e})")
+        return None
+    whole = parts.pop("whole")
+    parts["bias + requantize + relu + cast (int64)"] = max(whole - sum(parts.values()), 0.0)
+    return parts
+
+
+def _conv_steps(ex, ins, bufs, repeats: int) -> dict[str, float]:
+    from simulator import exec_kernels as ek
+    from simulator.executor import KERNELS
+
+    xin, w = bufs[ins.inputs[0]], ex.consts[ins.consts[0]]
+    group = int(ins.attrs.get("group") or 1)
+    wmat = ex.consts.cached(("conv", ins.consts[0], True), lambda: ek.pack_conv(w, group))
+    strides, pads, dil = ek.geometry(2, ins.attrs)
+    (kh, kw), c = w.shape[1:3], xin.shape[3]
+
+    def im2col():
+        xp = ek.pad_axes(xin, (1, 2), pads, 0)
+        cols = ek.windows(xp, (1, 2), (kh, kw), strides, dil)
+        return cols.permute(0, 1, 2, 4, 5, 3).reshape(-1, kh * kw * c).contiguous()
+
+    cols = im2col()
+    return {
+        "pad + im2col": _median_time(im2col, repeats),
+        "int8 GEMM (torch._int_mm)": _median_time(lambda: ek.gemm_int(cols, wmat), repeats),
+        "whole": _median_time(lambda: KERNELS[ins.op](ins, bufs, ex.consts), repeats),
+    }
+
+
+def _median_time(fn, repeats: int) -> float:
+    fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+# -- main -----------------------------------------------------------------------------------
+
+
+def _fmt_fps(v):
+    return f"{v:,.1f}" if v is not None else "n/a"
+
+
+def _fmt_ratio(v):
+    return f"{v:.2f}x" if v is not None else "n/a"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--rounds", type=int, default=7, help="timed rounds (>= 5)")
+    ap.add_argument("--stage-timeout", type=float, default=180.0,
+                    help="seconds one chain stage may take before it is reported and skipped")
+    ap.add_argument("--quiet-wait", type=float, default=30.0,
+                    help="seconds to wait for other processes to go idle before timing")
+    ap.add_argument("--store", default=None, help="run store (default: a temporary folder)")
+    ap.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args._child:
+        _child(*args._child)
+        return
+    rounds = max(args.rounds, 5)
+    store = Path(args.store or tempfile.mkdtemp(prefix="qparity-bench-sim-"))
+    print(f"# run store {store}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{os.cpu_count()} cores; {rounds} timed rounds after 1 warm-up", flush=True)  # fmt: skip
+    rows, notes, splits, t_start = [], [], {}, time.perf_counter()
+    for name in args.models:
+        batch = MODELS[name][1]
+        t0 = time.perf_counter()
+        chain = run_chain_limited(name, store, args.stage_timeout)
+        stages = ", ".join(f"{k} {v:.1f}s" for k, v in chain["stages"].items())
+        print(f"# {name}: chain {time.perf_counter() - t0:.1f}s ({stages})", flush=True)
+        if "error" in chain:
+            msg = (f"{name}: chain stopped in stage {chain['stage']} after "
+                   f"{chain['seconds']}s ({chain['error']})")  # fmt: skip
+            print("# " + msg, flush=True)
+            if chain.get("stderr"):
+                print(chain["stderr"], flush=True)
+            notes.append(msg)
+            rows.append((name, batch, None, None, None, float("nan")))
+            continue
+        x, fns, sim_exec, labels, extra = engines(name, store, chain["run_id"], batch)
+        notes += [f"{name}: {n}" for n in extra]
+        outs = {k: fn() for k, fn in fns.items()}
+        agree = {k: float((np.asarray(v).reshape(len(x), -1).argmax(1) == labels).mean())
+                 for k, v in outs.items()}  # fmt: skip
+        before = wait_quiet(args.quiet_wait)
+        secs, split, load = measure(fns, rounds, sim_exec[0])
+        fps = {k: batch / s for k, s in secs.items()}
+        print(f"# {name}: median per batch " + ", ".join(f"{k} {s * 1e3:.1f} ms" for k, s in
+              secs.items()) + "; top-1 vs labels on the batch " + ", ".join(
+              f"{k} {a:.3f}" for k, a in agree.items()) + f"; other processes used "
+              f"{before:.2f} cores before, {load:.2f} during timing", flush=True)  # fmt: skip
+        rows.append((name, batch, fps["sim"], fps["torch"], fps.get("ORT"), load))
+        anatomy = conv_anatomy(sim_exec, x) if name == "resnet18" else None
+        splits[name] = (split, sim_exec[0].program, secs["sim"], anatomy)
+
+    print()
+    header = ("model", "batch", "sim fps", "torch fp32 fps", "ORT fps", "sim/torch", "sim/ORT",
+              "busy cores (others)")  # fmt: skip
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join("---" for _ in header) + "|")
+    for name, batch, sim, tor, ort, load in rows:
+        r_t = sim / tor if sim and tor else None
+        r_o = sim / ort if sim and ort else None
+        cells = (name, str(batch), _fmt_fps(sim), _fmt_fps(tor), _fmt_fps(ort),
+                 _fmt_ratio(r_t), _fmt_ratio(r_o), f"{load:.2f}")  # fmt: skip
+        print("| " + " | ".join(cells) + " |")
+    print("\nTargets (from the issue; reported, not asserted):")
+    for label, _, goal in TARGETS:
+        for name, _, sim, tor, ort, _ in rows:
+            ref = tor if "torch" in label else ort
+            if sim is None or ref is None:
+                why = "no simulator number" if sim is None else "no ORT number"
+                print(f"  {label:<28} {name:<12} n/a ({why})")
+                continue
+            ratio = sim / ref
+            print(f"  {label:<28} {name:<12} {ratio:6.2f}x  {'PASS' if ratio >= goal else 'MISS'}")
+    for n in notes:
+        print(f"note: {n}")
+    busy = [r[5] for r in rows if r[5] == r[5] and r[5] > 0.25]
+    if busy:
+        print(f"note: other processes used up to {max(busy):.2f} of {os.cpu_count()} cores "
+              "while timing: absolute numbers are pessimistic and noisy (torch's threads wait "
+              "on each other), rerun on a quiet machine")  # fmt: skip
+    for name, (split, program, sim_s, anatomy) in splits.items():
+        ops, total = split["ops"], sum(split["ops"].values())
+        print(f"\nSimulator time by op, {name} (batch {MODELS[name][1]}; median per op over "
+              f"the timed rounds, {total * 1e3:.1f} ms summed, {sim_s * 1e3:.1f} ms median run):")
+        for op, s in sorted(ops.items(), key=lambda kv: -kv[1]):
+            print(f"  {op:<12} {s * 1e3:9.1f} ms  {100 * s / total:5.1f}%")
+        print("  slowest instructions:")
+        for i, s in sorted(split["instrs"].items(), key=lambda kv: -kv[1])[:6]:
+            ins = program.instructions[i]
+            shape = ",".join(ins.layer_ids)[:60]
+            print(f"    #{i:<3} {ins.op.value:<8} {s * 1e3:8.1f} ms  {shape}")
+        if anatomy:
+            tot = sum(anatomy.values())
+            print(f"  inside the conv instructions ({tot * 1e3:.1f} ms, re-timed step by step):")
+            for k, v in anatomy.items():
+                print(f"    {k:<40} {v * 1e3:8.1f} ms  {100 * v / tot:5.1f}%")
+    print(f"\n# total {time.perf_counter() - t_start:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,375 @@
+"""Exact whole-tensor torch kernels of the executor: integer GEMM, NHWC conv, pooling,
+requantize with integer shifts.
+
+Exactness (the results equal :mod:`simulator.kernels` / :mod:`simulator.fixedpoint`
+integer for integer):
+
+- int8 x int8 GEMMs run on ``torch._int_mm`` (oneDNN VNNI, int32 accumulation). Every
+  partial sum is bounded by ``128 * 128 * K = 2**14 K``, so int32 cannot wrap while
+  ``K < 2**17`` (:data:`INT_MM_MAX_K`). On torch 2.13 CPU ``_int_mm`` takes any M, K, N
+  (the CUDA kernel wants M > 16 and K, N multiples of 8); a backend that refuses a shape
+  falls back to float64.
+- Everything else (int16 operands, grouped conv, batched matmul) is a float64 GEMM: exact
+  while ``max|a| * max|b| * K < 2**53``, the bound :mod:`simulator.kernels` checks; above
+  it both raise :class:`SimulatorError`.
+- Requantize is int64: ``clamp(round_div(acc * mult, 2**shift))`` with the division done
+  by arithmetic shifts (``v >> s`` is ``floor(v / 2**s)``), same tie rules and the same
+  overflow refusals as :func:`simulator.fixedpoint.requantize`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from schemas.errors import SimulatorError
+from simulator import fixedpoint as fp
+from simulator.kernels import EXACT_LIMIT
+
+INT_MM_MAX_K = 2**17
+"""int8 x int8 reductions shorter than this cannot overflow the int32 accumulator."""
+TORCH_DTYPES = {"int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
+                "int64": torch.int64, "float32": torch.float32}  # fmt: skip
+
+
+def _check_exact(where: str, a: torch.Tensor, b: torch.Tensor, k: int) -> None:
+    """Raise unless ``max|a| * max|b| * k < 2**53`` (float64 sums then exact)."""
+    bound = fp.max_abs(a) * fp.max_abs(b) * k
+    if bound >= EXACT_LIMIT:
+        raise SimulatorError(
+            f"accumulator bound {bound} reaches 2**53: float64 would round",
+            where=where,
+            hint="integer kernels take int8/int16 data with moderate reduction sizes",
+        )
+
+
+def gemm_int(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Exact ``a @ b`` for 2-D integer ``a [M, K]``, ``b [K, N]``: int32 or int64 result.
+
+    FORMULA: ``y[i, j] = sum_k a[i, k] * b[k, j]``; ``_int_mm`` for int8 x int8 with
+    ``K < 2**17``, else one float64 GEMM under the 2**53 bound (module docstring).
+    """
+    k = a.shape[1]
+    if a.dtype == b.dtype == torch.int8 and k < INT_MM_MAX_K and a.shape[0] > 0:
+        try:
+            return torch._int_mm(a.contiguous(), b)
+        except RuntimeError:
+            pass  # a backend with shape limits: the float64 path below is exact too
+    _check_exact("gemm_int", a, b, k)
+    return torch.mm(a.double(), b.double()).long()
+
+
+def matmul_int(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Exact integer ``a @ b`` with numpy/torch broadcasting matmul semantics.
+
+    FORMULA: ``y[..., i, j] = sum_k a[..., i, k] * b[..., k, j]``. A 2-D ``b`` (weights)
+    folds a's leading axes into M and goes through :func:`gemm_int`; batched operands use
+    one float64 ``torch.matmul`` under the 2**53 bound.
+    """
+    if a.ndim >= 2 and b.ndim == 2:
+        y = gemm_int(a.reshape(-1, a.shape[-1]), b)
+        return y.reshape(*a.shape[:-1], b.shape[1])
+    _check_exact("matmul_int", a, b, a.shape[-1])
+    return torch.matmul(a.double(), b.double()).long()
+
+
+def pad_axes(x: torch.Tensor, axes, pads, value) -> torch.Tensor:
+    """Pad ``axes`` of x, ONNX ``pads = [begin_0, begin_1, ..., end_0, end_1, ...]``."""
+    nd = len(axes)
+    if not any(pads):
+        return x
+    widths = [0] * (2 * (x.ndim - min(axes)))
+    for i, ax in enumerate(axes):
+        j = 2 * (x.ndim - 1 - ax)
+        widths[j], widths[j + 1] = pads[i], pads[nd + i]
+    return F.pad(x, widths, value=value)
+
+
+def windows(x: torch.Tensor, axes, kernel, strides, dilations) -> torch.Tensor:
+    """View ``(..., *out, ..., *kernel)``: windows along ``axes``, kernel axes appended last.
+
+    FORMULA: ``view[.., o_i, .., k_i] = x[.., o_i * stride_i + k_i * dilation_i, ..]``;
+    ``out_i = (size_i - dilation_i * (kernel_i - 1) - 1) // stride_i + 1``.
+    """
+    for ax, k, s, d in zip(axes, kernel, strides, dilations, strict=True):
+        extent = d * (k - 1) + 1
+        if x.shape[ax] < extent:
+            raise SimulatorError(f"window {extent} larger than padded input {x.shape[ax]}")
+        x = x.unfold(ax, extent, s)
+    if any(d > 1 for d in dilations):
+        x = x[(Ellipsis, *(slice(None, None, d) for d in dilations))]
+    return x
+
+
+def pack_conv(w: torch.Tensor, group: int) -> torch.Tensor:
+    """GEMM operand ``[kh*kw*C, O]`` (int8, contiguous) of channels-last ``w [O, kh, kw, Cg]``.
+
+    FORMULA: ``wmat[(i, j, g*Cg + c), o] = w[o, i, j, c]`` if ``o // (O/G) == g`` else 0:
+    grouped (and depthwise) weights become one block-diagonal matrix, so every conv is a
+    single ``_int_mm`` (G times the MACs of the groups alone, still far cheaper than G small
+    GEMMs). Packed once per program (:class:`simulator.executor.ConstPool`).
+    """
+    o, kh, kw, cg = w.shape
+    if group < 1 or o % group:
+        raise SimulatorError(f"group {group} does not divide {o} output channels")
+    if group > 1:
+        full = w.new_zeros(group, o // group, kh, kw, group, cg)
+        g = torch.arange(group)
+        full[g, :, :, :, g, :] = w.reshape(group, o // group, kh, kw, cg)
+        w = full.reshape(o, kh, kw, group * cg)
+    return w.reshape(o, -1).t().contiguous()
+
+
+def conv_nhwc(x, wmat, kernel, strides, pads, dilations) -> torch.Tensor:
+    """Exact 2-D convolution on channels-last data; int32/int64 ``[N, OH, OW, O]``.
+
+    FORMULA: ``y[n, p, o] = sum_{i, j, c} x_pad[n, p*stride + (i, j)*dilation, c]
+    * wmat[(i, j, c), o]``, ``x [N, H, W, C]``, ``wmat = pack_conv(w, group)``.
+    im2col: unfold (a view), then one copy into ``[N*OH*OW, kh*kw*C]``; one :func:`gemm_int`.
+    """
+    (n, _, _, c), (kh, kw) = x.shape, kernel
+    if wmat.shape[0] != kh * kw * c:
+        raise SimulatorError(f"weights {tuple(wmat.shape)} do not fit x {tuple(x.shape)}")
+    xp = pad_axes(x, (1, 2), pads, 0)
+    cols = windows(xp, (1, 2), (kh, kw), strides, dilations)  # [N, OH, OW, C, kh, kw]
+    oh, ow = cols.shape[1], cols.shape[2]
+    cols = cols.permute(0, 1, 2, 4, 5, 3).reshape(-1, kh * kw * c)
+    return gemm_int(cols, wmat).reshape(n, oh, ow, wmat.shape[1])
+
+
+def _along(v: torch.Tensor, ref: torch.Tensor, axis: int | None, name: str) -> torch.Tensor:
+    """Scalar or per-channel ``v`` shaped to broadcast along ``axis`` of ``ref``."""
+    if v.numel() == 1:
+        return v.reshape(())
+    if axis is None:
+        return v
+    ax = axis % ref.ndim
+    if v.numel() != ref.shape[ax]:
+        raise SimulatorError(
+            f"{v.numel()} values of {name} for {ref.shape[ax]} channels on axis {axis}",
+            where="requantize",
+        )
+    return v.reshape([-1 if i == ax else 1 for i in range(ref.ndim)])
+
+
+def round_shift(v: torch.Tensor, s: torch.Tensor, mode: str) -> torch.Tensor:
+    """``round_div(v, 2**s, mode)`` for int64 ``v`` (``|v| < 2**62``) and ``0 <= s <= 62``.
+
+    FORMULA (``h = 2**s >> 1``, ``z = [s > 0]``): bpu_round (ties away from zero)
+    ``(v + h - z [v < 0]) >> s``; half_even ``(v + h - z + z (floor(v / 2**s) & 1)) >> s``.
+    Equal to :func:`simulator.fixedpoint.round_div`: with ``v = fl 2**s + r``, adding
+    ``h - 1`` carries iff ``r > h``, the extra 1 makes the tie ``r = h`` carry (v >= 0 /
+    fl odd); ``z = 0`` leaves ``v`` unchanged. ``>>`` on int64 is floor division.
+    """
+    if mode not in fp.ROUNDING_MODES:
+        fp.round_by(0.0, mode)  # raises the one "unknown rounding mode" error
+    z = (s > 0).long()
+    h = (torch.ones_like(s) << s) >> 1
+    if mode == "bpu_round":
+        return (v >> 63).bitwise_and_(-z).add_(v).add_(h).bitwise_right_shift_(s)
+    return (v >> s).bitwise_and_(z).add_(v).add_(h - z).bitwise_right_shift_(s)
+
+
+def requant(acc, mult, shift, out_dtype: str, rounding: str, axis: int | None) -> torch.Tensor:
+    """``clamp(round_div(acc * mult, 2**shift), qrange(out_dtype))``, int64 result.
+
+    ``mult`` ``None`` means 1. Same broadcasting and refusals as
+    :func:`simulator.fixedpoint.requantize`: shift outside [0, 62] or
+    ``max|acc| * max|mult| >= 2**62`` raise instead of wrapping.
+    """
+    qmin, qmax = fp.qrange(out_dtype)
+    acc = acc.long()
+    s = _along(shift.long(), acc, axis, "shift")
+    if s.numel() and (int(s.min()) < 0 or int(s.max()) > fp.MAX_SHIFT):
+        raise SimulatorError(f"shift outside [0, {fp.MAX_SHIFT}]", where="requantize")
+    if mult is not None:
+        m = _along(mult.long(), acc, axis, "mult")
+        if fp.max_abs(acc) * fp.max_abs(m) >= fp.PRODUCT_LIMIT:
+            raise SimulatorError("|acc * mult| may reach 2**62", where="requantize",
+                                 hint="accumulators must fit int32 and multipliers 31 bits")  # fmt: skip
+        acc = acc * m
+    elif fp.max_abs(acc) >= fp.PRODUCT_LIMIT:
+        raise SimulatorError("|acc| may reach 2**62", where="requantize")
+    return round_shift(acc, s, rounding).clamp_(qmin, qmax)
+
+
+def sum_pool(x: torch.Tensor, axes, kernel, strides, pads) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zero-padded window sums (int64) and real elements per window, over ``axes``.
+
+    FORMULA: ``sums[p] = sum_k x_pad[p*stride + k]``, ``counts[p] = sum_k inside[p*stride
+    + k]``; counts broadcast against sums (shape 1 on the other axes).
+    """
+    ones, nd = [1] * len(kernel), len(kernel)
+    win = windows(pad_axes(x.long(), axes, pads, 0), axes, kernel, strides, ones)
+    sums = win.sum(dim=tuple(range(-nd, 0)))
+    shape = [x.shape[a] if a in axes else 1 for a in range(x.ndim)]
+    inside = pad_axes(torch.ones(shape, dtype=torch.int64), axes, pads, 0)
+    counts = windows(inside, axes, kernel, strides, ones).sum(dim=tuple(range(-nd, 0)))
+    return sums, counts
+
+
+def max_pool(x: torch.Tensor, axes, kernel, strides, pads, dilations) -> torch.Tensor:
+    """Window maxima over ``axes``, padding with the dtype's minimum; keeps x's dtype.
+
+    FORMULA: ``y[p] = max_k x_pad[p*stride + k*dilation]``, ``x_pad = qmin`` outside x.
+    """
+    xp = pad_axes(x, axes, pads, torch.iinfo(x.dtype).min)
+    win = windows(xp, axes, kernel, strides, dilations)
+    return win.amax(dim=tuple(range(-len(kernel), 0)))
+
+
+def geometry(nd: int, attrs: dict) -> tuple[list[int], list[int], list[int]]:
+    """(strides, pads, dilations) from ONNX attrs; absent means 1s / 0s / 1s."""
+    strides = [int(v) for v in attrs.get("strides") or [1] * nd]
+    pads = [int(v) for v in attrs.get("pads") or [0] * 2 * nd]
+    dilations = [int(v) for v in attrs.get("dilations") or [1] * nd]
+    ok = len(strides) == len(dilations) == nd and len(pads) == 2 * nd
+    if not ok or min(strides + dilations) < 1 or min(pads) < 0:
+        raise SimulatorError(f"bad geometry: strides {strides}, pads {pads}, "
+                             f"dilations {dilations} for {nd} spatial axes")  # fmt: skip
+    return strides, pads, dilations
+
+
+def numel(shape) -> int:
+    """Number of elements of a shape (1 for ``()``)."""
+    return math.prod(int(d) for d in shape)
+
+
+# Data movement (LAYOUT): fn(data inputs, const inputs, ONNX attrs, number of outputs).
+
+
+def _ints(t) -> list[int] | None:
+    """A constant input as Python ints (``None`` when absent)."""
+    return None if t is None else [int(v) for v in t.reshape(-1).tolist()]
+
+
+def _arg(cs: list, i: int, attrs: dict, name: str) -> list[int] | None:
+    """Const input ``i`` (opset >= 13 style) or the older attribute ``name``."""
+    v = _ints(cs[i]) if len(cs) > i else None
+    return v if v is not None else attrs.get(name)
+
+
+def _reshape(xs, cs, attrs, n):
+    shape, x = _ints(cs[0]), xs[0]
+    if not int(attrs.get("allowzero", 0)):
+        shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
+    return [x.reshape(shape)]
+
+
+def _transpose(xs, cs, attrs, n):
+    return [xs[0].permute(attrs.get("perm") or list(range(xs[0].ndim))[::-1])]
+
+
+def _flatten(xs, cs, attrs, n):
+    x = xs[0]
+    axis = int(attrs.get("axis", 1)) % (x.ndim + 1)
+    return [x.reshape(numel(x.shape[:axis]), numel(x.shape[axis:]))]
+
+
+def _squeeze(xs, cs, attrs, n):
+    x, axes = xs[0], _arg(cs, 0, attrs, "axes")
+    if axes is None:
+        return [x.squeeze()]
+    return [x.squeeze(tuple(a % x.ndim for a in axes))]
+
+
+def _unsqueeze(xs, cs, attrs, n):
+    x, axes = xs[0], _arg(cs, 0, attrs, "axes")
+    for a in sorted(a % (x.ndim + len(axes)) for a in axes):
+        x = x.unsqueeze(a)
+    return [x]
+
+
+def _slice_index(dim: int, start: int, end: int, step: int) -> torch.Tensor:
+    """ONNX Slice clamping: negatives + dim; step > 0: [0, dim]; step < 0: [0|-1, dim-1]."""
+    start, end = (v + dim if v < 0 else v for v in (start, end))
+    if step > 0:
+        start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+    else:
+        start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+    return torch.arange(start, end, step)
+
+
+def _slice(xs, cs, attrs, n):
+    x, starts, ends = xs[0], _arg(cs, 0, attrs, "starts"), _arg(cs, 1, attrs, "ends")
+    axes = _arg(cs, 2, attrs, "axes") or list(range(len(starts)))
+    steps = _arg(cs, 3, attrs, "steps") or [1] * len(starts)
+    for a, s, e, st in zip(axes, starts, ends, steps, strict=True):
+        a %= x.ndim
+        x = x.index_select(a, _slice_index(x.shape[a], s, e, st))
+    return [x]
+
+
+def _gather(xs, cs, attrs, n):
+    x = xs[0]
+    idx = (cs[0] if cs else xs[1]).long()
+    axis = int(attrs.get("axis", 0)) % x.ndim
+    idx = torch.where(idx < 0, idx + x.shape[axis], idx)
+    y = x.index_select(axis, idx.reshape(-1))
+    return [y.reshape(*x.shape[:axis], *idx.shape, *x.shape[axis + 1 :])]
+
+
+def _split(xs, cs, attrs, n):
+    x, axis = xs[0], int(attrs.get("axis", 0))
+    sizes = _arg(cs, 0, attrs, "split") or -(-x.shape[axis] // n)
+    return list(torch.split(x, sizes, dim=axis))
+
+
+def _concat(xs, cs, attrs, n):
+    return [torch.cat([*xs, *(c for c in cs if c is not None)], dim=int(attrs["axis"]))]
+
+
+def _pad(xs, cs, attrs, n):
+    """ONNX Pad: modes constant (negative pads crop), edge, reflect."""
+    x, pads = xs[0], _arg(cs, 0, attrs, "pads")
+    value = cs[1].item() if len(cs) > 1 and cs[1] is not None and cs[1].numel() else 0
+    axes = [a % x.ndim for a in (_ints(cs[2]) if len(cs) > 2 and cs[2] is not None
+                                 else range(x.ndim))]  # fmt: skip
+    mode, nd = attrs.get("mode", "constant"), len(axes)
+    if mode == "constant":
+        widths = [0] * (2 * x.ndim)
+        for i, a in enumerate(axes):
+            j = 2 * (x.ndim - 1 - a)
+            widths[j], widths[j + 1] = pads[i], pads[nd + i]
+        return [F.pad(x, widths, value=value)]
+    if mode not in ("edge", "reflect"):
+        raise SimulatorError(f"Pad mode {mode!r} is not supported")
+    for i, a in enumerate(axes):
+        idx, dim = torch.arange(-pads[i], x.shape[a] + pads[nd + i]), x.shape[a]
+        idx = idx.clamp(0, dim - 1) if mode == "edge" else dim - 1 - (dim - 1 - idx.abs()).abs()
+        x = x.index_select(a, idx)
+    return [x]
+
+
+def _expand(xs, cs, attrs, n):
+    return [xs[0].expand(torch.broadcast_shapes(xs[0].shape, tuple(_ints(cs[0]))))]
+
+
+def _to_nhwc(xs, cs, attrs, n):
+    """NCHW -> NHWC with the channel axis zero-padded to ``channels_padded``."""
+    y = xs[0].permute(0, 2, 3, 1)
+    extra = int(attrs.get("channels_padded") or y.shape[3]) - y.shape[3]
+    return [F.pad(y, (0, extra)) if extra > 0 else y]
+
+
+def _to_nchw(xs, cs, attrs, n):
+    """NHWC (padded) -> NCHW with the first ``channels`` channels."""
+    return [xs[0][..., : int(attrs.get("channels") or xs[0].shape[3])].permute(0, 3, 1, 2)]
+
+
+LAYOUT_OPS = {
+    "Reshape": _reshape, "Transpose": _transpose, "Flatten": _flatten, "Squeeze": _squeeze,
+    "Unsqueeze": _unsqueeze, "Slice": _slice, "Gather": _gather, "Split": _split,
+    "Concat": _concat, "Pad": _pad, "Identity": lambda xs, cs, attrs, n: [xs[0]],
+    "Expand": _expand, "ToNHWC": _to_nhwc, "ToNCHW": _to_nchw,
+}  # fmt: skip
+"""ONNX op type (plus ToNHWC / ToNCHW) -> data-movement function."""
+
+
+def to_reference(t: torch.Tensor, layout) -> torch.Tensor:
+    """A buffer in the reference layout: nhwc -> NCHW with ``channels`` kept; else as is."""
+    if layout is None or layout.kind != "nhwc" or t.ndim != 4:
+        return t
+    return _to_nchw([t], [], {"channels": layout.channels}, 1)[0]

@@ -1,0 +1,61 @@
+"""board_sim: the .hbm on the simulated board, fed the way the board is fed.
+
+With ``stages.board_sim.runtime_format: featuremap`` the evaluation inputs go in as they
+are (model.hbm). Otherwise the dataset's camera frames (``camera_evaluation``) are encoded
+as the camera delivers them (nv12, yuv444, rgb, bgr, gray) and board.hbm takes them through
+the board's input path. Training on RGB and deploying on nv12 is the classic user-side
+divergence: it shows here as a top-1 difference against compile.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from schemas.artifacts import BoardRun, HbmModel, Metric
+from schemas.errors import StageError
+from simulator import hbm
+from simulator.executor import Executor
+from stages.board_program import camera_inputs
+from stages.context import RunContext
+from stages.registry_types import StageCall
+
+
+def board_sim(upstream: HbmModel, ctx: RunContext, call: StageCall) -> BoardRun:
+    """Evaluate top-1 on the simulated board."""
+    cfg = ctx.spec.stages.board_sim
+    if cfg.runtime_format == "featuremap":
+        executor, split = Executor(hbm.load(ctx.run.path(upstream.hbm_file))), ctx.evaluation
+    else:
+        if "camera" not in ctx.splits:
+            raise StageError(
+                "the dataset has no camera frames",
+                where="data.dataset",
+                hint='return "camera_evaluation": uint8 RGB N x H x W x 3 frames, '
+                "or set stages.board_sim.runtime_format: featuremap",
+            )
+        executor = Executor(hbm.load(ctx.run.path(upstream.board_file)))
+        split = ctx.splits["camera"]
+    correct = 0
+    for start in range(0, len(split), ctx.spec.data.batch_size):
+        x = split.x[start : start + ctx.spec.data.batch_size]
+        feed = _feed(executor, x, cfg)
+        out = next(iter(executor.run(feed)[0].values()))
+        correct += int((np.argmax(out, axis=1) == split.y[start : start + len(x)]).sum())
+    return call.make(
+        BoardRun,
+        ctx.run,
+        files=[],
+        runtime_format=cfg.runtime_format,
+        training_format=ctx.spec.data.input_format,
+        metrics=[
+            Metric(
+                stage="board_sim", metric="top1", value=correct / len(split), n_samples=len(split)
+            )
+        ],
+    )
+
+
+def _feed(executor: Executor, x: np.ndarray, cfg) -> dict[str, np.ndarray]:
+    if cfg.runtime_format == "featuremap":
+        return {next(iter(executor.program.inputs)): x}
+    return camera_inputs(x, cfg.runtime_format, cfg.color)

@@ -1,0 +1,108 @@
+"""compile: quantized.onnx -> .hbm for the simulated BPU (fusion, NHWC, padding, packing).
+
+Compile must not change a number: after compiling, the program and quantized.onnx are run
+on probe samples and every layer both still hold must be bit-identical, else the stage
+fails naming the first layer that differs. debug/hbm.txt lists the instructions with the
+layer ids they cover; debug/latency.txt is the cost model's per-layer estimate. When the
+board's camera delivers something other than a featuremap, compile also writes board.hbm:
+the same program behind the board's input path (stages.board_program).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import torch
+
+from schemas.artifacts import HbmModel, Metric, QuantizedModel
+from schemas.errors import StageError
+from simulator import cost, hbm
+from simulator.executor import Executor
+from simulator.march import MARCHES
+from stages.board_program import board_program
+from stages.compile_graph import Compiler
+from stages.context import RunContext
+from stages.convert import run_integer
+from stages.evaluate import top1
+from stages.onnx_runner import OnnxRunner
+from stages.registry_types import StageCall
+
+
+def compile_model(upstream: QuantizedModel, ctx: RunContext, call: StageCall) -> HbmModel:
+    """Compile, prove bit-exactness on probe samples, evaluate on the simulated BPU."""
+    path = ctx.run.path(upstream.onnx_file)
+    model = onnx.load(str(path))
+    layers = json.loads(ctx.run.path(upstream.layers_file).read_text())
+    march = MARCHES[ctx.spec.quant.march]
+    program = Compiler(
+        model, march.name, march.channel_alignment, tensor_shapes(path, model, ctx.example.numpy())
+    ).run({lid: v["tensor"] for lid, v in layers.items()})
+    out = ctx.artifact_dir("compile") / "model.hbm"
+    hbm.save(program, out)
+    program = hbm.load(out)
+    ctx.write_debug("hbm.txt", hbm.render(program))
+    executor = Executor(program)
+    check_identical(ctx, upstream, executor)
+    ctx.write_debug("latency.txt", render_latency(program, executor, ctx, march))
+    name = next(iter(program.inputs))
+    acc = top1(
+        lambda x: torch.from_numpy(_first(executor.run({name: x.numpy()})[0])),
+        ctx.evaluation,
+        ctx.spec.data.batch_size,
+    )
+    files = ["artifacts/compile/model.hbm"]
+    if ctx.spec.stages.board_sim.runtime_format != "featuremap":
+        hbm.save(board_program(program, ctx.spec), ctx.run.path("artifacts/compile/board.hbm"))
+        files.append("artifacts/compile/board.hbm")
+    return call.make(
+        HbmModel,
+        ctx.run,
+        files=files,
+        board_file=files[1] if len(files) > 1 else None,
+        hbm_file=files[0],
+        march=march.name,
+        instructions=len(program.instructions),
+        fused=[list(i.layer_ids) for i in program.instructions if len(i.layer_ids) > 1],
+        metrics=[Metric(stage="compile", metric="top1", value=acc, n_samples=len(ctx.evaluation))],
+    )
+
+
+def _first(outputs: dict) -> np.ndarray:
+    return next(iter(outputs.values()))
+
+
+def tensor_shapes(path, model: onnx.ModelProto, x: np.ndarray) -> dict[str, tuple]:
+    """Every tensor's shape from one reference run (custom ops have no shape inference)."""
+    names = [o for n in model.graph.node for o in n.output if o]
+    _, values = OnnxRunner(path).run_capture(x, names)
+    return {k: tuple(np.shape(v)) for k, v in values.items()}
+
+
+def check_identical(ctx: RunContext, upstream: QuantizedModel, executor: Executor) -> None:
+    """Every layer the program still holds equals quantized.onnx's, bit for bit."""
+    x = ctx.evaluation.x[: max(ctx.spec.compare.probe_samples, 2)]
+    _, ref = run_integer(ctx.run.root, upstream, x)
+    name = next(iter(executor.program.inputs))
+    _, got = executor.run({name: x}, capture=True)
+    for lid, ints in got.items():
+        want = ref[lid][0] if lid in ref else None
+        if want is not None and not np.array_equal(np.asarray(ints), want):
+            raise StageError(
+                f"compile changed the integers of layer {lid}",
+                where="compile",
+                hint="this is a compiler bug: keep the run and report it",
+            )
+
+
+def render_latency(program, executor: Executor, ctx: RunContext, march) -> str:
+    """debug/latency.txt: the cost model's estimate per layer (a model, not a measurement)."""
+    name = next(iter(program.inputs))
+    shapes = executor.buffer_shapes({name: ctx.evaluation.x[:1]})
+    rows = cost.latency_table(program, shapes, march)
+    lines = ["# cost model estimate (not a measurement): layer_id | cycles | ddr_bytes | est_us"]
+    lines += [
+        f"{r['layer_id']} | {r['cycles']} | {r['ddr_bytes']} | {r['est_us']:.2f}" for r in rows
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,231 @@
+"""quantized.onnx -> a BPU Program (simulator.isa): instructions, layouts, packed constants.
+
+- Every integer node becomes one instruction (simulator.isa.FROM_ONNX); standard layout
+  ops become LAYOUT; the input QuantizeLinear becomes QUANTIZE and output
+  DequantizeLinear DEQUANTIZE; a float island's nodes become CPU instructions.
+- Fusion: a relu (QClip with lo = 0 and hi = the dtype max) after a conv or add whose only
+  user it is becomes that instruction's ``relu`` flag; the instruction covers both layer
+  ids. (conv + add is already requantized once by convert when fuse_requantize is on.)
+- Layout: the 4-D activations of group-1 convolutions and of the elementwise ops and pools
+  around them are stored NHWC with channels padded to the march's alignment; weights are
+  packed [O_pad, kh, kw, C_pad] and per-channel constants padded (multiplier 0 in padding
+  channels). Conversions (LAYOUT ToNHWC / ToNCHW) are inserted where layouts change.
+Compile must not change a number: the layout is undone when layers are captured.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from simulator.isa import FROM_ONNX, Instruction, Layout, Op, Program
+from stages.convert_graph import _layer_id
+
+NHWC_OPS = {Op.CONV, Op.ADD, Op.CLIP, Op.MAXPOOL, Op.REQUANT}
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    out = {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        out[a.name] = (
+            v.decode() if isinstance(v, bytes) else (list(v) if isinstance(v, (list, tuple)) else v)
+        )
+    return out
+
+
+class Compiler:
+    """One compilation of a quantized.onnx model for a march with a channel alignment."""
+
+    def __init__(
+        self, model: onnx.ModelProto, march: str, alignment: int, shapes: dict[str, tuple[int, ...]]
+    ):
+        self.model, self.march, self.align, self.shapes = model, march, alignment, shapes
+        self.inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+        self.users: dict[str, list[onnx.NodeProto]] = {}
+        for n in model.graph.node:
+            for i in n.input:
+                self.users.setdefault(i, []).append(n)
+        self.instrs: list[Instruction] = []
+        self.consts: dict[str, np.ndarray] = {}
+        self.layouts: dict[str, Layout] = {}
+        self.fused: set[str] = set()
+
+    def run(self, captures: dict[str, str]) -> Program:
+        """Translate every node; ``captures``: layer id -> integer tensor of quantized.onnx."""
+        for node in self.model.graph.node:
+            if node.name not in self.fused:
+                self._node(node)
+        outs = {o.name: {"dtype": "float32"} for o in self.model.graph.output}
+        ins = {
+            i.name: {
+                "dtype": "float32",
+                "format": "featuremap",
+                "shape": [d.dim_value or -1 for d in i.type.tensor_type.shape.dim],
+            }
+            for i in self.model.graph.input
+        }
+        live = {b for ins_ in self.instrs for b in (*ins_.inputs, *ins_.outputs)}
+        caps = {lid: t for lid, t in captures.items() if t in live}
+        return Program(self.march, ins, outs, self.instrs, self.consts, self.layouts, caps)
+
+    # -- one node ------------------------------------------------------------------
+
+    def _node(self, node: onnx.NodeProto) -> None:
+        lid, attrs = _layer_id(node), _attrs(node)
+        if node.domain == "qparity" and node.op_type in FROM_ONNX:
+            op = FROM_ONNX[node.op_type]
+        elif node.op_type == "QuantizeLinear" and node.input[0] not in self.inits:
+            op, attrs = Op.QUANTIZE, self._qattrs(node, attrs)
+        elif node.op_type == "DequantizeLinear":
+            op, attrs = Op.DEQUANTIZE, self._qattrs(node, attrs)
+        elif not node.domain and node.op_type in LAYOUT_TYPES:
+            op, attrs = Op.LAYOUT, {"op_type": node.op_type, **attrs}
+        else:
+            op, attrs = Op.CPU, {"op_type": node.op_type, **attrs}
+        data = [i for i in node.input if i and i not in self.inits]
+        consts = [i for i in node.input if i in self.inits]
+        if op in (Op.QUANTIZE, Op.DEQUANTIZE):
+            consts = []
+        self._emit(op, node, data, consts, attrs, [lid])
+
+    def _qattrs(self, node: onnx.NodeProto, attrs: dict) -> dict:
+        scale = np.asarray(self.inits[node.input[1]], dtype=np.float64).reshape(-1)
+        zp = self.inits[node.input[2]] if len(node.input) > 2 else np.zeros(1, np.int8)
+        return {
+            "scale": scale.tolist(),
+            "axis": attrs.get("axis", 1),
+            "dtype": str(zp.dtype),
+            "rounding": attrs.get("rounding", "half_even"),
+        }
+
+    def _emit(self, op: Op, node, data, consts, attrs, lids) -> None:
+        outputs = list(node.output)
+        relu = self._fusable_relu(op, node)
+        if relu is not None:
+            self.fused.add(relu.name)
+            attrs, outputs, lids = {**attrs, "relu": 1}, list(relu.output), lids + [_layer_id(relu)]
+        nhwc = op in NHWC_OPS and self._nhwc_ok(op, node, attrs)
+        data = [self._to_layout(b, "nhwc" if nhwc else "plain") for b in data]
+        if nhwc:
+            attrs = {**attrs, "layout": "nhwc"}
+            consts = self._pack(op, node, consts, attrs)
+            for o in outputs:
+                self.layouts[o] = self._nhwc_layout(op, node, data)
+        names = [self._const(c) if isinstance(c, str) else self._const_array(*c) for c in consts]
+        self.instrs.append(
+            Instruction(op, tuple(data), tuple(outputs), tuple(names), attrs, tuple(lids))
+        )
+
+    # -- fusion and layout ------------------------------------------------------------
+
+    def _fusable_relu(self, op: Op, node) -> onnx.NodeProto | None:
+        if op not in (Op.CONV, Op.ADD) or _attrs(node).get("out_dtype") == "int32":
+            return None
+        users = self.users.get(node.output[0], [])
+        if len(users) != 1 or users[0].op_type != "QClip":
+            return None
+        a = _attrs(users[0])
+        qmax = 127 if _attrs(node)["out_dtype"] == "int8" else 32767
+        return users[0] if a.get("lo") == 0 and a.get("hi") == qmax else None
+
+    def _nhwc_ok(self, op: Op, node, attrs) -> bool:
+        if len(self.shapes.get(node.output[0], ())) != 4:
+            return False
+        if op is Op.CONV:
+            return attrs.get("group", 1) == 1
+        if op is Op.ADD:  # per-channel multipliers must be [C, 1, 1] or scalars
+            return all(self.inits[c].size == 1 or self.inits[c].ndim == 3 for c in node.input[2:4])
+        return op in (Op.CLIP, Op.MAXPOOL) or (
+            op is Op.REQUANT and all(self.inits[c].size == 1 for c in node.input[1:3])
+        )
+
+    def _channels(self, node) -> int:
+        w = self.inits.get(node.input[1]) if len(node.input) > 1 else None
+        if w is not None and w.ndim == 4:
+            return int(w.shape[0])
+        return self.layouts[node.input[0]].channels if node.input[0] in self.layouts else 0
+
+    def _nhwc_layout(self, op, node, data) -> Layout:
+        c = self._channels(node) or self.layouts[data[0]].channels
+        return Layout("nhwc", c, _round_up(c, self.align))
+
+    def _to_layout(self, buf: str, kind: str) -> str:
+        have = self.layouts.get(buf, Layout())
+        if have.kind == kind or len(self.shapes.get(buf, ())) != 4:
+            return buf
+        out = f"{buf}@{kind}"
+        if out in self.layouts:  # converted before: reuse it
+            return out
+        if kind == "nhwc":
+            c = int(self.shapes[buf][1])
+            lay = Layout("nhwc", c, _round_up(c, self.align))
+            attrs = {"op_type": "ToNHWC", "channels_padded": lay.channels_padded}
+        else:
+            lay, attrs = Layout(), {"op_type": "ToNCHW", "channels": have.channels}
+        self.instrs.append(Instruction(Op.LAYOUT, (buf,), (out,), (), attrs, ()))
+        self.layouts[out] = lay
+        return out
+
+    def _pack(self, op: Op, node, consts, attrs) -> list:
+        """Constants in the march's layout: padded weights and per-channel arrays."""
+        if op is Op.CONV:
+            return _pack_conv(self, node, self.align)
+        if op is Op.ADD:
+            c_pad = _round_up(self._channels(node) or 1, self.align)
+            return [
+                c
+                if self.inits[c].size == 1
+                else (f"{c}@nhwc", _pad_last(self.inits[c].reshape(-1), c_pad))
+                for c in consts
+            ]
+        return consts
+
+    def _const(self, name: str) -> str:
+        self.consts.setdefault(name, self.inits[name])
+        return name
+
+    def _const_array(self, name: str, value: np.ndarray) -> str:
+        self.consts[name] = np.ascontiguousarray(value)
+        return name
+
+
+LAYOUT_TYPES = {
+    "Reshape",
+    "Transpose",
+    "Flatten",
+    "Squeeze",
+    "Unsqueeze",
+    "Slice",
+    "Gather",
+    "Split",
+    "Concat",
+    "Pad",
+    "Identity",
+    "Expand",
+}
+
+
+def _round_up(c: int, align: int) -> int:
+    return -(-c // align) * align
+
+
+def _pad_last(a: np.ndarray, n: int) -> np.ndarray:
+    out = np.zeros(n, dtype=a.dtype)
+    out[: a.size] = a
+    return out
+
+
+def _pack_conv(comp: Compiler, node, align: int) -> list:
+    """QConv constants: weight [O_pad, kh, kw, C_pad], bias/mult/shift padded to O_pad."""
+    w, bias, mult, shift = (comp.inits[n] for n in node.input[1:5])
+    o, c = w.shape[:2]
+    o_pad, c_pad = _round_up(o, align), _round_up(c, align)
+    packed = np.zeros((o_pad, *w.shape[2:], c_pad), dtype=w.dtype)
+    packed[:o, ..., :c] = np.moveaxis(w, 1, -1)
+    per_ch = [
+        (f"{n}@nhwc", _pad_last(np.broadcast_to(a, (o,)).copy(), o_pad) if a.size else a)
+        for n, a in zip(node.input[2:5], (bias, mult, shift), strict=True)
+    ]
+    return [(f"{node.input[1]}@packed", packed), *per_ch]

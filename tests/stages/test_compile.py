@@ -1,0 +1,76 @@
+"""compile: the .hbm computes exactly what quantized.onnx computes; fusion; refusals."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from schemas.artifacts import HbmModel
+from schemas.errors import ArtifactError, StageError
+from simulator import hbm
+from simulator.executor import Executor
+from stages.compile import check_identical
+from stages.convert import run_integer
+from tests.stages.helpers import run_stages
+
+CHAIN = ("prepare", "calibrate", "pre_export", "export", "convert", "compile")
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    from schemas.spec import parse_spec
+    from schemas.store import RunStore
+    from stages.context import RunContext
+    from stages.registry import code_version
+    from tests.conftest import tiny_spec_dict
+
+    spec = parse_spec(tiny_spec_dict(), "t")
+    run = RunStore(tmp_path_factory.mktemp("runs")).create_run(
+        "tiny", "", "0" * 64, code_version(), {}, {}
+    )
+    ctx = RunContext(spec=spec, run=run, code_version=code_version())
+    return ctx, run_stages(ctx, *CHAIN)
+
+
+def test_hbm_gives_identical_integers_and_outputs(compiled):
+    ctx, arts = compiled
+    program = hbm.load(ctx.run.path(arts["compile"].hbm_file))
+    x = ctx.evaluation.x
+    outs, got = Executor(program).run({"x": x}, capture=True)
+    ref_outs, ref = run_integer(ctx.run.root, arts["convert"], x)
+    assert len(got) >= 5
+    for lid, ints in got.items():
+        assert np.array_equal(ints, ref[lid][0]), lid
+    assert np.array_equal(next(iter(outs.values())), ref_outs[0])
+    assert arts["compile"].metrics[0].value == arts["convert"].metrics[0].value
+
+
+def test_relu_fused_into_conv_and_add_nhwc_padded(compiled):
+    ctx, arts = compiled
+    assert ["conv", "relu"] in arts["compile"].fused
+    program = hbm.load(ctx.run.path(arts["compile"].hbm_file))
+    conv = next(i for i in program.instructions if i.layer_ids == ("conv", "relu"))
+    assert conv.attrs["layout"] == "nhwc" and conv.attrs["relu"] == 1
+    weight = program.constants[conv.consts[0]]
+    assert weight.shape[0] % 16 == 0 and weight.shape[-1] % 16 == 0  # [O_pad, kh, kw, C_pad]
+
+
+def test_a_changed_number_is_caught(compiled):
+    ctx, arts = compiled
+    program = hbm.load(ctx.run.path(arts["compile"].hbm_file))
+    conv = next(i for i in program.instructions if i.layer_ids == ("conv", "relu"))
+    consts = dict(program.constants)
+    consts[conv.consts[2]] = consts[conv.consts[2]] * 2  # the requantize multipliers
+    broken = Executor(dataclasses.replace(program, constants=consts))
+    with pytest.raises(StageError, match="compile changed the integers of layer"):
+        check_identical(ctx, arts["convert"], broken)
+
+
+def test_tampered_hbm_is_refused(compiled):
+    ctx, arts = compiled
+    path = ctx.run.path(arts["compile"].hbm_file)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="expected sha256"):
+        ctx.run.load_artifact("compile", HbmModel)
