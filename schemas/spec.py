@@ -14,27 +14,25 @@ each, naming the file and the dotted key (``spec.yaml: quant.obsrever: unknown k
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ValidationError
 
 from schemas.errors import SpecError
 from schemas.fileio import json_digest
-
-STAGE_NAMES: tuple[str, ...] = (
-    "prepare",
-    "calibrate",
-    "qat",
-    "pre_export",
-    "export",
-    "convert",
-    "compile",
-    "board_sim",
+from schemas.spec_sections import (
+    STAGE_NAMES,
+    CompareSpec,
+    DataSpec,
+    ModelSpec,
+    QuantSpec,
+    Section,
+    StagesSpec,
+    check_name,
+    tag_value,
 )
-"""Every stage of the chain, in chain order (the card's names)."""
 
 STAGE_CONFIG_PATHS: dict[str, tuple[str, ...]] = {
     "prepare": ("model", "quant"),
@@ -63,221 +61,11 @@ Settings of earlier stages still reach a stage through the digest of its input
 artifacts. A stage missing here is keyed by its own ``stages.<name>`` section, if any.
 """
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_FACTORY_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
-
-def _check_name(value: str) -> str:
-    if not _NAME_RE.match(value):
-        raise ValueError(
-            "expected letters, digits, '.', '_' or '-', starting with a letter or digit"
-        )
-    return value
-
-
-def _check_factory(value: str) -> str:
-    if not _FACTORY_RE.match(value):
-        raise ValueError("expected 'module.path:function', e.g. examples.digits.model:build")
-    return value
-
-
-def _check_stage(value: str | None) -> str | None:
-    if value is None:
-        return None
-    value = value.replace("-", "_")  # the command line spells it board-sim
-    if value not in STAGE_NAMES:
-        raise ValueError(f"expected one of: {', '.join(STAGE_NAMES)}")
-    return value
-
-
-def _reject_bool(value: Any) -> Any:
-    if isinstance(value, bool):  # YAML `yes` must not pass as level 1
-        raise ValueError("expected none, 0, 1 or 2")
-    return value
-
-
-def _tag_value(value: Any) -> Any:
-    return str(value) if isinstance(value, int | float | bool) else value
-
-
-Factory = Annotated[str, AfterValidator(_check_factory)]
-PosInt = Annotated[int, Field(strict=True, gt=0)]
-Dtype = Literal["int8", "int16"]
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
-
-class ModelSpec(_Section):
-    """Where the float model comes from."""
-
-    factory: Factory
-    """'module.path:function' returning a torch.nn.Module (checked for shape, not imported)."""
-    weights: str | None = None
-    """Path to a safetensors file; null lets the factory provide (or train) the weights."""
-
-
-class DataSpec(_Section):
-    """Which dataset feeds calibration and evaluation, and how much of it."""
-
-    dataset: Factory
-    """'module:function' returning the calibration and evaluation splits."""
-    calibration_samples: PosInt = 256
-    """Samples used to calibrate the observers."""
-    evaluation_samples: PosInt = 1000
-    """Samples every stage model is evaluated on."""
-    batch_size: PosInt = 100
-    """Batch size for evaluation and capture."""
-    input_format: Literal["rgb", "bgr", "yuv444", "gray", "featuremap"] = "featuremap"
-    """The input layout the model saw in training."""
-    mean: list[float] = []
-    """Per-channel mean in pixel units (0..255) the training inputs were normalized with:
-    ``x = (pixel - mean) / std``; the board folds it into its input path. Empty: 0."""
-    std: list[float] = []
-    """Per-channel std in pixel units; empty: 1."""
-
-
-class QuantSpec(_Section):
-    """Quantization settings, applied at prepare."""
-
-    march: Literal["nash-e", "nash-m", "nash-p", "nash-h", "nash-b"] = "nash-e"
-    """The BPU micro-architecture to target."""
-    activation_dtype: Dtype = "int8"
-    """Default activation dtype."""
-    overrides: dict[str, Dtype] = {}
-    """Activation dtype by module path of the float model, e.g. {head.fc: int16}."""
-    observer: Literal["minmax", "moving_average_minmax", "percentile", "mse"] = "minmax"
-    """How calibration turns statistics into scales."""
-    percentile: float = Field(default=99.99, gt=0, le=100)
-    """Percentile kept by the percentile observer, in (0, 100]."""
-    averaging_constant: float = Field(default=0.01, gt=0, le=1)
-    """Update weight of the moving-average observer, in (0, 1]."""
-    rounding: Literal["half_even", "bpu_round"] = "half_even"
-    """Tie rule of fake quant: half to even, or the BPU's half away from zero."""
-    consistency_level: Annotated[Literal["none", 0, 1, 2], BeforeValidator(_reject_bool)] = "none"
-    """Consistency strategy: none, 0 (wide requantize), 1 (pow2 activations), 2 (pow2 all)."""
-    high_precision_output: bool = True
-    """Conv/linear model outputs stay unquantized (int32 on the board)."""
-    weight_dtype: Dtype = "int8"
-    """Conv/linear weight dtype; the march must support it (Nash: int8 only)."""
-    fuse_requantize: bool | None = None
-    """Requantize conv/linear + add once (no quantizer between them); null: the
-    consistency level's default (off at level 0, on otherwise)."""
-    high_precision_qpp: bool | None = None
-    """Wide (32-bit) requantize multipliers; null: the level's default (on at level 0)."""
-
-
-class PrepareConfig(_Section):
-    """Settings of the prepare stage (none yet; everything comes from `quant`)."""
-
-
-class CalibrateConfig(_Section):
-    """Settings of the calibrate stage."""
-
-    batch_size: PosInt = 64
-    """Batch size of calibration forward passes."""
-
-
-class QatConfig(_Section):
-    """Settings of the optional quantization-aware fine-tuning stage."""
-
-    enabled: bool = False
-    """Run QAT fine-tuning at all."""
-    steps: int = Field(default=200, ge=0, strict=True)
-    """Optimizer steps."""
-    lr: float = Field(default=1e-3, gt=0)
-    """Learning rate."""
-    batch_size: PosInt = 32
-    """Training batch size."""
-    seed: int = Field(default=0, strict=True)
-    """Seed of data order and any randomness in training."""
-
-
-class PreExportConfig(_Section):
-    """Settings of pre_export: which table ops become fixed point, and the table shapes."""
-
-    subtree: list[str] = []
-    """Module paths to apply pre_export to (the vendor's partial pre_export); empty: all."""
-    segments: PosInt = 6
-    """Segments of an int16-input table."""
-    entries: int = Field(default=64, ge=2, strict=True)
-    """Entries per segment of an int16-input table."""
-    dividing: Literal["even", "curvature"] = "even"
-    """How segment dividing points are placed: evenly, or by the function's curvature."""
-
-
-class ConvertConfig(_Section):
-    """Settings of convert (quantized.onnx): the integer arithmetic."""
-
-    multiplier_bits: int | None = Field(default=None, ge=8, le=32, strict=True)
-    """Signed width of requantize multipliers (|m| < 2**(bits-1)); null: 16, or 32 with
-    high_precision_qpp."""
-    rounding: Literal["half_even", "bpu_round"] | None = None
-    """Rounding of requantize and bias; null: quant.rounding."""
-    saturation_warning: float = Field(default=0.5, gt=0, le=1)
-    """Warn (debug/convert_advisor.txt) when more than this share of a layer's outputs
-    sit at the integer limits on the calibration samples."""
-
-
-class BoardSimConfig(_Section):
-    """Settings of board_sim: the board's own input path."""
-
-    runtime_format: Literal["featuremap", "nv12", "yuv444", "rgb", "bgr", "gray"] = "featuremap"
-    """What the camera delivers on the board; featuremap feeds the evaluation inputs as is."""
-    color: Literal["bt601_full", "bt601_video"] = "bt601_full"
-    """Colour conversion standard between YUV and RGB on the board."""
-
-
-class ExportConfig(_Section):
-    """Settings of export (qat.onnx); none yet: the graph is opset 21 + the qparity domain."""
-
-
-class StagesSpec(_Section):
-    """Per-stage settings, and where to stop."""
-
-    prepare: PrepareConfig = PrepareConfig()
-    """Settings of prepare."""
-    calibrate: CalibrateConfig = CalibrateConfig()
-    """Settings of calibrate."""
-    qat: QatConfig = QatConfig()
-    """Settings of qat."""
-    pre_export: PreExportConfig = PreExportConfig()
-    """Settings of pre_export."""
-    export: ExportConfig = ExportConfig()
-    """Settings of export."""
-    convert: ConvertConfig = ConvertConfig()
-    """Settings of convert."""
-    board_sim: BoardSimConfig = BoardSimConfig()
-    """Settings of board_sim."""
-    stop_after: Annotated[str | None, AfterValidator(_check_stage)] = None
-    """Stop the chain after this stage; null runs every stage."""
-
-
-class Thresholds(_Section):
-    """Pass/fail thresholds of a comparison between two stages."""
-
-    cosine: float = Field(default=0.999, ge=-1, le=1)
-    """Lowest acceptable cosine similarity of outputs."""
-    max_qscale_diff: float = Field(default=1.0, ge=0)
-    """Largest acceptable difference, in quantization steps."""
-    top1_drop: float = Field(default=0.005, ge=0)
-    """Largest acceptable drop of top-1 accuracy (a fraction)."""
-
-
-class CompareSpec(_Section):
-    """How stages are compared."""
-
-    thresholds: Thresholds = Thresholds()
-    """Pass/fail thresholds."""
-    probe_samples: int = Field(default=4, ge=0, strict=True)
-    """Samples whose full layer tensors are kept."""
-
-
-class PipelineSpec(_Section):
+class PipelineSpec(Section):
     """A whole pipeline spec, as read from YAML."""
 
-    name: Annotated[str, AfterValidator(_check_name)]
+    name: Annotated[str, AfterValidator(check_name)]
     """Name of the pipeline; prefixes its run ids."""
     model: ModelSpec
     """The float model."""
@@ -289,7 +77,7 @@ class PipelineSpec(_Section):
     """Per-stage settings."""
     compare: CompareSpec = CompareSpec()
     """Comparison settings."""
-    tags: dict[str, Annotated[str, BeforeValidator(_tag_value)]] = {}
+    tags: dict[str, Annotated[str, BeforeValidator(tag_value)]] = {}
     """Free-form labels copied into the runs table."""
 
 
