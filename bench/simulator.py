@@ -319,10 +319,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--rounds", type=int, default=7, help="timed rounds (>= 5)")
-    ap.add_argument("--stage-timeout", type=float, default=180.0,
-                    help="seconds one chain stage may take before it is reported and skipped")
-    ap.add_argument("--quiet-wait", type=float, default=30.0,
-                    help="seconds to wait for other processes to go idle before timing")
+    ap.add_argument(
+        "--stage-timeout",
+        type=float,
+        default=180.0,
+        help="seconds one chain stage may take before it is reported and skipped",
+    )
+    ap.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=30.0,
+        help="seconds to wait for other processes to go idle before timing",
+    )
     ap.add_argument("--store", default=None, help="run store (default: a temporary folder)")
     ap.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -395,8 +403,10 @@ def main() -> None:
               "on each other), rerun on a quiet machine")  # fmt: skip
     for name, (split, program, sim_s, anatomy) in splits.items():
         ops, total = split["ops"], sum(split["ops"].values())
-        print(f"\nSimulator time by op, {name} (batch {MODELS[name][1]}; median per op over "
-              f"the timed rounds, {total * 1e3:.1f} ms summed, {sim_s * 1e3:.1f} ms median run):")
+        print(
+            f"\nSimulator time by op, {name} (batch {MODELS[name][1]}; median per op over "
+            f"the timed rounds, {total * 1e3:.1f} ms summed, {sim_s * 1e3:.1f} ms median run):"
+        )
         for op, s in sorted(ops.items(), key=lambda kv: -kv[1]):
             print(f"  {op:<12} {s * 1e3:9.1f} ms  {100 * s / total:5.1f}%")
         print("  slowest instructions:")

@@ -15,7 +15,7 @@ import numpy as np
 
 from schemas.errors import SimulatorError
 from simulator import fixedpoint as fp
-from simulator.fixedpoint import clamp, const_like, fixed_multiplier, round_div
+from simulator.intmath import clamp, const_like, fixed_multiplier, round_div
 from simulator.lut import LutTable, build_segmented_table, lookup
 
 EXP_FRAC = 15

@@ -1,7 +1,8 @@
 """Exact whole-tensor torch kernels of the executor: integer GEMM, NHWC conv, pooling,
-requantize with integer shifts.
+requantize with integer shifts, ONNX geometry attributes. (The LAYOUT data-movement ops
+are :mod:`simulator.exec_layout`.)
 
-Exactness (the results equal :mod:`simulator.kernels` / :mod:`simulator.fixedpoint`
+Exactness (the results equal :mod:`simulator.kernels` / :mod:`simulator.intmath`
 integer for integer):
 
 - int8 x int8 GEMMs run on ``torch._int_mm`` (oneDNN VNNI, int32 accumulation). Every
@@ -14,7 +15,7 @@ integer for integer):
   it both raise :class:`SimulatorError`.
 - Requantize is int64: ``clamp(round_div(acc * mult, 2**shift))`` with the division done
   by arithmetic shifts (``v >> s`` is ``floor(v / 2**s)``), same tie rules and the same
-  overflow refusals as :func:`simulator.fixedpoint.requantize`.
+  overflow refusals as :func:`simulator.intmath.requantize`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 
 from schemas.errors import SimulatorError
 from simulator import fixedpoint as fp
+from simulator.intmath import MAX_SHIFT, PRODUCT_LIMIT, max_abs
 from simulator.kernels import EXACT_LIMIT
 
 INT_MM_MAX_K = 2**17
@@ -36,7 +38,7 @@ TORCH_DTYPES = {"int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
 
 def _check_exact(where: str, a: torch.Tensor, b: torch.Tensor, k: int) -> None:
     """Raise unless ``max|a| * max|b| * k < 2**53`` (float64 sums then exact)."""
-    bound = fp.max_abs(a) * fp.max_abs(b) * k
+    bound = max_abs(a) * max_abs(b) * k
     if bound >= EXACT_LIMIT:
         raise SimulatorError(
             f"accumulator bound {bound} reaches 2**53: float64 would round",
@@ -109,7 +111,7 @@ def pack_conv(w: torch.Tensor, group: int) -> torch.Tensor:
     FORMULA: ``wmat[(i, j, g*Cg + c), o] = w[o, i, j, c]`` if ``o // (O/G) == g`` else 0:
     grouped (and depthwise) weights become one block-diagonal matrix, so every conv is a
     single ``_int_mm`` (G times the MACs of the groups alone, still far cheaper than G small
-    GEMMs). Packed once per program (:class:`simulator.executor.ConstPool`).
+    GEMMs). Packed once per program (:class:`simulator.exec_ops.ConstPool`).
     """
     o, kh, kw, cg = w.shape
     if group < 1 or o % group:
@@ -159,7 +161,7 @@ def round_shift(v: torch.Tensor, s: torch.Tensor, mode: str) -> torch.Tensor:
 
     FORMULA (``h = 2**s >> 1``, ``z = [s > 0]``): bpu_round (ties away from zero)
     ``(v + h - z [v < 0]) >> s``; half_even ``(v + h - z + z (floor(v / 2**s) & 1)) >> s``.
-    Equal to :func:`simulator.fixedpoint.round_div`: with ``v = fl 2**s + r``, adding
+    Equal to :func:`simulator.intmath.round_div`: with ``v = fl 2**s + r``, adding
     ``h - 1`` carries iff ``r > h``, the extra 1 makes the tie ``r = h`` carry (v >= 0 /
     fl odd); ``z = 0`` leaves ``v`` unchanged. ``>>`` on int64 is floor division.
     """
@@ -176,21 +178,21 @@ def requant(acc, mult, shift, out_dtype: str, rounding: str, axis: int | None) -
     """``clamp(round_div(acc * mult, 2**shift), qrange(out_dtype))``, int64 result.
 
     ``mult`` ``None`` means 1. Same broadcasting and refusals as
-    :func:`simulator.fixedpoint.requantize`: shift outside [0, 62] or
+    :func:`simulator.intmath.requantize`: shift outside [0, 62] or
     ``max|acc| * max|mult| >= 2**62`` raise instead of wrapping.
     """
     qmin, qmax = fp.qrange(out_dtype)
     acc = acc.long()
     s = _along(shift.long(), acc, axis, "shift")
-    if s.numel() and (int(s.min()) < 0 or int(s.max()) > fp.MAX_SHIFT):
-        raise SimulatorError(f"shift outside [0, {fp.MAX_SHIFT}]", where="requantize")
+    if s.numel() and (int(s.min()) < 0 or int(s.max()) > MAX_SHIFT):
+        raise SimulatorError(f"shift outside [0, {MAX_SHIFT}]", where="requantize")
     if mult is not None:
         m = _along(mult.long(), acc, axis, "mult")
-        if fp.max_abs(acc) * fp.max_abs(m) >= fp.PRODUCT_LIMIT:
+        if max_abs(acc) * max_abs(m) >= PRODUCT_LIMIT:
             raise SimulatorError("|acc * mult| may reach 2**62", where="requantize",
                                  hint="accumulators must fit int32 and multipliers 31 bits")  # fmt: skip
         acc = acc * m
-    elif fp.max_abs(acc) >= fp.PRODUCT_LIMIT:
+    elif max_abs(acc) >= PRODUCT_LIMIT:
         raise SimulatorError("|acc| may reach 2**62", where="requantize")
     return round_shift(acc, s, rounding).clamp_(qmin, qmax)
 
@@ -235,141 +237,3 @@ def geometry(nd: int, attrs: dict) -> tuple[list[int], list[int], list[int]]:
 def numel(shape) -> int:
     """Number of elements of a shape (1 for ``()``)."""
     return math.prod(int(d) for d in shape)
-
-
-# Data movement (LAYOUT): fn(data inputs, const inputs, ONNX attrs, number of outputs).
-
-
-def _ints(t) -> list[int] | None:
-    """A constant input as Python ints (``None`` when absent)."""
-    return None if t is None else [int(v) for v in t.reshape(-1).tolist()]
-
-
-def _arg(cs: list, i: int, attrs: dict, name: str) -> list[int] | None:
-    """Const input ``i`` (opset >= 13 style) or the older attribute ``name``."""
-    v = _ints(cs[i]) if len(cs) > i else None
-    return v if v is not None else attrs.get(name)
-
-
-def _reshape(xs, cs, attrs, n):
-    shape, x = _ints(cs[0]), xs[0]
-    if not int(attrs.get("allowzero", 0)):
-        shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
-    return [x.reshape(shape)]
-
-
-def _transpose(xs, cs, attrs, n):
-    return [xs[0].permute(attrs.get("perm") or list(range(xs[0].ndim))[::-1])]
-
-
-def _flatten(xs, cs, attrs, n):
-    x = xs[0]
-    axis = int(attrs.get("axis", 1)) % (x.ndim + 1)
-    return [x.reshape(numel(x.shape[:axis]), numel(x.shape[axis:]))]
-
-
-def _squeeze(xs, cs, attrs, n):
-    x, axes = xs[0], _arg(cs, 0, attrs, "axes")
-    if axes is None:
-        return [x.squeeze()]
-    return [x.squeeze(tuple(a % x.ndim for a in axes))]
-
-
-def _unsqueeze(xs, cs, attrs, n):
-    x, axes = xs[0], _arg(cs, 0, attrs, "axes")
-    for a in sorted(a % (x.ndim + len(axes)) for a in axes):
-        x = x.unsqueeze(a)
-    return [x]
-
-
-def _slice_index(dim: int, start: int, end: int, step: int) -> torch.Tensor:
-    """ONNX Slice clamping: negatives + dim; step > 0: [0, dim]; step < 0: [0|-1, dim-1]."""
-    start, end = (v + dim if v < 0 else v for v in (start, end))
-    if step > 0:
-        start, end = min(max(start, 0), dim), min(max(end, 0), dim)
-    else:
-        start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
-    return torch.arange(start, end, step)
-
-
-def _slice(xs, cs, attrs, n):
-    x, starts, ends = xs[0], _arg(cs, 0, attrs, "starts"), _arg(cs, 1, attrs, "ends")
-    axes = _arg(cs, 2, attrs, "axes") or list(range(len(starts)))
-    steps = _arg(cs, 3, attrs, "steps") or [1] * len(starts)
-    for a, s, e, st in zip(axes, starts, ends, steps, strict=True):
-        a %= x.ndim
-        x = x.index_select(a, _slice_index(x.shape[a], s, e, st))
-    return [x]
-
-
-def _gather(xs, cs, attrs, n):
-    x = xs[0]
-    idx = (cs[0] if cs else xs[1]).long()
-    axis = int(attrs.get("axis", 0)) % x.ndim
-    idx = torch.where(idx < 0, idx + x.shape[axis], idx)
-    y = x.index_select(axis, idx.reshape(-1))
-    return [y.reshape(*x.shape[:axis], *idx.shape, *x.shape[axis + 1 :])]
-
-
-def _split(xs, cs, attrs, n):
-    x, axis = xs[0], int(attrs.get("axis", 0))
-    sizes = _arg(cs, 0, attrs, "split") or -(-x.shape[axis] // n)
-    return list(torch.split(x, sizes, dim=axis))
-
-
-def _concat(xs, cs, attrs, n):
-    return [torch.cat([*xs, *(c for c in cs if c is not None)], dim=int(attrs["axis"]))]
-
-
-def _pad(xs, cs, attrs, n):
-    """ONNX Pad: modes constant (negative pads crop), edge, reflect."""
-    x, pads = xs[0], _arg(cs, 0, attrs, "pads")
-    value = cs[1].item() if len(cs) > 1 and cs[1] is not None and cs[1].numel() else 0
-    axes = [a % x.ndim for a in (_ints(cs[2]) if len(cs) > 2 and cs[2] is not None
-                                 else range(x.ndim))]  # fmt: skip
-    mode, nd = attrs.get("mode", "constant"), len(axes)
-    if mode == "constant":
-        widths = [0] * (2 * x.ndim)
-        for i, a in enumerate(axes):
-            j = 2 * (x.ndim - 1 - a)
-            widths[j], widths[j + 1] = pads[i], pads[nd + i]
-        return [F.pad(x, widths, value=value)]
-    if mode not in ("edge", "reflect"):
-        raise SimulatorError(f"Pad mode {mode!r} is not supported")
-    for i, a in enumerate(axes):
-        idx, dim = torch.arange(-pads[i], x.shape[a] + pads[nd + i]), x.shape[a]
-        idx = idx.clamp(0, dim - 1) if mode == "edge" else dim - 1 - (dim - 1 - idx.abs()).abs()
-        x = x.index_select(a, idx)
-    return [x]
-
-
-def _expand(xs, cs, attrs, n):
-    return [xs[0].expand(torch.broadcast_shapes(xs[0].shape, tuple(_ints(cs[0]))))]
-
-
-def _to_nhwc(xs, cs, attrs, n):
-    """NCHW -> NHWC with the channel axis zero-padded to ``channels_padded``."""
-    y = xs[0].permute(0, 2, 3, 1)
-    extra = int(attrs.get("channels_padded") or y.shape[3]) - y.shape[3]
-    return [F.pad(y, (0, extra)) if extra > 0 else y]
-
-
-def _to_nchw(xs, cs, attrs, n):
-    """NHWC (padded) -> NCHW with the first ``channels`` channels."""
-    return [xs[0][..., : int(attrs.get("channels") or xs[0].shape[3])].permute(0, 3, 1, 2)]
-
-
-LAYOUT_OPS = {
-    "Reshape": _reshape, "Transpose": _transpose, "Flatten": _flatten, "Squeeze": _squeeze,
-    "Unsqueeze": _unsqueeze, "Slice": _slice, "Gather": _gather, "Split": _split,
-    "Concat": _concat, "Pad": _pad, "Identity": lambda xs, cs, attrs, n: [xs[0]],
-    "Expand": _expand, "ToNHWC": _to_nhwc, "ToNCHW": _to_nchw,
-}  # fmt: skip
-"""ONNX op type (plus ToNHWC / ToNCHW) -> data-movement function."""
-
-
-def to_reference(t: torch.Tensor, layout) -> torch.Tensor:
-    """A buffer in the reference layout: nhwc -> NCHW with ``channels`` kept; else as is."""
-    if layout is None or layout.kind != "nhwc" or t.ndim != 4:
-        return t
-    return _to_nchw([t], [], {"channels": layout.channels}, 1)[0]

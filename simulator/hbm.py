@@ -1,4 +1,5 @@
-"""The ``.hbm`` program file: save, load, and a readable listing of a :class:`Program`.
+"""The ``.hbm`` program file: save, load and pack a :class:`Program` (its readable
+listing is :mod:`simulator.hbm_render`).
 
 File layout (all integers little-endian)::
 
@@ -300,39 +301,3 @@ def load(path: str | Path) -> Program:
         raise _fail(path, e.what, e.hint or _RECOMPILE) from e
     except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError, RecursionError) as e:
         raise _fail(path, f"the header is inconsistent ({type(e).__name__}: {e})") from e
-
-
-# -- listing -------------------------------------------------------------------------------
-
-
-def debug_map(program: Program) -> dict[int, tuple[str, ...]]:
-    """Instruction index -> the canonical layer ids it covers (empty: compiler-inserted)."""
-    return {i: tuple(ins.layer_ids) for i, ins in enumerate(program.instructions)}
-
-
-def _key_attrs(attrs: dict, limit: int = 6, width: int = 32) -> str:
-    """The short attributes (repr at most ``width`` chars), at most ``limit`` of them."""
-    items = [f"{k}={v!r}" for k, v in attrs.items() if len(repr(v)) <= width]
-    more = len(attrs) - min(len(items), limit)
-    return " ".join(items[:limit]) + (f" (+{more} more)" if more else "")
-
-
-def render(program: Program) -> str:
-    """A numbered listing: index | op | inputs -> outputs | consts | layer ids | key attrs."""
-    lines = [
-        f"# {program.march}: {len(program.instructions)} instructions, "
-        f"{len(program.constants)} constants, inputs {', '.join(program.inputs)} -> "
-        f"outputs {', '.join(program.outputs)}"
-    ]
-    width = len(str(max(len(program.instructions) - 1, 0)))
-    for i, ins in enumerate(program.instructions):
-        cols = [
-            f"{i:>{width}}",
-            Op(ins.op).value,
-            f"{', '.join(ins.inputs)} -> {', '.join(ins.outputs)}",
-            ", ".join(ins.consts) or "-",
-            ", ".join(ins.layer_ids) or "(compiler)",
-            _key_attrs(ins.attrs) or "-",
-        ]
-        lines.append(" | ".join(cols))
-    return "\n".join(lines) + "\n"

@@ -8,7 +8,7 @@ and initializers itself). No state: every op is a pure function of its inputs.
 
 Shared attributes: ``rounding`` (``half_even`` | ``bpu_round``), ``out_dtype`` (``int8`` |
 ``int16`` | ``int32``: the result dtype, saturated to its range), ``relu`` (0/1: clamp
-at 0 after requantize). ``req(acc, m, s)`` below is :func:`simulator.fixedpoint.requantize`
+at 0 after requantize). ``req(acc, m, s)`` below is :func:`simulator.intmath.requantize`
 ``= clamp(round_div(acc * m, 2**s), qrange(out_dtype))``, int64 inside, one rounding.
 """
 
@@ -20,6 +20,7 @@ import numpy as np
 
 from schemas.errors import SimulatorError
 from simulator import fixedpoint as fp
+from simulator.intmath import MAX_SHIFT, PRODUCT_LIMIT, clamp, max_abs, requantize, round_div
 from simulator.kernels import conv_int, matmul_int, max_pool_int, sum_pool_int
 
 NP_DTYPES = {"int8": np.int8, "int16": np.int16, "int32": np.int32}
@@ -71,8 +72,8 @@ def _requant(acc, mult, shift, attrs: dict, op: str, axis: int | None) -> np.nda
             raise SimulatorError(
                 f"{op} has no mult/shift but out_dtype {dtype}", where=f"qparity.{op}"
             )
-        return _finish(fp.clamp(acc, *fp.qrange("int32")), attrs, op)
-    y = fp.requantize(acc, mult, shift, dtype, _attr(attrs, "rounding", op), axis=axis)
+        return _finish(clamp(acc, *fp.qrange("int32")), attrs, op)
+    y = requantize(acc, mult, shift, dtype, _attr(attrs, "rounding", op), axis=axis)
     return _finish(y, attrs, op)
 
 
@@ -119,7 +120,7 @@ def qmatmul(inputs, attrs):
 
 def _checked_products(op: str, *pairs) -> None:
     """Raise unless ``sum max|u| * max|v|`` over the pairs stays below 2**62 (no wrap)."""
-    if sum(fp.max_abs(u) * fp.max_abs(v) for u, v in pairs) >= fp.PRODUCT_LIMIT:
+    if sum(max_abs(u) * max_abs(v) for u, v in pairs) >= PRODUCT_LIMIT:
         raise SimulatorError(f"{op}: products may overflow int64", where=f"qparity.{op}")
 
 
@@ -128,14 +129,14 @@ def qadd(inputs, attrs):
 
     FORMULA: ``y = clamp(round_div(a*ma + b*mb, 2**shift))`` = ``req(a*ma + b*mb, 1,
     shift)``; ma/mb may be per-channel arrays shaped to broadcast (e.g. [C, 1, 1]);
-    subtraction is a negative ``mb``. See :func:`fixedpoint.aligned_multipliers`.
+    subtraction is a negative ``mb``. See :func:`intmath.aligned_multipliers`.
     """
     a, b, ma, mb, shift = _inputs("QAdd", inputs, 5)
     _checked_products("QAdd", (a, ma), (b, mb))
     i64 = np.int64
     acc = a.astype(i64) * ma.astype(i64) + b.astype(i64) * mb.astype(i64)
     dtype, rounding = _attr(attrs, "out_dtype", "QAdd"), _attr(attrs, "rounding", "QAdd")
-    return _finish(fp.requantize(acc, 1, shift, dtype, rounding), attrs, "QAdd")
+    return _finish(requantize(acc, 1, shift, dtype, rounding), attrs, "QAdd")
 
 
 def qmul(inputs, attrs):
@@ -160,11 +161,11 @@ def _divide(total, n, mult, shift, attrs: dict, op: str) -> np.ndarray:
     exact rounding of ``total * mult / (n * 2**shift)``; every term kept below 2**62."""
     m, s = _scalar(mult, "mult", op), _scalar(shift, "shift", op)
     d = np.asarray(n, dtype=np.int64)
-    bad = not 0 <= s <= fp.MAX_SHIFT or (fp.max_abs(d) << s) >= fp.PRODUCT_LIMIT
-    if bad or fp.max_abs(total) * abs(m) >= fp.PRODUCT_LIMIT:
+    bad = not 0 <= s <= MAX_SHIFT or (max_abs(d) << s) >= PRODUCT_LIMIT
+    if bad or max_abs(total) * abs(m) >= PRODUCT_LIMIT:
         raise SimulatorError(f"{op}: shift {s} / mult {m} overflow int64", where=f"qparity.{op}")
-    y = fp.round_div(total * m, d << s, _attr(attrs, "rounding", op))
-    return _finish(fp.clamp(y, *fp.qrange(_attr(attrs, "out_dtype", op))), attrs, op)
+    y = round_div(total * m, d << s, _attr(attrs, "rounding", op))
+    return _finish(clamp(y, *fp.qrange(_attr(attrs, "out_dtype", op))), attrs, op)
 
 
 def qavgpool(inputs, attrs):

@@ -21,7 +21,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from schemas.errors import SimulatorError
-from simulator.fixedpoint import max_abs
+from simulator.intmath import max_abs
 
 EXACT_LIMIT = 2**53
 """Largest magnitude below which every float64 integer sum is exact."""

@@ -25,7 +25,7 @@ import numpy as np
 
 from schemas.errors import SimulatorError
 from simulator import fixedpoint as fp
-from simulator.fixedpoint import clamp, const_like, fixed_multiplier, round_div, where
+from simulator.intmath import clamp, const_like, fixed_multiplier, round_div, where
 
 MULT_BITS = 16
 """Segment position multipliers are ``< 2**MULT_BITS`` (largest shift that fits)."""

@@ -20,8 +20,8 @@ import numpy as np
 
 from schemas.errors import SpecError
 from schemas.spec import PipelineSpec
-from simulator import fixedpoint as fp
 from simulator.board_input import fold_mean_std
+from simulator.intmath import fixed_multiplier
 from simulator.isa import Instruction, Op, Program
 
 WEIGHT = 64
@@ -90,7 +90,7 @@ def _fold_conv(quantize: Instruction, data, channels: int, rounding: str):
         )
     w, b = fold_mean_std(mean, std, scale)
     w, b = np.asarray(w).reshape(-1), np.asarray(b).reshape(-1)
-    mult, shift = fp.fixed_multiplier(w / WEIGHT, 31, rounding)
+    mult, shift = fixed_multiplier(w / WEIGHT, 31, rounding)
     consts = {
         "board:weight": np.full((channels, 1, 1, 1), WEIGHT, np.int8),
         "board:bias": np.round(WEIGHT * b / w).astype(np.int32),

@@ -18,7 +18,7 @@ import torch
 
 from schemas.artifacts import HbmModel, Metric, QuantizedModel
 from schemas.errors import StageError
-from simulator import cost, hbm
+from simulator import cost, hbm, hbm_render
 from simulator.executor import Executor
 from simulator.march import MARCHES
 from stages.board_program import board_program
@@ -42,7 +42,7 @@ def compile_model(upstream: QuantizedModel, ctx: RunContext, call: StageCall) ->
     out = ctx.artifact_dir("compile") / "model.hbm"
     hbm.save(program, out)
     program = hbm.load(out)
-    ctx.write_debug("hbm.txt", hbm.render(program))
+    ctx.write_debug("hbm.txt", hbm_render.render(program))
     executor = Executor(program)
     check_identical(ctx, upstream, executor)
     ctx.write_debug("latency.txt", render_latency(program, executor, ctx, march))

@@ -6,6 +6,7 @@ import numpy as np
 import onnx
 
 from simulator import fixedpoint as fp
+from simulator.intmath import aligned_multipliers, fixed_multiplier
 from stages.convert_graph import Converter, QTensor, _attr
 from stages.convert_rules import _bits, _mult, _req
 from stages.onnx_builder import DOMAIN
@@ -137,7 +138,7 @@ def add(c: Converter, k: int, node: onnx.NodeProto) -> bool:
     if b is None:
         if node.input[1] not in c.inits or a.scale.size != 1:
             return False
-        ma, shift = fp.fixed_multiplier(float(a.scale) / s_out, _bits(c), c.settings.rounding)
+        ma, shift = fixed_multiplier(float(a.scale) / s_out, _bits(c), c.settings.rounding)
         term = np.round(sign * c.inits[node.input[1]] / s_out * 2.0 ** int(shift))
         ins = [
             a.name,
@@ -147,7 +148,7 @@ def add(c: Converter, k: int, node: onnx.NodeProto) -> bool:
             c.const("shift", np.atleast_1d(shift)),
         ]
     else:
-        (ma, mb), shift = fp.aligned_multipliers(
+        (ma, mb), shift = aligned_multipliers(
             [_bcast(a) / s_out, _bcast(b) / s_out], _bits(c), c.settings.rounding
         )
         ins = [

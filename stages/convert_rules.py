@@ -18,6 +18,7 @@ import onnx
 from onnx import helper
 
 from simulator import fixedpoint as fp
+from simulator.intmath import fixed_multiplier
 from stages.convert_graph import ZP, Converter, QTensor, _attr
 from stages.onnx_builder import DOMAIN
 
@@ -41,7 +42,7 @@ def _bits(c: Converter) -> int:
 
 
 def _mult(c: Converter, tag: str, ratio) -> tuple[str, str]:
-    m, s = fp.fixed_multiplier(np.asarray(ratio, dtype=np.float64), _bits(c), c.settings.rounding)
+    m, s = fixed_multiplier(np.asarray(ratio, dtype=np.float64), _bits(c), c.settings.rounding)
     return (
         c.const(f"{tag}_mult", np.atleast_1d(m).astype(np.int64)),
         c.const(f"{tag}_shift", np.atleast_1d(s).astype(np.int64)),

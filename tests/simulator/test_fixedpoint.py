@@ -14,6 +14,7 @@ from hypothesis.extra import numpy as hnp
 
 from schemas.errors import SimulatorError
 from simulator import fixedpoint as fp
+from simulator import intmath
 
 FAST = settings(max_examples=150, deadline=None)
 F32 = hnp.arrays(
@@ -216,19 +217,19 @@ def test_pot_scale_keeps_powers_of_two_and_rejects_bad():
 )
 def test_round_div_is_exact_round_by(v, d, mode):
     want = [ref_round(Fraction(x, d), mode) for x in v]
-    assert fp.round_div(np.array(v, dtype=np.int64), d, mode).tolist() == want
-    assert fp.round_div(torch.tensor(v, dtype=torch.int64), d, mode).tolist() == want
+    assert intmath.round_div(np.array(v, dtype=np.int64), d, mode).tolist() == want
+    assert intmath.round_div(torch.tensor(v, dtype=torch.int64), d, mode).tolist() == want
     ties = np.array([2 * x + 1 for x in v], dtype=np.int64) // 2 * 2 + 1  # odd: ties at d=2
-    assert fp.round_div(ties, 2, mode).tolist() == fp.round_by(ties / 2, mode).tolist()
+    assert intmath.round_div(ties, 2, mode).tolist() == fp.round_by(ties / 2, mode).tolist()
 
 
 def test_fixed_multiplier_vendor_example_and_largest_shift():
-    assert [int(v) for v in fp.fixed_multiplier(0.1 * 1.0 / 0.2028451, 15)] == [32308, 16]
+    assert [int(v) for v in intmath.fixed_multiplier(0.1 * 1.0 / 0.2028451, 15)] == [32308, 16]
     ratios = np.array([0.49299, 1e-6, 0.75, 63 * 256 / 7, 1.0])
-    m, s = fp.fixed_multiplier(ratios, 16)
+    m, s = intmath.fixed_multiplier(ratios, 16)
     assert np.all(m < 2**16) and np.all(np.round(ratios * 2.0 ** (s + 1)) >= 2**16)
     with pytest.raises(SimulatorError):
-        fp.fixed_multiplier(2.0**17, 16)
+        intmath.fixed_multiplier(2.0**17, 16)
 
 
 def ref_requantize(acc: int, m: int, s: int, dtype: str, mode: str) -> int:
@@ -245,10 +246,10 @@ def ref_requantize(acc: int, m: int, s: int, dtype: str, mode: str) -> int:
     mode=MODES,
 )
 def test_requantize_matches_reference(acc, m, s, dtype, mode):
-    got = fp.requantize(np.array(acc, dtype=np.int64), m, s, dtype, mode)
+    got = intmath.requantize(np.array(acc, dtype=np.int64), m, s, dtype, mode)
     assert got.dtype == np.int64
     assert got.tolist() == [ref_requantize(a, m, s, dtype, mode) for a in acc]
-    got_t = fp.requantize(torch.tensor(acc, dtype=torch.int32), m, s, dtype, mode)
+    got_t = intmath.requantize(torch.tensor(acc, dtype=torch.int32), m, s, dtype, mode)
     assert got_t.tolist() == got.tolist()
 
 
@@ -256,17 +257,19 @@ def test_requantize_matches_reference(acc, m, s, dtype, mode):
 def test_requantize_exact_ties_and_saturation(mode):
     acc = np.array([1, 3, 5, -1, -3, -5, 6, -6], dtype=np.int32)  # *3/2 or /2: all .5 ties
     want = [ref_requantize(int(a), 1, 1, "int8", mode) for a in acc]
-    assert fp.requantize(acc, 1, 1, "int8", mode).tolist() == want
+    assert intmath.requantize(acc, 1, 1, "int8", mode).tolist() == want
     assert want[:3] == ([0, 2, 2] if mode == "half_even" else [1, 2, 3])
     big = np.array([2**31 - 1, -(2**31), 40000, -40000])
-    assert fp.requantize(big, 2**31 - 1, 0, "int32", mode).tolist() == [2**31 - 1, -(2**31)] * 2
-    assert fp.requantize(big, 1, 0, "int16", mode).tolist() == [32767, -32768] * 2
+    assert (
+        intmath.requantize(big, 2**31 - 1, 0, "int32", mode).tolist() == [2**31 - 1, -(2**31)] * 2
+    )
+    assert intmath.requantize(big, 1, 0, "int16", mode).tolist() == [32767, -32768] * 2
 
 
 def test_requantize_public_example():
-    m, s = fp.fixed_multiplier(0.1 * 1.0 / 0.2028451, 15)
+    m, s = intmath.fixed_multiplier(0.1 * 1.0 / 0.2028451, 15)
     assert (int(m), int(s)) == (32308, 16)
-    assert int(fp.requantize(np.array(1000), m, s, "int16", "bpu_round")) == round(
+    assert int(intmath.requantize(np.array(1000), m, s, "int16", "bpu_round")) == round(
         1000 * 32308 / 65536
     )
 
@@ -274,25 +277,25 @@ def test_requantize_public_example():
 def test_requantize_per_channel_axis():
     acc = np.arange(-12, 12, dtype=np.int64).reshape(2, 3, 4) * 1000
     m, s = np.array([3, 5, 7]), np.array([4, 6, 8])
-    got = fp.requantize(acc, m, s, "int16", "half_even", axis=1)
+    got = intmath.requantize(acc, m, s, "int16", "half_even", axis=1)
     for c in range(3):
-        want = fp.requantize(acc[:, c], m[c], s[c], "int16", "half_even")
+        want = intmath.requantize(acc[:, c], m[c], s[c], "int16", "half_even")
         np.testing.assert_array_equal(got[:, c], want)
-    one = fp.requantize(acc, np.array([3]), np.array([4]), "int8", "half_even", axis=1)
-    np.testing.assert_array_equal(one, fp.requantize(acc, 3, 4, "int8", "half_even"))
+    one = intmath.requantize(acc, np.array([3]), np.array([4]), "int8", "half_even", axis=1)
+    np.testing.assert_array_equal(one, intmath.requantize(acc, 3, 4, "int8", "half_even"))
     with pytest.raises(SimulatorError, match="channels"):
-        fp.requantize(acc, m, s, "int8", "half_even", axis=2)
+        intmath.requantize(acc, m, s, "int8", "half_even", axis=2)
 
 
 def test_requantize_refuses_overflow_and_bad_input():
     with pytest.raises(SimulatorError, match="2\\*\\*62"):
-        fp.requantize(np.array([2**40]), 2**22, 0, "int32", "half_even")
+        intmath.requantize(np.array([2**40]), 2**22, 0, "int32", "half_even")
     with pytest.raises(SimulatorError, match="shift"):
-        fp.requantize(np.array([1]), 1, 63, "int8", "half_even")
+        intmath.requantize(np.array([1]), 1, 63, "int8", "half_even")
     with pytest.raises(SimulatorError, match="integer"):
-        fp.requantize(np.array([1.5]), 1, 0, "int8", "half_even")
+        intmath.requantize(np.array([1.5]), 1, 0, "int8", "half_even")
     with pytest.raises(SimulatorError, match="rounding"):
-        fp.requantize(np.array([1]), 1, 0, "int8", "half_up")
+        intmath.requantize(np.array([1]), 1, 0, "int8", "half_up")
 
 
 @FAST
@@ -306,22 +309,22 @@ def test_requantize_refuses_overflow_and_bad_input():
     mode=MODES,
 )
 def test_aligned_multipliers_keep_every_ratio_to_full_width(ratios, bits, mode):
-    mults, s = fp.aligned_multipliers(ratios, bits, mode)
+    mults, s = intmath.aligned_multipliers(ratios, bits, mode)
     for r, m in zip(ratios, mults, strict=True):
         assert np.shape(m) == np.shape(r)
         for v, mv in zip(np.ravel(r).tolist(), np.ravel(m).tolist(), strict=True):
-            mant, sh = fp.fixed_multiplier(v, bits, mode)
+            mant, sh = intmath.fixed_multiplier(v, bits, mode)
             assert mv == int(mant) << (s - int(sh))  # the mantissa, shifted onto s
             assert abs(Fraction(mv, 2**s) - Fraction(v)) <= Fraction(v) / 2 ** (bits - 1)
     flat = np.concatenate([np.ravel(r) for r in ratios])
-    assert s == max(int(fp.fixed_multiplier(v, bits, mode)[1]) for v in flat.tolist())
+    assert s == max(int(intmath.fixed_multiplier(v, bits, mode)[1]) for v in flat.tolist())
 
 
 def test_aligned_multipliers_errors_and_example():
-    mults, s = fp.aligned_multipliers([1.0, 1.4e-3], 15)  # a skip input and an accumulator
+    mults, s = intmath.aligned_multipliers([1.0, 1.4e-3], 15)  # a skip input and an accumulator
     assert s == 24 and int(mults[0]) == 2**24 and int(mults[1]) == round(1.4e-3 * 2**24)
     for bad in ([0.5, 0.0], [np.nan], [np.array([1.0, -1.0])], [np.inf], []):
         with pytest.raises(SimulatorError, match="finite and positive"):
-            fp.aligned_multipliers(bad, 16)
+            intmath.aligned_multipliers(bad, 16)
     with pytest.raises(SimulatorError):
-        fp.aligned_multipliers([2.0**16], 16)
+        intmath.aligned_multipliers([2.0**16], 16)

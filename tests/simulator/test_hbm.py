@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.errors import SimulatorError
-from simulator import hbm
+from simulator import hbm, hbm_render
 from simulator.isa import HBM_VERSION, Instruction, Layout, Op, Program
 
 
@@ -239,9 +239,9 @@ def test_missing_file(tmp_path):
 
 def test_debug_map_and_render():
     p = small_program()
-    assert hbm.debug_map(p)[2] == ("layer1.conv", "layer1.relu")
-    assert hbm.debug_map(p)[1] == ()
-    text = hbm.render(p)
+    assert hbm_render.debug_map(p)[2] == ("layer1.conv", "layer1.relu")
+    assert hbm_render.debug_map(p)[1] == ()
+    text = hbm_render.render(p)
     lines = text.splitlines()
     assert len(lines) == 1 + len(p.instructions)
     assert lines[3].startswith(

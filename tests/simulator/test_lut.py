@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from schemas.errors import SimulatorError
 from simulator import fixedpoint as fp
-from simulator import lut
+from simulator import intmath, lut
 from tests.simulator.test_fixedpoint import ref_round
 
 FAST = settings(max_examples=60, deadline=None)
@@ -210,4 +210,4 @@ def test_bad_tables_raise():
     with pytest.raises(SimulatorError, match="dividing"):
         lut.build_segmented_table("x", np.exp, 1e-3, 1.0, "int16", "half_even", dividing="x")
     with pytest.raises(SimulatorError, match="rounding"):
-        fp.round_div(np.array([1]), 2, "up")
+        intmath.round_div(np.array([1]), 2, "up")

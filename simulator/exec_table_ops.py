@@ -1,0 +1,124 @@
+"""The executor's table-driven and float-side instruction kernels.
+
+Holds :func:`decode` (a LUT / softmax / layernorm table object rebuilt from an
+instruction's attrs and constants, in :mod:`simulator.custom_ops` field order) and the
+kernels ``fn(instr, bufs, consts) -> [tensors]`` of LUT, SOFTMAX, LAYERNORM (the decoded
+table evaluated by :mod:`simulator.lut` / :mod:`simulator.composite`), QUANTIZE,
+DEQUANTIZE, CPU (a float ONNX op in torch) and PREPROCESS (the board camera input).
+The machine state is documented in :mod:`simulator.executor`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import fields
+
+import numpy as np
+import torch
+
+from schemas.errors import SimulatorError
+from simulator import exec_kernels as ek
+from simulator import fixedpoint as fp
+from simulator.composite import LayerNormTables, SoftmaxTables, int_layernorm, int_softmax
+from simulator.exec_ops import ConstPool, operands
+from simulator.lut import ARRAY_FIELDS, LutTable, from_arrays, lookup
+
+
+def decode(cls, attrs: dict, arrays: list[np.ndarray], prefix: str = ""):
+    """Rebuild a table dataclass from node attrs + initializers (custom_ops field order).
+
+    LutTable: scalars from ``attrs[prefix + field]``, then entries, bounds, mults, shifts;
+    SoftmaxTables / LayerNormTables: fields in declaration order, nested tables under
+    ``<field>_``, arrays consumed in order.
+    """
+    if cls is LutTable:
+        d = {f.name: attrs[prefix + f.name] for f in fields(LutTable) if f.name not in ARRAY_FIELDS}
+        d.update({name: arrays.pop(0) for name in ARRAY_FIELDS})
+        return from_arrays(d)
+    kw = {}
+    for f in fields(cls):
+        if f.type == "LutTable":
+            kw[f.name] = decode(LutTable, attrs, arrays, f"{prefix}{f.name}_")
+        elif f.type == "np.ndarray":
+            kw[f.name] = np.asarray(arrays.pop(0), dtype=np.int64)
+        else:
+            kw[f.name] = attrs[prefix + f.name]
+    return cls(**kw)
+
+
+def _table(instr, consts: ConstPool, cls):
+    """The instruction's table object, decoded once from its constants."""
+    build = lambda: decode(cls, instr.attrs, [consts.arrays[c] for c in instr.consts])  # noqa: E731
+    return consts.cached((cls.__name__, instr.consts), build)
+
+
+def k_lut(instr, bufs, consts):
+    """LUT. FORMULA: :func:`simulator.lut.lookup` on the decoded table."""
+    table = _table(instr, consts, LutTable)
+    return [lookup(table, bufs[instr.inputs[0]]).to(ek.TORCH_DTYPES[table.out_dtype])]
+
+
+def k_softmax(instr, bufs, consts):
+    """SOFTMAX. FORMULA: :func:`simulator.composite.int_softmax` along ``axis``."""
+    t = _table(instr, consts, SoftmaxTables)
+    y = int_softmax(bufs[instr.inputs[0]], int(instr.attrs["axis"]), t)
+    return [y.to(ek.TORCH_DTYPES[t.out_dtype])]
+
+
+def k_layernorm(instr, bufs, consts):
+    """LAYERNORM. FORMULA: :func:`simulator.composite.int_layernorm` on the last axis."""
+    t = _table(instr, consts, LayerNormTables)
+    return [int_layernorm(bufs[instr.inputs[0]], t).to(ek.TORCH_DTYPES[t.out_dtype])]
+
+
+def _scale(instr, consts, x: torch.Tensor) -> tuple[torch.Tensor, int | None]:
+    """(scale tensor, channel axis or None) from ``attrs["scale"]`` or the first const."""
+    s = instr.attrs.get("scale")
+    s = consts[instr.consts[0]] if s is None else torch.as_tensor(s, dtype=torch.float64)
+    s = s.reshape(-1)
+    return s, (None if s.numel() == 1 else int(instr.attrs.get("axis", 1)) % x.ndim)
+
+
+def k_quantize(instr, bufs, consts):
+    """QUANTIZE. FORMULA: ``clamp(round_by(x / scale), qrange(dtype))`` in x's float dtype."""
+    x = bufs[instr.inputs[0]]
+    s, axis = _scale(instr, consts, x)
+    dtype = instr.attrs.get("dtype", "int8")
+    q = fp.quantize(x, s, dtype, instr.attrs.get("rounding", "bpu_round"), axis)
+    return [q.to(ek.TORCH_DTYPES[dtype])]
+
+
+def k_dequantize(instr, bufs, consts):
+    """DEQUANTIZE. FORMULA: ``y = float32(q) * float32(scale[c])`` (ONNX DequantizeLinear)."""
+    q = bufs[instr.inputs[0]]
+    s, axis = _scale(instr, consts, q)
+    s = s.float().reshape(
+        [-1 if i == axis else 1 for i in range(q.ndim)] if axis is not None else ()
+    )
+    return [q.float() * s]
+
+
+_CPU_OPS = {"Sigmoid": torch.sigmoid, "Tanh": torch.tanh, "Exp": torch.exp, "Relu": torch.relu,
+            "Add": torch.add, "Mul": torch.mul}  # fmt: skip
+
+
+def k_cpu(instr, bufs, consts):
+    """CPU: a float ONNX op (``attrs["op_type"]``) on float32 operands, in torch."""
+    op_type = instr.attrs.get("op_type")
+    if op_type not in _CPU_OPS:
+        raise SimulatorError(f"CPU op {op_type!r} is not implemented",
+                             hint=f"implemented: {', '.join(_CPU_OPS)}")  # fmt: skip
+    xs = [t.float() for t in operands(instr, bufs, consts)]
+    return [_CPU_OPS[op_type](*xs)]
+
+
+def k_preprocess(instr, bufs, consts):
+    """PREPROCESS: board camera input -> int featuremap via ``simulator.board_input``."""
+    if importlib.util.find_spec("simulator.board_input") is None:
+        raise SimulatorError("PREPROCESS needs simulator.board_input",
+                             hint="feed a featuremap input or install the board input module")  # fmt: skip
+    board_input = importlib.import_module("simulator.board_input")
+    frames = [bufs[n].numpy() for n in instr.inputs]  # nv12: (y, uv); else one frame
+    x = frames[0] if len(frames) == 1 else tuple(frames)
+    return [torch.from_numpy(np.ascontiguousarray(board_input.preprocess(x, instr.attrs)))]
