@@ -11,6 +11,7 @@ import copy
 import hashlib
 import inspect
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -94,13 +95,27 @@ def export_graph(
     except Exception as e:  # torch.export raises many types; all mean "cannot trace"
         first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         raise StageError(
-            f"torch.export cannot trace the model: {first[:300]}",
+            f"torch.export cannot trace the model{_user_line(str(e))}: {first[:300]}",
             where="prepare",
             hint="remove data-dependent Python control flow on tensor values "
             "(use torch.where / torch.cond) or unsupported Python ops "
             "in forward; run with --debug for the full trace",
         ) from e
     return ep.module()
+
+
+_USER_LINE = re.compile(
+    r'File:? "?([^",]+?)"?(?::|, line )(\d+)[^\n]*?(?:code: (.*))?$', re.MULTILINE
+)
+
+
+def _user_line(message: str) -> str:
+    """`` at <file>:<line> (<code>)`` of the first frame outside torch in a trace error."""
+    for m in _USER_LINE.finditer(message):
+        if "/torch/" not in m.group(1) and "/torchao/" not in m.group(1):
+            code = f" ({m.group(3).strip()})" if m.group(3) else ""
+            return f" at {m.group(1)}:{m.group(2)}{code}"
+    return ""
 
 
 def prepare_qat(

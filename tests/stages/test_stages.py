@@ -83,5 +83,8 @@ def test_unsupported_op_writes_the_report_then_fails(make_ctx):
 
 def test_untraceable_model_names_the_problem(make_ctx):
     ctx = make_ctx(model={"factory": "tests.models:branchy"})
-    with pytest.raises(StageError, match=r"torch.export cannot trace.*Fix: remove data-dependent"):
+    with pytest.raises(
+        StageError,
+        match=r"torch.export cannot trace the model at .*tests/models.py:\d+: .*Fix: remove data-dependent",
+    ):
         _run(ctx, "prepare")
