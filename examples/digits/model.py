@@ -10,22 +10,15 @@ seconds on two CPU cores.
 from __future__ import annotations
 
 import functools
-import hashlib
-import inspect
-import json
-import logging
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
+from examples import weights
 from examples.digits import data
-
-log = logging.getLogger(__name__)
 
 CACHE_DIR = Path(__file__).resolve().parent / ".cache"
 HYPERPARAMETERS = {
@@ -103,10 +96,7 @@ class DigitsCNN(nn.Module):
 
 def build_untrained(seed: int = 0) -> DigitsCNN:
     """Return a `DigitsCNN` with a seeded random init, in eval mode (global RNG untouched)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = DigitsCNN()
-    return model.eval()
+    return weights.untrained(DigitsCNN, seed)
 
 
 @functools.cache
@@ -115,22 +105,13 @@ def cache_key() -> str:
 
     Computed once per process (the source does not change while it runs).
     """
-    sources = [
-        inspect.getsource(obj)
-        for obj in (ConvBNReLU, ResidualBlock, DigitsCNN, _shift_batch, _train, data.load)
-    ]
-    torch_version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
-    payload = json.dumps(
-        {"sources": sources, "hyperparameters": HYPERPARAMETERS, "torch": torch_version},
-        sort_keys=True,
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+    objects = (ConvBNReLU, ResidualBlock, DigitsCNN, _shift_batch, _train, weights.fit, data.load)
+    return weights.source_key(objects, HYPERPARAMETERS)
 
 
 def cache_path(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Return where `build()` caches the trained weights (``digits_cnn-<key>.safetensors``)."""
-    folder = Path(cache_dir) if cache_dir is not None else CACHE_DIR
-    return folder / f"digits_cnn-{cache_key()}.safetensors"
+    return weights.cache_file(CACHE_DIR, cache_dir, "digits_cnn", cache_key())
 
 
 def _shift_batch(x: np.ndarray, rng: np.random.Generator, max_shift: int) -> np.ndarray:
@@ -149,50 +130,25 @@ def _shift_batch(x: np.ndarray, rng: np.random.Generator, max_shift: int) -> np.
 
 
 def _train(x: np.ndarray, y: np.ndarray, hp: dict) -> DigitsCNN:
-    """Train a fresh `DigitsCNN` deterministically with Adam on (x, y); return it in eval mode."""
+    """Train a fresh `DigitsCNN` deterministically with Adam + cosine schedule and random
+    shifts of up to ``max_shift`` pixels on (x, y); return it in eval mode."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(hp["seed"])
         rng = np.random.default_rng(hp["seed"])
-        shuffle = torch.Generator().manual_seed(hp["seed"])
-        model = DigitsCNN().train()
+        model = DigitsCNN()
         optimizer = torch.optim.Adam(
             model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"]
         )
         schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=hp["epochs"])
-        targets = torch.from_numpy(y)
-        for _ in range(hp["epochs"]):
-            order = torch.randperm(len(x), generator=shuffle)
-            for start in range(0, len(x), hp["batch_size"]):
-                idx = order[start : start + hp["batch_size"]]
-                batch = torch.from_numpy(_shift_batch(x[idx.numpy()], rng, hp["max_shift"]))
-                loss = nn.functional.cross_entropy(model(batch), targets[idx])
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-            schedule.step()
-    return model.eval()
-
-
-def _save_atomic(model: nn.Module, path: Path) -> None:
-    """Write the model's state dict as safetensors via a temp file and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(state, tmp, metadata={"cache_key": cache_key()})
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-@torch.no_grad()
-def _accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
-    """Top-1 accuracy of ``model`` on (x, y)."""
-    logits = model(torch.from_numpy(x))
-    return float((logits.argmax(1) == torch.from_numpy(y)).float().mean())
+        return weights.fit(
+            model,
+            optimizer,
+            x,
+            y,
+            hp,
+            epoch_schedule=schedule,
+            augment=lambda batch: _shift_batch(batch, rng, hp["max_shift"]),
+        )
 
 
 def build(cache_dir: str | os.PathLike[str] | None = None) -> DigitsCNN:
@@ -201,13 +157,9 @@ def build(cache_dir: str | os.PathLike[str] | None = None) -> DigitsCNN:
     Weights live at `cache_path(cache_dir)` (default ``examples/digits/.cache/``) and are
     loaded with ``safetensors.torch.load_file`` (no pickle).
     """
-    path = cache_path(cache_dir)
-    if path.exists():
-        model = DigitsCNN()
-        model.load_state_dict(load_file(path), strict=True)
-        return model.eval()
-    x, y = data.load()["train"]
-    model = _train(x, y, HYPERPARAMETERS)
-    _save_atomic(model, path)
-    log.info("trained digits CNN, cached at %s", path)
-    return model
+    return weights.load_or_train(
+        cache_path(cache_dir),
+        cache_key(),
+        DigitsCNN,
+        lambda: _train(*data.load()["train"], HYPERPARAMETERS),
+    )

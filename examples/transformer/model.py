@@ -11,25 +11,16 @@ deterministic and uses the train split of `examples.digits.data.load` only.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import hashlib
-import inspect
-import json
-import logging
 import os
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
+from examples import weights
 from examples.digits import data
-
-log = logging.getLogger(__name__)
 
 CACHE_DIR = Path(__file__).resolve().parent / ".cache"
 DIM = 32
@@ -113,10 +104,7 @@ class DigitsViT(nn.Module):
 
 def build_untrained(seed: int = 0) -> DigitsViT:
     """Return a `DigitsViT` with a seeded random init, in eval mode (global RNG untouched)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = DigitsViT()
-    return model.eval()
+    return weights.untrained(DigitsViT, seed)
 
 
 @functools.cache
@@ -125,40 +113,17 @@ def cache_key() -> str:
 
     Computed once per process (the source does not change while it runs).
     """
-    objects = (EncoderBlock, DigitsViT, _single_thread, _make_optimizer, _train, data.load)
-    sources = [inspect.getsource(obj) for obj in objects]
-    torch_version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
-    payload = json.dumps(
-        {
-            "sources": sources,
-            "shape": {"dim": DIM, "heads": HEADS, "depth": DEPTH, "patch": PATCH},
-            "hyperparameters": HYPERPARAMETERS,
-            "torch": torch_version,
-        },
-        sort_keys=True,
+    objects = (EncoderBlock, DigitsViT, _make_optimizer, _train, data.load)
+    return weights.source_key(
+        (*objects, weights.single_thread, weights.fit),
+        HYPERPARAMETERS,
+        shape={"dim": DIM, "heads": HEADS, "depth": DEPTH, "patch": PATCH},
     )
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 def cache_path(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Return where `build()` caches the trained weights (``digits_vit-<key>.safetensors``)."""
-    folder = Path(cache_dir) if cache_dir is not None else CACHE_DIR
-    return folder / f"digits_vit-{cache_key()}.safetensors"
-
-
-@contextlib.contextmanager
-def _single_thread() -> Iterator[None]:
-    """Run the body with one intra-op torch thread, restoring the previous count after.
-
-    The tensors are tiny, so extra threads only add synchronisation; on a busy two-core
-    machine two threads were measured 5x slower than one.
-    """
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
+    return weights.cache_file(CACHE_DIR, cache_dir, "digits_vit", cache_key())
 
 
 def _make_optimizer(model: nn.Module, hp: dict) -> torch.optim.Optimizer:
@@ -173,47 +138,15 @@ def _make_optimizer(model: nn.Module, hp: dict) -> torch.optim.Optimizer:
 
 
 def _train(x: np.ndarray, y: np.ndarray, hp: dict) -> DigitsViT:
-    """Train a fresh `DigitsViT` deterministically with AdamW on (x, y); return it in eval mode."""
-    with torch.random.fork_rng(devices=[]), _single_thread():
+    """Train a fresh `DigitsViT` deterministically with AdamW + one-cycle schedule on (x, y),
+    on one intra-op thread; return it in eval mode."""
+    with torch.random.fork_rng(devices=[]), weights.single_thread():
         torch.manual_seed(hp["seed"])
-        shuffle = torch.Generator().manual_seed(hp["seed"])
-        model = DigitsViT().train()
+        model = DigitsViT()
         optimizer = _make_optimizer(model, hp)
         steps = hp["epochs"] * -(-len(x) // hp["batch_size"])
         schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, hp["lr"], total_steps=steps)
-        inputs, targets = torch.from_numpy(x), torch.from_numpy(y)
-        for _ in range(hp["epochs"]):
-            order = torch.randperm(len(x), generator=shuffle)
-            for start in range(0, len(x), hp["batch_size"]):
-                idx = order[start : start + hp["batch_size"]]
-                loss = nn.functional.cross_entropy(model(inputs[idx]), targets[idx])
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                schedule.step()
-    return model.eval()
-
-
-def _save_atomic(model: nn.Module, path: Path) -> None:
-    """Write the model's state dict as safetensors via a temp file and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(state, tmp, metadata={"cache_key": cache_key()})
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-@torch.no_grad()
-def _accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
-    """Top-1 accuracy of ``model`` on (x, y)."""
-    logits = model(torch.from_numpy(x))
-    return float((logits.argmax(1) == torch.from_numpy(y)).float().mean())
+        return weights.fit(model, optimizer, x, y, hp, step_schedule=schedule)
 
 
 def build(cache_dir: str | os.PathLike[str] | None = None) -> DigitsViT:
@@ -222,13 +155,9 @@ def build(cache_dir: str | os.PathLike[str] | None = None) -> DigitsViT:
     Weights live at `cache_path(cache_dir)` (default ``examples/transformer/.cache/``) and
     are loaded with ``safetensors.torch.load_file`` (no pickle).
     """
-    path = cache_path(cache_dir)
-    if path.exists():
-        model = DigitsViT()
-        model.load_state_dict(load_file(path), strict=True)
-        return model.eval()
-    x, y = data.load()["train"]
-    model = _train(x, y, HYPERPARAMETERS)
-    _save_atomic(model, path)
-    log.info("trained digits ViT, cached at %s", path)
-    return model
+    return weights.load_or_train(
+        cache_path(cache_dir),
+        cache_key(),
+        DigitsViT,
+        lambda: _train(*data.load()["train"], HYPERPARAMETERS),
+    )

@@ -5,16 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
 from sklearn.datasets import load_digits
 
+from examples import weights
 from examples.digits import data, model
-
-
-@pytest.fixture(scope="module")
-def splits() -> dict:
-    """The digits splits, loaded once."""
-    return data.load()
 
 
 @pytest.fixture(scope="module")
@@ -85,25 +79,7 @@ def test_build_accuracy(trained: torch.nn.Module, splits: dict) -> None:
     """The trained model reaches >= 95% float top-1 on the evaluation split."""
     assert not trained.training
     x, y = splits["evaluation"]
-    assert model._accuracy(trained, x, y) >= 0.95
-
-
-def test_second_build_loads_from_cache(trained: torch.nn.Module, monkeypatch) -> None:
-    """A second build() loads the cached safetensors file instead of retraining."""
-    path = model.cache_path()
-    assert path.exists() and path.name.startswith("digits_cnn-")
-    written = path.stat().st_mtime_ns
-
-    def no_training(*args, **kwargs):
-        raise AssertionError("build() retrained despite a cached file")
-
-    monkeypatch.setattr(model, "_train", no_training)
-    again = model.build()
-    assert path.stat().st_mtime_ns == written
-    cached = load_file(path)
-    for name, tensor in trained.state_dict().items():
-        assert torch.equal(again.state_dict()[name], tensor)
-        assert torch.equal(cached[name], tensor)
+    assert weights.accuracy(trained, x, y) >= 0.95
 
 
 def test_direct_read_matches_sklearn_load_digits():
