@@ -18,7 +18,7 @@ import dataclasses
 
 import numpy as np
 
-from schemas.errors import SpecError
+from schemas.errors import SpecError, StageError
 from schemas.spec import PipelineSpec
 from simulator.board_input import fold_mean_std
 from simulator.intmath import fixed_multiplier
@@ -38,33 +38,13 @@ def board_program(program: Program, spec: PipelineSpec) -> Program:
         )
     first = program.instructions[0]
     if first.op is not Op.QUANTIZE:
-        raise SpecError(
+        raise StageError(
             "the compiled model does not start with its input quantizer",
             where="compile",
             hint="this is a compiler bug: report it",
         )
     channels = int(next(iter(program.inputs.values()))["shape"][1])
     names = ("y", "uv") if cfg.runtime_format == "nv12" else ("camera",)
-    pre = Instruction(
-        Op.PREPROCESS,
-        names,
-        ("board:centered",),
-        (),
-        {
-            "runtime_format": cfg.runtime_format,
-            "color": cfg.color,
-            "training_format": data.input_format,
-        },
-        ("board:input",),
-    )
-    nchw = Instruction(
-        Op.LAYOUT,
-        ("board:centered",),
-        ("board:nchw",),
-        (),
-        {"op_type": "Transpose", "perm": [0, 3, 1, 2]},
-        ("board:input",),
-    )
     conv, consts = _fold_conv(
         first, data, channels, spec.stages.convert.rounding or spec.quant.rounding
     )
@@ -72,9 +52,33 @@ def board_program(program: Program, spec: PipelineSpec) -> Program:
     return dataclasses.replace(
         program,
         inputs=inputs,
-        instructions=[pre, nchw, conv, *program.instructions[1:]],
+        instructions=[
+            *_camera_path(names, cfg, data.input_format),
+            conv,
+            *program.instructions[1:],
+        ],
         constants={**program.constants, **consts},
     )
+
+
+def _camera_path(names, cfg, training_format: str) -> list[Instruction]:
+    """PREPROCESS (camera frame -> centered int8 NHWC) and the transpose to NCHW."""
+    attrs = {
+        "runtime_format": cfg.runtime_format,
+        "color": cfg.color,
+        "training_format": training_format,
+    }
+    return [
+        Instruction(Op.PREPROCESS, names, ("board:centered",), (), attrs, ("board:input",)),
+        Instruction(
+            Op.LAYOUT,
+            ("board:centered",),
+            ("board:nchw",),
+            (),
+            {"op_type": "Transpose", "perm": [0, 3, 1, 2]},
+            ("board:input",),
+        ),
+    ]
 
 
 def _fold_conv(quantize: Instruction, data, channels: int, rounding: str):

@@ -14,9 +14,8 @@ from schemas.artifacts import Metric, PreparedModel
 from stages.context import RunContext, toolchain_settings
 from stages.evaluate import top1
 from stages.fake_quant import QuantState, set_model_state
-from stages.layers import assign_layer_ids
 from stages.model_check import folded_layers, render_check, render_fx_graph
-from stages.modelio import UnsupportedOps, export_graph, prepare_qat, save_state
+from stages.modelio import UnsupportedOps, prepare_qat, save_state
 from stages.registry_types import StageCall
 
 
@@ -36,17 +35,7 @@ def prepare(upstream: None, ctx: RunContext, call: StageCall) -> PreparedModel:
     out = ctx.artifact_dir("prepare")
     save_state(model, out / "float.safetensors")
     save_state(gm, out / "qat.safetensors")
-    folded = folded_layers(infos, gm)
-    layers = [
-        dict(
-            i.__dict__,
-            category=i.category and str(i.category),
-            topo_index=k,
-            merged_into=folded.get(i.layer_id),
-        )
-        for k, i in enumerate(infos)
-    ]
-    ctx.run.write_text("artifacts/prepare/layers.json", json.dumps(layers, indent=1))
+    _write_layers(ctx, infos, gm)
     return call.make(
         PreparedModel,
         ctx.run,
@@ -67,7 +56,17 @@ def prepare(upstream: None, ctx: RunContext, call: StageCall) -> PreparedModel:
     )
 
 
-def check_only(ctx: RunContext) -> str:
-    """model_check_result.txt for a model without preparing it (used by the CLI)."""
-    gm = export_graph(copy.deepcopy(ctx.float_model), ctx.example)
-    return render_check(assign_layer_ids(gm), None, None)
+def _write_layers(ctx: RunContext, infos, gm) -> None:
+    """artifacts/prepare/layers.json: every op of the float graph, its id and category,
+    topological index, and the layer it was merged into (BN folding), if any."""
+    folded = folded_layers(infos, gm)
+    layers = [
+        dict(
+            i.__dict__,
+            category=i.category and str(i.category),
+            topo_index=k,
+            merged_into=folded.get(i.layer_id),
+        )
+        for k, i in enumerate(infos)
+    ]
+    ctx.run.write_text("artifacts/prepare/layers.json", json.dumps(layers, indent=1))

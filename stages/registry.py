@@ -26,7 +26,7 @@ from schemas.artifacts import (
 )
 from schemas.errors import SpecError
 from schemas.fileio import sha256_bytes
-from schemas.spec import PipelineSpec
+from schemas.spec import STAGE_NAMES, PipelineSpec
 from stages.board_sim import board_sim
 from stages.calibrate import calibrate
 from stages.compile import compile_model
@@ -64,8 +64,7 @@ STAGES: tuple[StageDef, ...] = (
     StageDef("board_sim", board_sim, BoardRun, ("evaluation", "camera")),
 )
 BY_NAME = {s.name: s for s in STAGES}
-# The chain of DESIGN.md; stages not in STAGES are not built yet and end the chain.
-CHAIN = ("prepare", "calibrate", "qat", "pre_export", "export", "convert", "compile", "board_sim")
+CHAIN = STAGE_NAMES  # the chain of DESIGN.md, in order (one list, in schemas.spec)
 
 
 def get(name: str) -> StageDef:
