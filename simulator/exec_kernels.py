@@ -28,23 +28,12 @@ import torch.nn.functional as F
 from schemas.errors import SimulatorError
 from simulator import fixedpoint as fp
 from simulator.intmath import MAX_SHIFT, PRODUCT_LIMIT, max_abs
-from simulator.kernels import EXACT_LIMIT
+from simulator.kernels import check_exact
 
 INT_MM_MAX_K = 2**17
 """int8 x int8 reductions shorter than this cannot overflow the int32 accumulator."""
 TORCH_DTYPES = {"int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
                 "int64": torch.int64, "float32": torch.float32}  # fmt: skip
-
-
-def _check_exact(where: str, a: torch.Tensor, b: torch.Tensor, k: int) -> None:
-    """Raise unless ``max|a| * max|b| * k < 2**53`` (float64 sums then exact)."""
-    bound = max_abs(a) * max_abs(b) * k
-    if bound >= EXACT_LIMIT:
-        raise SimulatorError(
-            f"accumulator bound {bound} reaches 2**53: float64 would round",
-            where=where,
-            hint="integer kernels take int8/int16 data with moderate reduction sizes",
-        )
 
 
 def gemm_int(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -59,7 +48,7 @@ def gemm_int(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             return torch._int_mm(a.contiguous(), b)
         except RuntimeError:
             pass  # a backend with shape limits: the float64 path below is exact too
-    _check_exact("gemm_int", a, b, k)
+    check_exact("gemm_int", a, b, k)
     return torch.mm(a.double(), b.double()).long()
 
 
@@ -73,7 +62,7 @@ def matmul_int(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.ndim >= 2 and b.ndim == 2:
         y = gemm_int(a.reshape(-1, a.shape[-1]), b)
         return y.reshape(*a.shape[:-1], b.shape[1])
-    _check_exact("matmul_int", a, b, a.shape[-1])
+    check_exact("matmul_int", a, b, a.shape[-1])
     return torch.matmul(a.double(), b.double()).long()
 
 

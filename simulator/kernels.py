@@ -35,7 +35,7 @@ def _ints(name: str, x, where: str) -> np.ndarray:
     return x
 
 
-def _check_exact(where: str, a: np.ndarray, b: np.ndarray, k: int) -> None:
+def check_exact(where: str, a: np.ndarray, b: np.ndarray, k: int) -> None:
     """Raise unless ``max|a| * max|b| * k < 2**53`` (float64 sums then exact)."""
     bound = max_abs(a) * max_abs(b) * k
     if bound >= EXACT_LIMIT:
@@ -105,7 +105,7 @@ def conv_int(x, w, strides=None, pads=None, dilations=None, group: int = 1) -> n
         )
     strides, pads, dilations = _geometry(nd, strides, pads, dilations, "conv_int")
     k = cg * math.prod(kernel)
-    _check_exact("conv_int", x, w, k)
+    check_exact("conv_int", x, w, k)
     cols = _windows(_pad(x.astype(np.float64), pads, 0), kernel, strides, dilations, "conv_int")
     out = cols.shape[2 : 2 + nd]
     cols = cols.reshape(n, group, cg, *out, *kernel)
@@ -125,7 +125,7 @@ def matmul_int(a, b) -> np.ndarray:
     a, b = _ints("a", a, "matmul_int"), _ints("b", b, "matmul_int")
     if a.ndim == 0 or b.ndim == 0:
         raise SimulatorError("matmul_int takes arrays of at least 1 dimension")
-    _check_exact("matmul_int", a, b, a.shape[-1])
+    check_exact("matmul_int", a, b, a.shape[-1])
     try:
         return np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.int64)
     except ValueError as e:

@@ -22,6 +22,17 @@ def _out(c: Converter, k: int, node: onnx.NodeProto):
     return scale, dtype, q, users[0]
 
 
+def _into_quantizer(
+    c: Converter, spec, op: str, inputs: list[str], domain: str = DOMAIN, **attrs
+) -> bool:
+    """Emit ``op`` writing straight into the output quantizer's integer tensor, and record
+    that tensor as the quantizer's output (the QuantizeLinear itself is then skipped)."""
+    out = spec[2].output[0]
+    c.emit(op, inputs, [out], domain=domain, **attrs)
+    c.produce(spec[2], QTensor(out, np.asarray(spec[0]), spec[1]), spec[3])
+    return True
+
+
 def _weighted(
     c: Converter,
     node,
@@ -106,15 +117,9 @@ def matmul(c: Converter, k: int, node: onnx.NodeProto) -> bool:
     if spec is None or b.scale.size != 1:
         return False
     mult, shift = _mult(c, "req", float(a.scale) * float(b.scale) / float(spec[0]))
-    c.emit(
-        "QMatMul",
-        [a.name, b.name, mult, shift],
-        [spec[2].output[0]],
-        domain=DOMAIN,
-        **_req(c, out_dtype=spec[1]),
+    return _into_quantizer(
+        c, spec, "QMatMul", [a.name, b.name, mult, shift], **_req(c, out_dtype=spec[1])
     )
-    c.produce(spec[2], QTensor(spec[2].output[0], np.asarray(spec[0]), spec[1]), spec[3])
-    return True
 
 
 def _linear3d(c: Converter, k, node, a: QTensor, b: QTensor) -> bool:
@@ -158,9 +163,7 @@ def add(c: Converter, k: int, node: onnx.NodeProto) -> bool:
             c.const("mb", sign * np.asarray(mb, np.int64)),
             c.const("shift", np.atleast_1d(shift).astype(np.int64)),
         ]
-    c.emit("QAdd", ins, [spec[2].output[0]], domain=DOMAIN, **_req(c, out_dtype=spec[1]), relu=0)
-    c.produce(spec[2], QTensor(spec[2].output[0], np.asarray(spec[0]), spec[1]), spec[3])
-    return True
+    return _into_quantizer(c, spec, "QAdd", ins, **_req(c, out_dtype=spec[1]), relu=0)
 
 
 def _bcast(q: QTensor) -> np.ndarray:
@@ -184,28 +187,14 @@ def mul(c: Converter, k: int, node: onnx.NodeProto) -> bool:
     if b.scale.size != 1 or node.op_type != "Mul":
         return False
     mult, shift = _mult(c, "req", float(a.scale) * float(b.scale) / float(spec[0]))
-    c.emit(
-        "QMul",
-        [a.name, b.name, mult, shift],
-        [spec[2].output[0]],
-        domain=DOMAIN,
-        **_req(c, out_dtype=spec[1]),
+    return _into_quantizer(
+        c, spec, "QMul", [a.name, b.name, mult, shift], **_req(c, out_dtype=spec[1])
     )
-    c.produce(spec[2], QTensor(spec[2].output[0], np.asarray(spec[0]), spec[1]), spec[3])
-    return True
 
 
 def _rescale(c: Converter, a: QTensor, ratio: float, spec) -> bool:
     mult, shift = _mult(c, "req", ratio)
-    c.emit(
-        "QRequant",
-        [a.name, mult, shift],
-        [spec[2].output[0]],
-        domain=DOMAIN,
-        **_req(c, out_dtype=spec[1]),
-    )
-    c.produce(spec[2], QTensor(spec[2].output[0], np.asarray(spec[0]), spec[1]), spec[3])
-    return True
+    return _into_quantizer(c, spec, "QRequant", [a.name, mult, shift], **_req(c, out_dtype=spec[1]))
 
 
 def reduce_mean(c: Converter, k: int, node: onnx.NodeProto) -> bool:
@@ -220,17 +209,15 @@ def reduce_mean(c: Converter, k: int, node: onnx.NodeProto) -> bool:
         )
         keep = _attr(node, "keepdims", 1)
     mult, shift = _mult(c, "req", float(a.scale) / float(spec[0]))
-    c.emit(
+    return _into_quantizer(
+        c,
+        spec,
         "QReduceMean",
         [a.name, mult, shift],
-        [spec[2].output[0]],
-        domain=DOMAIN,
         axes=list(axes),
         keepdims=int(keep),
         **_req(c, out_dtype=spec[1]),
     )
-    c.produce(spec[2], QTensor(spec[2].output[0], np.asarray(spec[0]), spec[1]), spec[3])
-    return True
 
 
 def avg_pool(c: Converter, k: int, node: onnx.NodeProto) -> bool:
@@ -245,16 +232,9 @@ def avg_pool(c: Converter, k: int, node: onnx.NodeProto) -> bool:
         "count_include_pad": _attr(node, "count_include_pad", 0),
     }
     mult, shift = _mult(c, "req", float(a.scale) / float(spec[0]))
-    c.emit(
-        "QAvgPool",
-        [a.name, mult, shift],
-        [spec[2].output[0]],
-        domain=DOMAIN,
-        **attrs,
-        **_req(c, out_dtype=spec[1]),
+    return _into_quantizer(
+        c, spec, "QAvgPool", [a.name, mult, shift], **attrs, **_req(c, out_dtype=spec[1])
     )
-    c.produce(spec[2], QTensor(spec[2].output[0], np.asarray(spec[0]), spec[1]), spec[3])
-    return True
 
 
 def concat(c: Converter, k: int, node: onnx.NodeProto) -> bool:
@@ -269,9 +249,7 @@ def concat(c: Converter, k: int, node: onnx.NodeProto) -> bool:
         m, s = _mult(c, "align", float(q.scale) / float(spec[0]))
         names.append(f"{q.name}#to_{spec[2].output[0]}")
         c.emit("QRequant", [q.name, m, s], [names[-1]], domain=DOMAIN, **_req(c, out_dtype=spec[1]))
-    c.emit("Concat", names, [spec[2].output[0]], axis=_attr(node, "axis"))
-    c.produce(spec[2], QTensor(spec[2].output[0], np.asarray(spec[0]), spec[1]), spec[3])
-    return True
+    return _into_quantizer(c, spec, "Concat", names, domain="", axis=_attr(node, "axis"))
 
 
 COMPUTE = {
