@@ -62,16 +62,21 @@ def _split(obj, prefix: str = "") -> tuple[dict, dict[str, np.ndarray]]:
     return attrs, arrays
 
 
-def _join(cls, attrs: dict, arrays: list[np.ndarray], prefix: str = ""):
-    """Inverse of :func:`_split`: rebuild ``cls`` consuming ``arrays`` in field order."""
+def decode(cls, attrs: dict, arrays: list[np.ndarray], prefix: str = ""):
+    """Inverse of :func:`_split`: rebuild ``cls`` consuming ``arrays`` in field order.
+
+    LutTable: scalars from ``attrs[prefix + field]`` (all required), then entries, bounds,
+    mults, shifts; SoftmaxTables / LayerNormTables: fields in declaration order, nested
+    tables under ``<field>_``. Used by the ONNX evaluators and the BPU executor alike.
+    """
     if cls is LutTable:
-        d = {f.name: attrs[prefix + f.name] for f in fields(LutTable) if prefix + f.name in attrs}
+        d = {f.name: attrs[prefix + f.name] for f in fields(LutTable) if f.name not in ARRAY_FIELDS}
         d.update({name: arrays.pop(0) for name in ARRAY_FIELDS})
         return from_arrays(d)
     kw = {}
     for f in fields(cls):
         if f.type == "LutTable":
-            kw[f.name] = _join(LutTable, attrs, arrays, f"{prefix}{f.name}_")
+            kw[f.name] = decode(LutTable, attrs, arrays, f"{prefix}{f.name}_")
         elif f.type == "np.ndarray":
             kw[f.name] = np.asarray(arrays.pop(0), dtype=np.int64)
         else:
@@ -94,7 +99,7 @@ def _lut_encode(table: LutTable):
 
 def _lut_evaluate(inputs, attrs):
     _check_inputs("Lut", inputs, 5)
-    return lookup(_join(LutTable, attrs, list(inputs[1:])), inputs[0])
+    return lookup(decode(LutTable, attrs, list(inputs[1:])), inputs[0])
 
 
 def _softmax_encode(tables: SoftmaxTables, *, axis: int = -1):
@@ -104,7 +109,7 @@ def _softmax_encode(tables: SoftmaxTables, *, axis: int = -1):
 
 def _softmax_evaluate(inputs, attrs):
     _check_inputs("Softmax", inputs, 9)
-    tables = _join(SoftmaxTables, attrs, list(inputs[1:]))
+    tables = decode(SoftmaxTables, attrs, list(inputs[1:]))
     return int_softmax(inputs[0], int(attrs["axis"]), tables)
 
 
@@ -114,7 +119,7 @@ def _layernorm_encode(tables: LayerNormTables):
 
 def _layernorm_evaluate(inputs, attrs):
     _check_inputs("LayerNorm", inputs, 7)
-    return int_layernorm(inputs[0], _join(LayerNormTables, attrs, list(inputs[1:])))
+    return int_layernorm(inputs[0], decode(LayerNormTables, attrs, list(inputs[1:])))
 
 
 def _quantize_encode(scale, *, axis: int = 1, dtype: str = "int8", rounding: str = "bpu_round"):

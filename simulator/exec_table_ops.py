@@ -1,18 +1,17 @@
 """The executor's table-driven and float-side instruction kernels.
 
-Holds :func:`decode` (a LUT / softmax / layernorm table object rebuilt from an
-instruction's attrs and constants, in :mod:`simulator.custom_ops` field order) and the
-kernels ``fn(instr, bufs, consts) -> [tensors]`` of LUT, SOFTMAX, LAYERNORM (the decoded
-table evaluated by :mod:`simulator.lut` / :mod:`simulator.composite`), QUANTIZE,
-DEQUANTIZE, CPU (a float ONNX op in torch) and PREPROCESS (the board camera input).
-The machine state is documented in :mod:`simulator.executor`.
+Holds the kernels ``fn(instr, bufs, consts) -> [tensors]`` of LUT, SOFTMAX and LAYERNORM
+(the table, decoded once from the instruction's attrs and constants by
+:func:`simulator.custom_ops.decode`, evaluated by :mod:`simulator.lut` /
+:mod:`simulator.composite`), QUANTIZE, DEQUANTIZE, CPU (a float ONNX op in torch) and
+PREPROCESS (the board camera input). The machine state is documented in
+:mod:`simulator.executor`.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-from dataclasses import fields
 
 import numpy as np
 import torch
@@ -21,30 +20,9 @@ from schemas.errors import SimulatorError
 from simulator import exec_kernels as ek
 from simulator import fixedpoint as fp
 from simulator.composite import LayerNormTables, SoftmaxTables, int_layernorm, int_softmax
+from simulator.custom_ops import decode
 from simulator.exec_ops import ConstPool, operands
-from simulator.lut import ARRAY_FIELDS, LutTable, from_arrays, lookup
-
-
-def decode(cls, attrs: dict, arrays: list[np.ndarray], prefix: str = ""):
-    """Rebuild a table dataclass from node attrs + initializers (custom_ops field order).
-
-    LutTable: scalars from ``attrs[prefix + field]``, then entries, bounds, mults, shifts;
-    SoftmaxTables / LayerNormTables: fields in declaration order, nested tables under
-    ``<field>_``, arrays consumed in order.
-    """
-    if cls is LutTable:
-        d = {f.name: attrs[prefix + f.name] for f in fields(LutTable) if f.name not in ARRAY_FIELDS}
-        d.update({name: arrays.pop(0) for name in ARRAY_FIELDS})
-        return from_arrays(d)
-    kw = {}
-    for f in fields(cls):
-        if f.type == "LutTable":
-            kw[f.name] = decode(LutTable, attrs, arrays, f"{prefix}{f.name}_")
-        elif f.type == "np.ndarray":
-            kw[f.name] = np.asarray(arrays.pop(0), dtype=np.int64)
-        else:
-            kw[f.name] = attrs[prefix + f.name]
-    return cls(**kw)
+from simulator.lut import LutTable, lookup
 
 
 def _table(instr, consts: ConstPool, cls):
