@@ -3,7 +3,7 @@
 Each run writes its rows under ``<run>/tables/<table>/<part>.parquet``, so that
 ``read_parquet('<root>/*/tables/<table>/**/*.parquet')`` sees every run. Column names
 are the contract of DESIGN.md "Tables": add columns, never rename them. A table is added
-by adding its schema to :data:`SCHEMAS`.
+by adding its schema to :data:`schemas.table_schemas.SCHEMAS`.
 """
 
 from __future__ import annotations
@@ -20,54 +20,7 @@ import pyarrow.parquet as pq
 from schemas.errors import ArtifactError
 from schemas.fileio import atomic_writer
 from schemas.store import Run
-
-TS = pa.timestamp("us", tz="UTC")
-"""Timestamps: microseconds, UTC."""
-
-RUNS = pa.schema(
-    [
-        pa.field("run_id", pa.string(), nullable=False),
-        pa.field("started_at", TS),
-        pa.field("finished_at", TS),
-        pa.field("status", pa.string()),
-        pa.field("spec_digest", pa.string()),
-        pa.field("model", pa.string()),
-        pa.field("march", pa.string()),
-        pa.field("consistency_level", pa.string()),
-        pa.field("settings", pa.string()),  # JSON of the toolchain settings
-        pa.field("code_version", pa.string()),
-        pa.field("tags", pa.string()),  # JSON of the spec's tags
-    ]
-)
-"""One row per run."""
-
-STAGES = pa.schema(
-    [
-        pa.field("run_id", pa.string(), nullable=False),
-        pa.field("stage", pa.string(), nullable=False),
-        pa.field("status", pa.string()),
-        pa.field("started_at", TS),
-        pa.field("finished_at", TS),
-        pa.field("duration_s", pa.float64()),
-        pa.field("artifact_digest", pa.string()),
-        pa.field("cache_hit", pa.bool_()),
-    ]
-)
-"""One row per stage of a run."""
-
-METRICS = pa.schema(
-    [
-        pa.field("run_id", pa.string(), nullable=False),
-        pa.field("stage", pa.string(), nullable=False),
-        pa.field("metric", pa.string(), nullable=False),
-        pa.field("value", pa.float64()),
-        pa.field("n_samples", pa.int64()),
-    ]
-)
-"""Dataset-level metrics (e.g. top1) per stage of a run."""
-
-SCHEMAS: dict[str, pa.Schema] = {"runs": RUNS, "stages": STAGES, "metrics": METRICS}
-"""Every table by name."""
+from schemas.table_schemas import SCHEMAS
 
 _PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]*$")
 
@@ -96,6 +49,10 @@ def _check_value(value: Any, dtype: pa.DataType) -> Any:
         if not isinstance(value, datetime):
             raise TypeError("expected a datetime or an ISO-8601 string")
         return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if pa.types.is_list(dtype):
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+            raise TypeError("expected a list")
+        return [_check_value(v, dtype.value_type) for v in value]
     expected = _python_types(dtype)
     if (isinstance(value, bool) and bool not in expected) or not isinstance(value, expected):
         raise TypeError(f"expected {' or '.join(t.__name__ for t in expected)}")

@@ -9,7 +9,8 @@ import pytest
 
 from schemas.errors import ArtifactError
 from schemas.store import RunStore
-from schemas.tables import METRICS, RUNS, SCHEMAS, STAGES, read_table, write_rows
+from schemas.table_schemas import METRICS, RUNS, SCHEMAS, STAGES
+from schemas.tables import read_table, write_rows
 
 
 def new_run(store: RunStore):
@@ -49,7 +50,11 @@ def test_schemas_have_the_design_columns():
     ]
     assert METRICS.names == ["run_id", "stage", "metric", "value", "n_samples"]
     assert RUNS.field("started_at").type == pa.timestamp("us", tz="UTC")
-    assert SCHEMAS == {"runs": RUNS, "stages": STAGES, "metrics": METRICS}
+    assert {"runs", "stages", "metrics", "layer_stats", "layer_tensors"} <= SCHEMAS.keys()
+    assert {"badcases", "sensitivity", "localization", "faults"} <= SCHEMAS.keys()
+    design = "run_id base_stage analysis_stage layer_id op_type topo_index dtype scale sample_id"
+    design += " cosine mse l1 max_abs sqnr_db max_qscale_diff exact_ratio"
+    assert set(design.split()) <= set(SCHEMAS["layer_stats"].names)
 
 
 def test_round_trip_over_runs(tmp_path):
