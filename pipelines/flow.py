@@ -23,7 +23,7 @@ for _k, _v in {
     os.environ.setdefault(_k, _v)
 
 from prefect import flow, task  # noqa: E402
-from prefect.artifacts import create_table_artifact  # noqa: E402
+from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from pipelines.runs import StageOutcome, execute_stage, finish_run, start_run  # noqa: E402
@@ -43,6 +43,8 @@ class ChainResult:
     outcomes: dict[str, StageOutcome] = field(default_factory=dict)
     wall_s: float = 0.0
     prefect_startup_s: float = 0.0
+    analysis: object | None = None
+    """The run's :class:`analysis.analyze.Analysis` (None when compare is off or < 2 stages)."""
 
 
 @task(cache_policy=NO_CACHE, persist_result=False)
@@ -59,14 +61,43 @@ def stage_task(store: RunStore, ctx: RunContext, stage, upstream) -> StageOutcom
     return outcome
 
 
+@task(cache_policy=NO_CACHE, persist_result=False, name="analyze")
+def analysis_task(ctx: RunContext):
+    """Compare, bad cases, localization; publishes the summary as a markdown artifact."""
+    result = run_analysis(ctx)
+    if result is not None:
+        create_markdown_artifact(
+            "```\n" + result.summary() + "\n```",
+            key="localization",
+            description=f"localization of run {ctx.run.run_id}",
+        )
+    return result
+
+
 @flow(name="qparity-chain", validate_parameters=False, persist_result=False)
 def chain_flow(
     store: RunStore, ctx: RunContext, on_stage: StageHook | None = None
-) -> dict[str, StageOutcome]:
-    """Run every planned stage in order, each fed its upstream stage's artifact."""
-    return _run_plan(
+) -> tuple[dict[str, StageOutcome], object]:
+    """Run every planned stage in order, each fed its upstream stage's artifact, then the
+    analysis."""
+    outcomes = _run_plan(
         store, ctx, on_stage, lambda s, up: stage_task.with_options(name=s.name)(store, ctx, s, up)
     )
+    return outcomes, analysis_task(ctx)
+
+
+def run_analysis(ctx: RunContext):
+    """The run's analysis, or None when the spec turns it off or < 2 stages ran."""
+    from analysis.analyze import analyze, comparable_stages
+    from schemas.errors import QueryError
+
+    if not ctx.spec.compare.enabled:
+        return None
+    try:
+        comparable_stages(ctx)
+    except QueryError:
+        return None
+    return analyze(ctx)
 
 
 def _run_plan(store, ctx, on_stage, run_one) -> dict[str, StageOutcome]:
@@ -96,11 +127,14 @@ def run_chain(
     result, t0 = ChainResult(run.run_id, prefect_startup_s=startup), time.perf_counter()
     try:
         if use_prefect:
-            result.outcomes = _with_quiet_prefect(lambda: chain_flow(store, ctx, on_stage))
+            result.outcomes, result.analysis = _with_quiet_prefect(
+                lambda: chain_flow(store, ctx, on_stage)
+            )
         else:
             result.outcomes = _run_plan(
                 store, ctx, on_stage, lambda s, up: execute_stage(store, ctx, s, up)
             )
+            result.analysis = run_analysis(ctx)
     except BaseException as e:
         finish_run(run, spec, error=f"{type(e).__name__}: {e}")
         raise

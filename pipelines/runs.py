@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 
 from schemas.artifacts import Artifact, combined_digest
-from schemas.errors import ArtifactError
+from schemas.errors import ArtifactError, SpecError
 from schemas.fileio import atomic_copy, json_digest
 from schemas.spec import PipelineSpec, spec_digest, stage_config_digest
 from schemas.store import Run, RunStore
@@ -48,16 +48,34 @@ def versions() -> dict[str, str]:
 def start_run(
     store: RunStore, spec: PipelineSpec, spec_text: str, parent: str | None = None
 ) -> Run:
-    """A new run folder for ``spec`` (status running)."""
+    """A new run folder for ``spec`` (status running).
+
+    Its spec.yaml is ``spec_text`` when that is the spec as run, else (overrides, injected
+    faults) the effective spec, so analysing the run later sees what ran."""
     return store.create_run(
         spec.name,
-        spec_text,
+        effective_spec_text(spec, spec_text),
         spec_digest(spec),
         code_version(),
         versions(),
         dict(spec.tags),
         parent_run=parent,
     )
+
+
+def effective_spec_text(spec: PipelineSpec, spec_text: str) -> str:
+    """``spec_text`` if it parses to ``spec``, else ``spec`` dumped as YAML."""
+    import yaml
+
+    from schemas.spec import parse_spec
+
+    try:
+        same = spec_digest(parse_spec(yaml.safe_load(spec_text), "spec")) == spec_digest(spec)
+    except (SpecError, yaml.YAMLError):  # unparsable text: the dump is the truth
+        same = False
+    if same:
+        return spec_text
+    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,29 @@ def show(
     show_run(out, _store_root(runs), run_id)
 
 
+@app.command()
+def localize(
+    run_id: Annotated[str, typer.Argument(help="A run id (see `qparity runs`).")],
+    runs: RunsOpt = None,
+):
+    """Compare the run's stages; name the first divergent stage, layer and sensitive ops.
+
+    Writes the tables layer_stats, badcases, layer_tensors, localization and sensitivity and
+    the vendor-style files in the run's debug folder.
+
+    Example: qparity localize digits-cnn-20261129T120000-ab12cd
+    """
+    from analysis.analyze import analyze
+    from qparity.views import print_analysis
+    from schemas.spec import load_spec
+    from schemas.store import RunStore
+    from stages.context import RunContext
+
+    run = RunStore(_store_root(runs)).open(run_id)
+    ctx = RunContext(spec=load_spec(run.path("spec.yaml")), run=run, code_version="")
+    print_analysis(out, analyze(ctx))
+
+
 def main() -> None:
     """Console entry point: our errors become one paragraph and exit code 1."""
     try:

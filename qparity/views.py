@@ -35,6 +35,8 @@ def run_spec(
         spec, Path(spec_path).read_text(), store_root, use_prefect=use_prefect, on_stage=on_stage
     )
     out.print(stage_table(store_root, result.run_id))
+    if result.analysis is not None:
+        print_analysis(out, result.analysis)
     startup = (
         f" (+{result.prefect_startup_s:.1f} s Prefect API start-up)"
         if result.prefect_startup_s > 0.5
@@ -84,3 +86,12 @@ def show_run(out: Console, store_root: Path, run_id: str) -> None:
     for r in read_run_table(run, "metrics"):
         table.add_row(r["stage"], r["metric"], f"{r['value']:.6g}", str(r["n_samples"]))
     out.print(table)
+
+
+def print_analysis(out: Console, analysis) -> None:
+    """The localization summary and the paths of the vendor-style files."""
+    out.print("[bold]localization[/]", highlight=False)
+    out.print(analysis.summary(), highlight=False, soft_wrap=True)
+    out.print("vendor-style files:", highlight=False)
+    for path in analysis.files:
+        out.print(f"  {path}", highlight=False, soft_wrap=True)

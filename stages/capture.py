@@ -16,28 +16,50 @@ from stages.layers import ID_KEY
 
 
 class _Capture(torch.fx.Interpreter):
-    def __init__(self, gm: torch.fx.GraphModule):
+    def __init__(self, gm: torch.fx.GraphModule, replace: dict[str, torch.Tensor]):
         super().__init__(gm)
         self.values: dict[str, torch.Tensor] = {}
+        self.replace = replace
 
     def run_node(self, n: torch.fx.Node):
         result = super().run_node(n)
+        lid = self._layer_of(n)
+        if lid is None:
+            return result
+        self.values[lid] = result
+        if lid in self.replace and isinstance(result, torch.Tensor) and self._last(n):
+            result = self.replace[lid].to(result.dtype)
+        return result
+
+    def _last(self, n: torch.fx.Node) -> bool:
+        """Whether ``n`` is the final value of its layer (no output quantizer follows)."""
+        return not any(
+            u.op == "call_module" and isinstance(self.module.get_submodule(u.target), QFakeQuantize)
+            for u in n.users
+        )
+
+    def _layer_of(self, n: torch.fx.Node) -> str | None:
+        """The layer id whose captured value ``n`` produces, if any (see module docstring)."""
         if ID_KEY in n.meta and n.op in ("call_function", "call_module"):
-            self.values[n.meta[ID_KEY]] = result
-        elif n.op == "call_module" and isinstance(
-            self.module.get_submodule(n.target), QFakeQuantize
-        ):
+            return n.meta[ID_KEY]
+        if n.op == "call_module" and isinstance(self.module.get_submodule(n.target), QFakeQuantize):
             src = n.args[0]
             if isinstance(src, torch.fx.Node) and ID_KEY in src.meta:
-                self.values[src.meta[ID_KEY]] = result  # after the output quantizer
-            elif isinstance(src, torch.fx.Node) and src.op == "placeholder":
-                self.values[f"input:{src.name}"] = result  # the quantized model input
-        return result
+                return src.meta[ID_KEY]  # after the output quantizer
+            if isinstance(src, torch.fx.Node) and src.op == "placeholder":
+                return f"input:{src.name}"  # the quantized model input
+        return None
 
 
 @torch.no_grad()
-def capture(gm: torch.fx.GraphModule, x: torch.Tensor) -> tuple[object, dict[str, torch.Tensor]]:
-    """(model output, {layer id: tensor}) for one batch."""
-    interp = _Capture(gm)
+def capture(
+    gm: torch.fx.GraphModule, x: torch.Tensor, replace: dict[str, torch.Tensor] | None = None
+) -> tuple[object, dict[str, torch.Tensor]]:
+    """(model output, {layer id: tensor}) for one batch.
+
+    ``replace`` (layer id -> tensor) substitutes those layers' final values as the model
+    runs, so everything downstream sees them (sensitivity analysis), while the captured
+    value of a replaced layer is what it computed from its (substituted) inputs."""
+    interp = _Capture(gm, replace or {})
     out = interp.run(x)
     return out, interp.values

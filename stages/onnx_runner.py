@@ -45,9 +45,11 @@ class OnnxRunner:
         return outputs
 
     def run_capture(
-        self, x: np.ndarray, layer_ids: list[str]
+        self, x: np.ndarray, layer_ids: list[str], feeds: dict[str, np.ndarray] | None = None
     ) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
-        """(outputs, {layer id: tensor}) for the tensors named by ``layer_ids``."""
+        """(outputs, {layer id: tensor}) for the tensors named by ``layer_ids``.
+
+        ``feeds`` gives extra graph inputs (the cut tensors of :meth:`with_inputs`)."""
         missing = [i for i in layer_ids if i not in self.tensor_names]
         if missing:
             raise StageError(
@@ -56,7 +58,7 @@ class OnnxRunner:
                 hint="capture ids of ExportResult.layer_ids whose layer has one output",
             )
         extra = [i for i in layer_ids if i not in self.output_names]
-        feeds = {self.input_name: np.ascontiguousarray(x)}
+        feeds = {self.input_name: np.ascontiguousarray(x), **(feeds or {})}
         if self.backend == "onnxruntime":
             values = self._ort(tuple(extra)).run(None, feeds)
             named = dict(zip(self.output_names + extra, values, strict=True))
@@ -64,6 +66,19 @@ class OnnxRunner:
             named = self._reference().run(None, feeds, intermediate=True)
         outputs = [named[n] for n in self.output_names]
         return outputs, {i: named[i] for i in layer_ids}
+
+    def with_inputs(self, names: tuple[str, ...]) -> OnnxRunner:
+        """A runner of this graph where the tensors ``names`` are fed, not computed.
+
+        Each such tensor becomes a graph input read by its consumers; what its producer
+        computed stays available as ``<name>#computed``, so one run gives, for every fed
+        tensor, what its node made of the fed inputs (own error), while everything
+        downstream runs on the fed values (substitution). Cached per set of names.
+        """
+        key = ("cut", *sorted(names))
+        if key not in self._sessions:
+            self._sessions[key] = OnnxRunner(_cut(self.model, set(names)))
+        return self._sessions[key]
 
     def _ort(self, extra: tuple[str, ...]):
         """An onnxruntime session whose outputs also include ``extra`` tensors (cached)."""
@@ -118,6 +133,30 @@ def _load(model_or_path) -> onnx.ModelProto:
         ) from e
     if not model.graph.node:
         raise StageError(f"{path} holds no ONNX graph", where=str(path), hint="re-export it")
+    return model
+
+
+COMPUTED = "#computed"
+
+
+def _cut(model: onnx.ModelProto, names: set[str]) -> onnx.ModelProto:
+    """A copy of ``model`` where each tensor of ``names`` is a graph input and its producer
+    writes ``<name>#computed`` instead (see :meth:`OnnxRunner.with_inputs`)."""
+    model = copy.deepcopy(model)
+    inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    known = {**inferred, **{v.name: v for v in model.graph.value_info}}
+    for node in model.graph.node:
+        for i, out in enumerate(node.output):
+            if out in names:
+                node.output[i] = out + COMPUTED
+    for name in sorted(names):
+        vi = known.get(name)
+        vi = vi or helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
+        model.graph.input.append(copy.deepcopy(vi))
+        if name in known:
+            computed = copy.deepcopy(known[name])
+            computed.name = name + COMPUTED
+            model.graph.value_info.append(computed)
     return model
 
 

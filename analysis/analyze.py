@@ -1,0 +1,159 @@
+"""The whole analysis of one run: compare, bad cases, localization, sensitivity, files.
+
+Stage pairs: each stage against the next one in chain order, and each later stage against
+the QAT model (calibrate, or qat when enabled). Writes the tables layer_stats, badcases,
+layer_tensors, localization and sensitivity of the run, and the vendor-style files in its
+debug folder; returns a :class:`Analysis` whose ``summary()`` is what ``qparity localize``
+prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from analysis import badcases, vendor_files
+from analysis.compare import PairResult, compare_stages
+from analysis.layer_graph import Layer, load_layers
+from analysis.localize import PairVerdict, first_divergence, judge_pair
+from analysis.records import localization_rows, sensitivity_rows, write_tensors
+from schemas.errors import QueryError
+from schemas.spec import STAGE_NAMES
+from schemas.tables import read_run_table, write_rows
+from stages.context import RunContext
+from stages.stage_models import open_stage_model
+from stages.stage_runners import LOADERS
+
+BADCASES = 10
+"""Bad cases kept per stage pair (and the samples localization works on)."""
+
+
+@dataclass
+class Analysis:
+    """What the analysis of a run found."""
+
+    run_id: str
+    chain: list[str]
+    verdicts: list[PairVerdict]
+    first: PairVerdict | None
+    files: list[str]
+
+    def summary(self) -> str:
+        """The localization summary, a few lines."""
+        if not self.verdicts:
+            return f"run {self.run_id}: fewer than two comparable stages, nothing to localize"
+        if self.first is None:
+            pairs = ", ".join(f"{v.base}->{v.analysis}" for v in self.verdicts)
+            return f"run {self.run_id}: no stage diverges ({pairs} within thresholds)"
+        f = self.first
+        top = ", ".join(lid for lid, *_ in f.sensitive[:3]) or "-"
+        return "\n".join(
+            [
+                f"run {self.run_id}: first divergent stage {f.analysis} (vs {f.base}): "
+                + "; ".join(f.reasons),
+                f"first divergent layer: {f.first_layer} "
+                f"(own error {f.own.steps[f.first_layer]:.3g} steps)",
+                f"top sensitive ops: {top}",
+                f"triage: {f.triage}",
+            ]
+        )
+
+
+def analyze(ctx: RunContext) -> Analysis:
+    """Run every analysis of the run and write its tables and debug files."""
+    chain = comparable_stages(ctx)
+    models = {s: open_stage_model(ctx, s) for s in chain}
+    pairs = list(zip(chain, chain[1:], strict=False))
+    pairs += [(chain[0], s) for s in chain[2:]]
+    layers = load_layers(ctx.run, _inputs(models, ctx))
+    integer = _integer_layers(ctx)
+    dtypes = {k: v["dtype"] for k, v in integer.items()}
+    scales = {k: max(v["scale"]) for k, v in integer.items()}
+    results = compare_stages(ctx, models, pairs, layers, dtypes, scales)
+    top1 = {
+        m["stage"]: m["value"] for m in read_run_table(ctx.run, "metrics") if m["metric"] == "top1"
+    }
+    metric = ctx.spec.compare.badcase_metric
+    verdicts, bad_rows = [], []
+    for base, ana in zip(chain, chain[1:], strict=False):
+        picked = badcases.select(results[(base, ana)], metric, BADCASES)
+        bad_rows += badcases.rows(results[(base, ana)], picked, metric)
+        samples = np.asarray([s for s, _ in picked])
+        verdicts.append(judge_pair(ctx, models, results[(base, ana)], top1, samples))
+    first = first_divergence(verdicts)
+    write_rows(ctx.run, "badcases", bad_rows, "all")
+    ctx.write_debug("badcase.txt", badcases.render(bad_rows))
+    write_rows(
+        ctx.run, "localization", localization_rows(ctx.run.run_id, verdicts, first, layers), "all"
+    )
+    write_rows(ctx.run, "sensitivity", sensitivity_rows(ctx.run.run_id, verdicts, layers), "all")
+    write_tensors(ctx, models, results, first, layers)
+    files = _write_files(ctx, results, verdicts, first, layers, dtypes)
+    return Analysis(ctx.run.run_id, chain, verdicts, first, files)
+
+
+def comparable_stages(ctx: RunContext) -> list[str]:
+    """The run's completed stages that have a model to compare, in chain order."""
+    done = {s for s, rec in ctx.run.manifest().stages.items() if rec.status == "complete"}
+    chain = [s for s in STAGE_NAMES if s in done and s in LOADERS]
+    if len(chain) < 2:
+        raise QueryError(
+            f"run {ctx.run.run_id} has {len(chain)} comparable stage(s) ({', '.join(chain)})",
+            where="localize",
+            hint="run the chain at least to pre_export (calibrate and one later stage)",
+        )
+    return chain
+
+
+def _inputs(models, ctx) -> tuple[str, ...]:
+    first = next(iter(models.values()))
+    _, values = first.run(np.arange(min(1, len(ctx.evaluation))))
+    return tuple(k.split(":", 1)[1] for k in values if k.startswith("input:"))
+
+
+def _integer_layers(ctx: RunContext) -> dict[str, dict]:
+    """convert's layer table when convert ran, else none."""
+    if "convert" not in ctx.run.manifest().stages:
+        return {}
+    from stages.stage_models import integer_layers
+
+    return integer_layers(ctx)
+
+
+def _write_files(
+    ctx: RunContext,
+    results: dict[tuple[str, str], PairResult],
+    verdicts: list[PairVerdict],
+    first: PairVerdict | None,
+    layers: dict[str, Layer],
+    dtypes: dict,
+) -> list[str]:
+    """The vendor-style files; the first divergent pair's (else the last pair's) at top."""
+    files = []
+    for v in verdicts:
+        rows = vendor_files.compare_rows(results[(v.base, v.analysis)], layers, dtypes, v)
+        txt, csv_text = vendor_files.render_compare(rows)
+        stem = f"compare/{v.base}__{v.analysis}/compare_per_layer_out"
+        ctx.write_debug(f"{stem}.txt", txt)
+        ctx.write_debug(f"{stem}.csv", csv_text)
+        if v is (first or verdicts[-1]):
+            ctx.write_debug("compare_per_layer_out.txt", txt)
+            ctx.write_debug("compare_per_layer_out.csv", csv_text)
+        if v.sensitive:
+            name = f"output_{v.analysis}_l1_sensitive_ops.txt"
+            ctx.write_debug(name, vendor_files.render_sensitive(v, layers, dtypes))
+            files.append(f"debug/{name}")
+    top = first or verdicts[-1]
+    advisor = vendor_files.advisor(results[(top.base, top.analysis)], layers, dtypes)
+    ctx.write_debug("abnormal_layer_advisor.txt", advisor)
+    files += [
+        f"debug/{n}"
+        for n in (
+            "compare_per_layer_out.txt",
+            "compare_per_layer_out.csv",
+            "abnormal_layer_advisor.txt",
+            "badcase.txt",
+        )
+    ]
+    return [str(ctx.run.path(f)) for f in files]

@@ -1,0 +1,151 @@
+"""Stream every stage model over the same evaluation batches and compare them layer by layer.
+
+Each batch is run once through every stage model; every requested stage pair is then
+compared on that batch (:mod:`analysis.metrics`) and its per-sample rows are written to
+``tables/layer_stats/<base>__<analysis>/b<batch>.parquet`` at once, so memory holds one
+batch, never the dataset. Aggregates (``sample_id`` null, ``aggregate = 'all'``) follow
+from running sums at the end. Layers only one side captures are listed, not dropped.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from analysis.layer_graph import Layer, ordered
+from analysis.metrics import METRICS, Accumulator, finish, step_of, sums
+from schemas.tables import write_columns
+from stages.context import RunContext
+from stages.stage_models import StageModel
+
+OUTPUT = "<output>"
+"""The pseudo layer id of a model's final output."""
+
+
+@dataclass
+class PairResult:
+    """What one stage pair gave: aggregates per layer, per-sample output agreement."""
+
+    base: str
+    analysis: str
+    run_id: str = ""
+    layer_ids: list[str] = field(default_factory=list)
+    unmapped: list[str] = field(default_factory=list)
+    steps: dict[str, float] = field(default_factory=dict)
+    acc: dict[str, Accumulator] = field(default_factory=dict)
+    aggregates: dict[str, dict[str, float]] = field(default_factory=dict)
+    output: dict[str, list] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.base}__{self.analysis}"
+
+    def per_sample(self, key: str) -> np.ndarray:
+        return np.concatenate(self.output[key]) if self.output.get(key) else np.zeros(0)
+
+
+def compare_stages(
+    ctx: RunContext,
+    models: dict[str, StageModel],
+    pairs: list[tuple[str, str]],
+    layers: dict[str, Layer],
+    dtypes: dict[str, str],
+    scales: dict[str, float] | None = None,
+) -> dict[tuple[str, str], PairResult]:
+    """Compare every pair over the evaluation split; writes layer_stats; returns results.
+
+    ``scales`` (layer id -> quantization step, e.g. the integer graph's) wins over the
+    steps the stage models report."""
+    results = {p: PairResult(*p, run_id=ctx.run.run_id) for p in pairs}
+    for r in results.values():
+        shutil.rmtree(ctx.run.path(f"tables/layer_stats/{r.name}"), ignore_errors=True)
+    n, bs = len(ctx.evaluation), ctx.spec.data.batch_size
+    for b, start in enumerate(range(0, n, bs)):
+        idx = np.arange(start, min(start + bs, n))
+        runs = {s: m.run(idx) for s, m in models.items()}
+        for (base, ana), r in results.items():
+            if b == 0:
+                _setup(r, runs[base][1], runs[ana][1], models, layers, scales or {})
+            _batch(ctx, r, idx, runs[base], runs[ana], layers, dtypes, b)
+    for r in results.values():
+        _aggregate(ctx, r, layers, dtypes)
+    return results
+
+
+def _setup(r: PairResult, base: dict, ana: dict, models, layers, scales) -> None:
+    """Fix the compared layers and each one's quantization step on the first batch."""
+    r.layer_ids = ordered(layers, [k for k in base if k in ana])
+    r.unmapped = sorted(set(base) ^ set(ana))
+    for lid in r.layer_ids:
+        scale = scales.get(lid) or models[r.analysis].scales.get(lid)
+        scale = scale or models[r.base].scales.get(lid)
+        r.steps[lid] = step_of(scale, base[lid])
+    r.acc = {lid: Accumulator() for lid in [*r.layer_ids, OUTPUT]}
+
+
+def _batch(ctx, r: PairResult, idx, base_run, ana_run, layers, dtypes, b: int) -> None:
+    """One batch of one pair: per-sample rows of every layer, output agreement, totals."""
+    (out_a, base), (out_b, ana) = base_run, ana_run
+    r.steps.setdefault(OUTPUT, step_of(None, out_a))
+    cols: dict[str, list] = {}
+    for lid in [*r.layer_ids, OUTPUT]:
+        a, v = (out_a, out_b) if lid == OUTPUT else (base[lid], ana[lid])
+        s = sums(a, v, r.steps[lid])
+        r.acc[lid].add(s)
+        m = finish(s, r.steps[lid])
+        if lid == OUTPUT:
+            _record_output(ctx, r, idx, out_a, out_b, m)
+        _append(cols, r, lid, layers, dtypes, m, s, idx)
+    write_columns(ctx.run, "layer_stats", cols, f"{r.name}/b{b:05d}")
+
+
+def _record_output(ctx, r: PairResult, idx, out_a, out_b, m) -> None:
+    y = ctx.evaluation.y[idx]
+    pa_, pb = out_a.reshape(len(idx), -1).argmax(1), out_b.reshape(len(idx), -1).argmax(1)
+    for key, val in (
+        ("sample_id", idx), ("l1", m["l1"]), ("cosine", m["cosine"]), ("mse", m["mse"]),
+        ("sqnr_db", m["sqnr_db"]), ("flip", ((pa_ == y) != (pb == y)).astype(np.float64)),
+        ("label", y), ("base_pred", pa_), ("analysis_pred", pb),
+    ):  # fmt: skip
+        r.output.setdefault(key, []).append(np.asarray(val))
+
+
+def _append(cols, r: PairResult, lid, layers, dtypes, m, s, idx, aggregate=None) -> None:
+    """Rows of one layer (one per sample in ``idx``, or one aggregate row) into ``cols``."""
+    k = len(idx)
+    layer = layers.get(lid)
+    fixed = {
+        "run_id": r.run_id, "base_stage": r.base, "analysis_stage": r.analysis,
+        "layer_id": lid, "op_type": layer.op_type if layer else ("output" if lid == OUTPUT
+        else "input"), "topo_index": layer.topo_index if layer else (10**6 if lid == OUTPUT
+        else -1), "dtype": dtypes.get(lid), "scale": r.steps[lid], "aggregate": aggregate,
+    }  # fmt: skip
+    for key, val in fixed.items():
+        cols.setdefault(key, []).extend([val] * k)
+    cols.setdefault("sample_id", []).extend([None] * k if aggregate else list(map(int, idx)))
+    cols.setdefault("n_elements", []).extend(np.asarray(s["n"]).astype(np.int64).tolist())
+    for key in (*METRICS, "base_min", "base_max", "base_mean"):
+        cols.setdefault(key, []).extend(np.asarray(m[key], dtype=np.float64).tolist())
+    for key in ("analysis_min", "analysis_max", "analysis_mean"):
+        cols.setdefault(key, []).extend(np.asarray(m[key], dtype=np.float64).tolist())
+    cols.setdefault("base_nan_count", []).extend(np.asarray(s["a_nan"]).astype(int).tolist())
+    cols.setdefault("analysis_nan_count", []).extend(np.asarray(s["b_nan"]).astype(int).tolist())
+
+
+def _aggregate(ctx, r: PairResult, layers, dtypes) -> None:
+    """The dataset-level row of every layer (and the output) of one pair."""
+    cols: dict[str, list] = {}
+    for lid in [*r.layer_ids, OUTPUT]:
+        totals = r.acc[lid].totals
+        r.aggregates[lid] = r.acc[lid].result(r.steps[lid])
+        r.aggregates[lid] |= {
+            "base_nan_count": totals["a_nan"],
+            "analysis_nan_count": totals["b_nan"],
+        }
+        m = {k: np.asarray([v]) for k, v in r.aggregates[lid].items()}
+        s = {"n": np.asarray([totals["n"]]), "a_nan": np.asarray([totals["a_nan"]])}
+        s["b_nan"] = np.asarray([totals["b_nan"]])
+        _append(cols, r, lid, layers, dtypes, m, s, [0], aggregate="all")
+    write_columns(ctx.run, "layer_stats", cols, f"{r.name}/aggregate")

@@ -1,0 +1,55 @@
+"""The layers of a run's model in topological order, with their op types and producers.
+
+Read from prepare's ``artifacts/prepare/layers.json`` (one record per graph node: node
+name, canonical layer id, op type, input node names, topo index, the layer a node was
+merged into). Merged nodes (a BatchNorm folded into its conv) are not layers of their own.
+The model input is the layer ``input:<name>``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from schemas.errors import ArtifactError
+from schemas.store import Run
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer: its id, op type, position and the layers it reads."""
+
+    layer_id: str
+    op_type: str
+    topo_index: int
+    producers: tuple[str, ...]
+
+
+def load_layers(run: Run, inputs: tuple[str, ...] = ("x",)) -> dict[str, Layer]:
+    """Layer id -> :class:`Layer`, in topological order; ``inputs``: the model input names."""
+    path = run.path("artifacts/prepare/layers.json")
+    try:
+        records = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ArtifactError(
+            f"cannot read the layer table ({e})", where=str(path), hint="rerun prepare"
+        ) from e
+    owner = {r["node"]: r["merged_into"] or r["layer_id"] for r in records}
+    layers: dict[str, Layer] = {}
+    for r in sorted(records, key=lambda r: r["topo_index"]):
+        if r["merged_into"]:
+            continue
+        producers = []
+        for name in r["inputs"]:
+            src = owner.get(name) or (f"input:{name}" if name in inputs else None)
+            if src and src != r["layer_id"] and src not in producers:
+                producers.append(src)
+        layers[r["layer_id"]] = Layer(
+            r["layer_id"], r["op_type"], r["topo_index"], tuple(producers)
+        )
+    return layers
+
+
+def ordered(layers: dict[str, Layer], ids) -> list[str]:
+    """``ids`` in topological order (unknown ids, e.g. ``input:x``, first)."""
+    return sorted(ids, key=lambda i: (layers[i].topo_index if i in layers else -1, i))

@@ -1,0 +1,108 @@
+"""Name the first divergent stage, the first divergent layer in it, and the sensitive ops.
+
+- A stage pair (chain order) diverges when the analysis stage's top-1 is more than
+  ``compare.thresholds.top1_drop`` below the base's, when the outputs' cosine falls under
+  ``compare.thresholds.cosine``, or when some layer's own error (analysis.own_error) is
+  above the pair's tolerance: ``compare.thresholds.max_qscale_diff`` steps, and 0 for the
+  pairs that must be bit-identical (convert -> compile, compile -> board_sim fed
+  featuremaps). The first such pair is the first divergent stage.
+- Its first divergent layer is the first layer, in topological order, whose own error is
+  above the tolerance (else the layer with the largest own error).
+- Triage, as the vendor's verifier reads a pair: every layer off from the input on ->
+  input or preprocessing; only the output layers -> post-processing; else a stage/op
+  problem at the first divergent layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from analysis.compare import OUTPUT, PairResult
+from analysis.own_error import OwnErrors, own_errors, sensitivity
+from stages.context import RunContext
+from stages.stage_models import StageModel
+
+EXACT_PAIRS = {("convert", "compile"), ("compile", "board_sim")}
+TOP_SENSITIVE = 10
+EPS = 1e-3
+"""Float slack on own errors in steps (a float32 step is not exactly 1.0)."""
+
+
+@dataclass
+class PairVerdict:
+    """Why a pair diverges (empty ``reasons``: it does not)."""
+
+    base: str
+    analysis: str
+    reasons: list[str] = field(default_factory=list)
+    own: OwnErrors | None = None
+    tolerance: float = 0.0
+    first_layer: str | None = None
+    sensitive: list[tuple[str, float, float]] = field(default_factory=list)
+    triage: str = ""
+    samples: list[int] = field(default_factory=list)
+
+
+def tolerance(ctx: RunContext, base: str, analysis: str) -> float:
+    """Own error (steps) a layer may add in this pair; 0 where the pair must be exact."""
+    camera = ctx.spec.stages.board_sim.runtime_format != "featuremap"
+    exact = (base, analysis) in EXACT_PAIRS and not (analysis == "board_sim" and camera)
+    return 0.0 if exact else ctx.spec.compare.thresholds.max_qscale_diff
+
+
+def judge_pair(
+    ctx: RunContext,
+    models: dict[str, StageModel],
+    result: PairResult,
+    top1: dict[str, float],
+    samples: np.ndarray,
+) -> PairVerdict:
+    """The verdict of one chain pair on its bad-case ``samples``."""
+    th = ctx.spec.compare.thresholds
+    v = PairVerdict(result.base, result.analysis, samples=[int(i) for i in samples])
+    v.tolerance = tolerance(ctx, result.base, result.analysis)
+    drop = top1.get(result.base, np.nan) - top1.get(result.analysis, np.nan)
+    if drop > th.top1_drop:
+        v.reasons.append(f"top-1 drops {drop:.4f} (> {th.top1_drop})")
+    cos = result.aggregates[OUTPUT]["cosine"]
+    if cos < th.cosine:
+        v.reasons.append(f"output cosine {cos:.5f} (< {th.cosine})")
+    ids = [i for i in result.layer_ids if not i.startswith("input:")]
+    base, ana = models[result.base], models[result.analysis]
+    v.own = own_errors(base, ana, samples, ids, result.steps)
+    over = [i for i in ids if v.own.steps[i] > v.tolerance + EPS]
+    if over:
+        v.reasons.append(
+            f"{len(over)} layer(s) add more than {v.tolerance:g} step(s) of their own, "
+            f"first {over[0]} ({v.own.steps[over[0]]:.3g})"
+        )
+    if v.reasons:
+        v.first_layer = over[0] if over else max(ids, key=lambda i: v.own.steps[i])
+        ranked = sorted(ids, key=lambda i: -v.own.steps[i])[:TOP_SENSITIVE]
+        v.sensitive = sensitivity(base, ana, samples, v.own, [i for i in ids if i in ranked])
+        v.triage = triage(result, v)
+    return v
+
+
+def triage(result: PairResult, v: PairVerdict) -> str:
+    """The vendor's three cases, read from the layers' total error on the whole split."""
+    off = [
+        lid
+        for lid in result.layer_ids
+        if result.aggregates[lid]["max_qscale_diff"] > v.tolerance + EPS
+    ]
+    if not off:
+        return "output only: check post-processing of the model output"
+    first = result.layer_ids[0]
+    if first in off and len(off) == len(result.layer_ids):
+        return "all layers off from the input: check the input data or preprocessing"
+    if set(off) <= set(result.layer_ids[-1:]):
+        return "only the output layer is off: check post-processing of the model output"
+    return f"a subset of layers is off from {v.first_layer}: a {result.analysis} stage/op problem"
+
+
+def first_divergence(verdicts: list[PairVerdict]) -> PairVerdict | None:
+    """The first pair, in chain order, that diverges."""
+    return next((v for v in verdicts if v.reasons), None)

@@ -1,0 +1,100 @@
+"""Per-layer agreement metrics of two stages' tensors, per sample and streamed aggregates.
+
+For a base tensor ``a`` and an analysis tensor ``b`` of one sample (flattened, NaN/Inf
+counted and then read as 0), with ``d = b - a``, ``n`` elements and quantization step ``s``:
+
+- cosine = <a, b> / (|a| |b|)  (1 when both are all zero, 0 when only one is)
+- mse = sum(d^2) / n,  l1 = sum|d| / n,  max_abs = max|d|
+- sqnr_db = 10 log10(sum(a^2) / sum(d^2))  (+inf when d = 0)
+- max_qscale_diff = max_abs / s: how many quantization steps apart (about 0.5 is rounding)
+- exact_ratio = share of elements with |d| <= s / 100 (same integer at the same scale)
+
+Aggregates over many samples use running sums of the same quantities (``Accumulator``), so
+memory does not grow with the number of samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+METRICS = ("cosine", "mse", "l1", "max_abs", "sqnr_db", "max_qscale_diff", "exact_ratio")
+SIDES = ("min", "max", "mean")
+SUMS = ("ab", "aa", "bb", "d2", "d1", "exact", "a_sum", "b_sum", "a_nan", "b_nan", "n")
+
+
+def _flat(x: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """(values as float64 batch x n with non-finite read as 0, non-finite count per sample)."""
+    x = np.asarray(x, dtype=np.float64).reshape(batch, -1)
+    bad = ~np.isfinite(x)
+    return np.where(bad, 0.0, x), bad.sum(axis=1)
+
+
+def sums(a: np.ndarray, b: np.ndarray, step: float) -> dict[str, np.ndarray]:
+    """Per-sample sums (batch-length arrays) from which every metric follows."""
+    batch = a.shape[0]
+    (fa, na), (fb, nb) = _flat(a, batch), _flat(b, batch)
+    d = fb - fa
+    ad = np.abs(d)
+    return {
+        "ab": (fa * fb).sum(1), "aa": (fa * fa).sum(1), "bb": (fb * fb).sum(1),
+        "d2": (d * d).sum(1), "d1": ad.sum(1), "dmax": ad.max(1, initial=0.0),
+        "exact": (ad <= step / 100).sum(1).astype(np.float64),
+        "a_sum": fa.sum(1), "b_sum": fb.sum(1), "a_nan": na, "b_nan": nb,
+        "n": np.full(batch, fa.shape[1], dtype=np.float64),
+        "a_min": fa.min(1, initial=np.inf), "a_max": fa.max(1, initial=-np.inf),
+        "b_min": fb.min(1, initial=np.inf), "b_max": fb.max(1, initial=-np.inf),
+    }  # fmt: skip
+
+
+def finish(s: dict[str, np.ndarray], step: float) -> dict[str, np.ndarray]:
+    """The metrics of :data:`METRICS` and the sides' min/max/mean from sums (vectorized)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        norm = np.sqrt(s["aa"] * s["bb"])
+        both_zero = (s["aa"] == 0) & (s["bb"] == 0)
+        cosine = np.where(both_zero, 1.0, np.where(norm > 0, s["ab"] / norm, 0.0))
+        sqnr = np.where(s["d2"] == 0, np.inf, 10 * np.log10(s["aa"] / s["d2"]))
+        n = np.maximum(s["n"], 1)
+        return {
+            "cosine": np.clip(cosine, -1.0, 1.0),
+            "mse": s["d2"] / n,
+            "l1": s["d1"] / n,
+            "max_abs": s["dmax"],
+            "sqnr_db": sqnr,
+            "max_qscale_diff": s["dmax"] / step if step > 0 else np.full_like(n, np.nan),
+            "exact_ratio": s["exact"] / n,
+            "base_min": s["a_min"], "base_max": s["a_max"], "base_mean": s["a_sum"] / n,
+            "analysis_min": s["b_min"], "analysis_max": s["b_max"],
+            "analysis_mean": s["b_sum"] / n,
+        }  # fmt: skip
+
+
+@dataclass
+class Accumulator:
+    """Running totals of one layer's :func:`sums` over every sample seen so far."""
+
+    totals: dict[str, float] = field(default_factory=dict)
+
+    def add(self, s: dict[str, np.ndarray]) -> None:
+        for k, v in s.items():
+            if k in ("dmax", "a_max", "b_max"):
+                self.totals[k] = max(self.totals.get(k, -np.inf), float(np.max(v)))
+            elif k in ("a_min", "b_min"):
+                self.totals[k] = min(self.totals.get(k, np.inf), float(np.min(v)))
+            else:
+                self.totals[k] = self.totals.get(k, 0.0) + float(np.sum(v))
+
+    def result(self, step: float) -> dict[str, float]:
+        """The aggregate metrics: the formulas of the module docstring over all samples."""
+        arrays = {k: np.asarray([v]) for k, v in self.totals.items()}
+        return {k: float(v[0]) for k, v in finish(arrays, step).items()}
+
+
+def step_of(scale: float | None, base: np.ndarray) -> float:
+    """A layer's quantization step: its scale, else the int8 step of the base's range."""
+    if scale:
+        return float(scale)
+    finite = np.abs(np.asarray(base, dtype=np.float64))
+    finite = finite[np.isfinite(finite)]
+    return float(finite.max()) / 127 if finite.size and finite.max() > 0 else 1.0

@@ -1,0 +1,116 @@
+"""Rows of the localization and sensitivity tables, and the few full tensors kept.
+
+``localization`` is long format: one ``stage`` row per chain pair (rank 1 = the first
+divergent stage, its ``value`` the largest own error, ``detail`` the reasons), one ``layer``
+row for the first divergent layer, ``sensitive`` rows (rank order) and a ``triage`` row.
+``layer_tensors`` keeps full tensors only for the probe samples and the first divergent
+pair's worst bad cases, never for the whole dataset.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from analysis.compare import PairResult
+from analysis.layer_graph import Layer
+from analysis.localize import PairVerdict
+from schemas.tables import write_rows
+from stages.context import RunContext
+from stages.stage_models import StageModel
+
+TENSOR_BADCASES = 3
+
+
+def _row(run_id: str, kind: str, rank: int, v: PairVerdict, **kw) -> dict:
+    row = {"run_id": run_id, "kind": kind, "rank": rank, "stage": v.analysis}
+    row |= {"base_stage": v.base, "layer_id": None, "op_type": None, "metric": None}
+    row |= {"value": None, "threshold": v.tolerance, "detail": None}
+    return row | kw
+
+
+def localization_rows(
+    run_id: str, verdicts: list[PairVerdict], first: PairVerdict | None, layers: dict[str, Layer]
+) -> list[dict]:
+    """The localization table of one run."""
+    rows, rank = [], 0
+    for v in verdicts:
+        worst = max(v.own.steps.values(), default=0.0) if v.own else 0.0
+        status = "; ".join(v.reasons) if v.reasons else "within thresholds"
+        rank = rank + 1 if v.reasons else 0
+        rows.append(
+            _row(run_id, "stage", rank, v, metric="own_error_steps", value=worst, detail=status)
+        )
+    if first is None:
+        return rows
+    lid = first.first_layer
+    op = layers[lid].op_type if lid in layers else "input"
+    own = first.own.steps[lid]
+    rows.append(
+        _row(
+            run_id, "layer", 1, first, layer_id=lid, op_type=op, metric="own_error_steps", value=own
+        )
+    )
+    for i, (sid, before, after) in enumerate(first.sensitive, start=1):
+        op = layers[sid].op_type if sid in layers else "input"
+        rows.append(
+            _row(
+                run_id,
+                "sensitive",
+                i,
+                first,
+                layer_id=sid,
+                op_type=op,
+                metric="l1_improvement",
+                value=before - after,
+            )
+        )
+    rows.append(_row(run_id, "triage", 1, first, layer_id=lid, detail=first.triage))
+    return rows
+
+
+def sensitivity_rows(
+    run_id: str, verdicts: list[PairVerdict], layers: dict[str, Layer]
+) -> list[dict]:
+    """The sensitivity table: every divergent pair's ranking."""
+    out = []
+    for v in verdicts:
+        for rank, (lid, before, after) in enumerate(v.sensitive, start=1):
+            layer = layers.get(lid)
+            out.append({
+                "run_id": run_id, "base_stage": v.base, "analysis_stage": v.analysis,
+                "metric": "l1", "target": "layer", "layer_id": lid,
+                "op_type": layer.op_type if layer else "input",
+                "topo_index": layer.topo_index if layer else -1, "rank": rank,
+                "before": before, "after": after, "improvement": before - after,
+            })  # fmt: skip
+    return out
+
+
+def write_tensors(
+    ctx: RunContext,
+    models: dict[str, StageModel],
+    results: dict[tuple[str, str], PairResult],
+    first: PairVerdict | None,
+    layers: dict[str, Layer],
+) -> None:
+    """Full tensors of the probe samples (first pair) and of the divergent pair's bad cases."""
+    pair = (first.base, first.analysis) if first else next(iter(results))
+    probes = list(range(min(ctx.spec.compare.probe_samples, len(ctx.evaluation))))
+    bad = first.samples[:TENSOR_BADCASES] if first else []
+    rows = []
+    for reason, ids in (("probe", probes), ("badcase", bad)):
+        if not ids:
+            continue
+        idx = np.asarray(ids)
+        for side, stage in (("base", pair[0]), ("analysis", pair[1])):
+            _, values = models[stage].run(idx)
+            for lid in results[pair].layer_ids:
+                for k, sid in enumerate(ids):
+                    t = np.asarray(values[lid][k], dtype=np.float32)
+                    rows.append({
+                        "run_id": ctx.run.run_id, "base_stage": pair[0], "analysis_stage": pair[1],
+                        "layer_id": lid, "sample_id": int(sid), "reason": reason, "side": side,
+                        "shape": list(t.shape), "scale": results[pair].steps[lid],
+                        "values": t.reshape(-1).tolist(),
+                    })  # fmt: skip
+    write_rows(ctx.run, "layer_tensors", rows, "all")

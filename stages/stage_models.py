@@ -1,0 +1,97 @@
+"""Every stage's model, runnable on the same evaluation samples, capturing layers by id.
+
+``open_stage_model(ctx, stage)`` loads the stage's artifact from the run and returns a
+:class:`StageModel`: ``run(idx)`` feeds the evaluation samples ``idx`` (board_sim: the same
+samples as camera frames) and returns ``(output, {layer id: tensor})`` in the common
+layout of DESIGN.md "Contracts": NCHW, float values (integer stages dequantized,
+``x_float = q * scale`` per channel along the layer's axis). ``run(idx, replace=...)``
+substitutes given layer tensors (same layout) while running, for sensitivity analysis.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from schemas.artifacts import Artifact, QuantizedModel
+from schemas.errors import StageError
+from stages.context import RunContext
+
+Captured = tuple[np.ndarray, dict[str, np.ndarray]]
+
+
+@dataclass
+class StageModel:
+    """A stage's model behind one interface (see the module docstring)."""
+
+    stage: str
+    runner: Callable[[np.ndarray, dict[str, np.ndarray] | None], Captured]
+    scales: dict[str, float] = field(default_factory=dict)
+    """Layer id -> its output quantization step (largest over channels), where known."""
+    substitutable: bool = True
+
+    def run(self, idx: np.ndarray, replace: dict[str, np.ndarray] | None = None) -> Captured:
+        return self.runner(np.asarray(idx), replace)
+
+
+def open_stage_model(ctx: RunContext, stage: str) -> StageModel:
+    """The stage model of ``stage`` in ``ctx.run`` (its artifact must be complete)."""
+    from stages import stage_runners  # the per-kind loaders (torch, onnx, integer, hbm)
+
+    art = load_stage_artifact(ctx, stage)
+    loader = stage_runners.LOADERS.get(stage)
+    if loader is None:
+        raise StageError(
+            f"stage {stage} has no model to compare",
+            where="compare",
+            hint=f"compare one of: {', '.join(stage_runners.LOADERS)}",
+        )
+    return loader(ctx, art)
+
+
+def load_stage_artifact(ctx: RunContext, stage: str) -> Artifact:
+    """The verified artifact a stage wrote in this run."""
+    from stages.registry import get
+
+    return ctx.run.load_artifact(stage, get(stage).output)
+
+
+def integer_layers(ctx: RunContext) -> dict[str, dict]:
+    """convert's layers.json: layer id -> tensor name, scale list, dtype, axis."""
+    art = ctx.run.load_artifact("convert", QuantizedModel)
+    return json.loads(ctx.run.path(art.layers_file).read_text())
+
+
+def dequantize(q: np.ndarray, info: dict) -> np.ndarray:
+    """x = q * scale, per channel along ``info['axis']`` (NCHW: channels on axis 1)."""
+    scale = np.asarray(info["scale"], dtype=np.float64)
+    q = np.asarray(q)
+    if scale.size > 1:
+        axis = info["axis"] if info["axis"] is not None else 1
+        shape = [1] * q.ndim
+        shape[axis] = -1
+        scale = scale.reshape(shape)
+    return (q.astype(np.float64) * scale).astype(np.float32)
+
+
+def quantize_like(x: np.ndarray, info: dict) -> np.ndarray:
+    """The integers of float ``x`` at a layer's scale (round half to even, saturated)."""
+    from simulator import fixedpoint as fp
+
+    scale = np.asarray(info["scale"], dtype=np.float64)
+    if scale.size > 1:
+        axis = info["axis"] if info["axis"] is not None else 1
+        shape = [1] * x.ndim
+        shape[axis] = -1
+        scale = scale.reshape(shape)
+    q = fp.round_by(np.asarray(x, dtype=np.float64) / scale, "half_even")
+    lo, hi = fp.qrange(info["dtype"])
+    return np.clip(q, lo, hi).astype(np.dtype(info["dtype"]))
+
+
+def as_torch_input(x: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x))

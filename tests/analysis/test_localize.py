@@ -1,0 +1,90 @@
+"""Analysis of whole runs of the tiny model: a clean run and runs with injected faults."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from pipelines.flow import run_chain
+from schemas.errors import SpecError
+from schemas.spec import parse_spec
+from schemas.store import RunStore
+from schemas.tables import read_run_table
+from tests.conftest import tiny_spec_dict
+
+
+def _run(root, **sections):
+    data = tiny_spec_dict(**sections)
+    return run_chain(parse_spec(data, "t"), yaml.safe_dump(data), root, use_prefect=False)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="module")
+def clean(store):
+    return _run(store)
+
+
+def test_a_clean_run_has_no_divergent_stage(clean, store):
+    a = clean.analysis
+    assert a.first is None and "no stage diverges" in a.summary()
+    run = RunStore(store).open(clean.run_id)
+    stages = [r for r in read_run_table(run, "localization") if r["kind"] == "stage"]
+    assert [r["stage"] for r in stages] == a.chain[1:] and all(r["rank"] == 0 for r in stages)
+
+
+def test_layer_stats_hold_sample_rows_and_aggregates(clean, store):
+    run = RunStore(store).open(clean.run_id)
+    rows = read_run_table(run, "layer_stats")
+    pair = [r for r in rows if (r["base_stage"], r["analysis_stage"]) == ("export", "convert")]
+    aggregates = [r for r in pair if r["sample_id"] is None]
+    samples = {r["sample_id"] for r in pair if r["sample_id"] is not None}
+    assert samples == set(range(64))  # every evaluation sample
+    assert len(aggregates) == len({r["layer_id"] for r in pair})
+    convert_vs_compile = [
+        r for r in rows if r["analysis_stage"] == "compile" and r["base_stage"] == "convert"
+    ]
+    assert all(r["exact_ratio"] == 1.0 for r in convert_vs_compile)
+
+
+def test_vendor_files_are_written(clean, store):
+    debug = RunStore(store).open(clean.run_id).path("debug")
+    header = (debug / "compare_per_layer_out.txt").read_text().splitlines()[0]
+    assert header.startswith("mod_name | base_op_type | analy_op_type")
+    assert (debug / "compare_per_layer_out.csv").read_text().startswith("mod_name,")
+    assert (debug / "badcase.txt").exists() and (debug / "abnormal_layer_advisor.txt").exists()
+
+
+@pytest.mark.parametrize(
+    "fault, stage",
+    [
+        ({"kind": "bias_drop", "layer": "conv2"}, "convert"),
+        ({"kind": "shift_off", "layer": "conv", "amount": -1}, "convert"),
+    ],
+)
+def test_an_injected_fault_is_localized(store, fault, stage):
+    result = _run(store, faults=[fault])
+    first = result.analysis.first
+    assert first is not None and first.analysis == stage
+    assert first.first_layer == fault["layer"]
+    assert fault["layer"] in [lid for lid, *_ in first.sensitive[:3]]
+    run = RunStore(store).open(result.run_id)
+    assert [r["layer_id"] for r in read_run_table(run, "faults")] == [fault["layer"]]
+    layer_rows = [r for r in read_run_table(run, "localization") if r["kind"] == "layer"]
+    assert [(r["stage"], r["layer_id"]) for r in layer_rows] == [(stage, fault["layer"])]
+    assert read_run_table(run, "badcases") and read_run_table(run, "layer_tensors")
+
+
+def test_a_fault_on_a_missing_layer_is_a_spec_error(store):
+    with pytest.raises(SpecError, match="nothere"):
+        _run(store, faults=[{"kind": "bias_drop", "layer": "nothere"}])
+
+
+def test_a_fault_at_the_wrong_stage_is_refused():
+    with pytest.raises(SpecError, match="belongs to stage convert"):
+        parse_spec(
+            tiny_spec_dict(faults=[{"kind": "bias_drop", "stage": "compile", "layer": "conv"}]), "t"
+        )

@@ -1,0 +1,82 @@
+"""analysis.metrics against slow, obvious per-sample formulas (hypothesis)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from analysis.metrics import Accumulator, finish, step_of, sums
+
+finite = st.floats(-100, 100, allow_nan=False, width=32)
+pairs = st.integers(1, 4).flatmap(
+    lambda b: st.tuples(
+        arrays(np.float32, (b, 6), elements=finite), arrays(np.float32, (b, 6), elements=finite)
+    )
+)
+
+
+def reference(a: list[float], b: list[float], step: float) -> dict:
+    """The module docstring's formulas, one sample, plain Python."""
+    d = [y - x for x, y in zip(a, b, strict=True)]
+    aa, bb = sum(x * x for x in a), sum(y * y for y in b)
+    ab = sum(x * y for x, y in zip(a, b, strict=True))
+    d2 = sum(v * v for v in d)
+    if aa == 0 and bb == 0:
+        cos = 1.0
+    else:
+        cos = ab / math.sqrt(aa * bb) if aa * bb > 0 else 0.0
+    return {
+        "cosine": max(-1.0, min(1.0, cos)),
+        "mse": d2 / len(a),
+        "l1": sum(abs(v) for v in d) / len(a),
+        "max_abs": max(abs(v) for v in d),
+        "sqnr_db": math.inf if d2 == 0 else (10 * math.log10(aa / d2) if aa > 0 else -math.inf),
+        "exact_ratio": sum(abs(v) <= step / 100 for v in d) / len(a),
+    }
+
+
+@settings(max_examples=60, deadline=None)
+@given(pairs, st.sampled_from([0.01, 0.5, 1.0]))
+def test_per_sample_metrics_match_the_formulas(ab, step):
+    a, b = ab
+    got = finish(sums(a, b, step), step)
+    for i in range(a.shape[0]):
+        want = reference(a[i].astype(float).tolist(), b[i].astype(float).tolist(), step)
+        for key, value in want.items():
+            assert math.isclose(got[key][i], value, rel_tol=1e-9, abs_tol=1e-9), key
+        assert math.isclose(got["max_qscale_diff"][i], want["max_abs"] / step, rel_tol=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(pairs, pairs)
+def test_streamed_aggregate_equals_one_pass(first, second):
+    (a1, b1), (a2, b2) = first, second
+    acc = Accumulator()
+    acc.add(sums(a1, b1, 0.5))
+    acc.add(sums(a2, b2, 0.5))
+    whole = sums(
+        np.concatenate([a1, a2]).reshape(1, -1), np.concatenate([b1, b2]).reshape(1, -1), 0.5
+    )
+    want = {k: float(v[0]) for k, v in finish(whole, 0.5).items()}
+    got = acc.result(0.5)
+    for key, value in want.items():
+        assert math.isclose(got[key], value, rel_tol=1e-9, abs_tol=1e-9) or (
+            math.isinf(value) and got[key] == value
+        ), key
+
+
+def test_non_finite_values_are_counted_and_read_as_zero():
+    a = np.array([[1.0, np.nan, np.inf]], dtype=np.float32)
+    s = sums(a, np.ones_like(a), 1.0)
+    assert s["a_nan"][0] == 2 and s["b_nan"][0] == 0
+    assert finish(s, 1.0)["max_abs"][0] == 1.0
+
+
+def test_step_is_the_scale_else_the_int8_step_of_the_range():
+    assert step_of(0.25, np.zeros(3)) == 0.25
+    assert step_of(None, np.array([-2.54, 1.0])) == 2.54 / 127
+    assert step_of(None, np.zeros(3)) == 1.0
