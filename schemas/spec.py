@@ -22,6 +22,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ValidationError
 
 from schemas.errors import SpecError
 from schemas.fileio import json_digest
+from schemas.spec_faults import FaultSpec
 from schemas.spec_sections import (
     STAGE_NAMES,
     CompareSpec,
@@ -79,6 +80,8 @@ class PipelineSpec(Section):
     """Comparison settings."""
     tags: dict[str, Annotated[str, BeforeValidator(tag_value)]] = {}
     """Free-form labels copied into the runs table."""
+    faults: list[FaultSpec] = []
+    """Faults to inject (schemas.spec_faults): proof that localization works."""
 
 
 def load_spec(path: str | Path) -> PipelineSpec:
@@ -214,7 +217,11 @@ def stage_config_digest(spec: PipelineSpec, stage: str) -> str:
     paths = STAGE_CONFIG_PATHS.get(stage)
     if paths is None:
         paths = (f"stages.{stage}",) if stage in data["stages"] else ()
-    return json_digest({path: _get_path(data, path) for path in paths})
+    parts = {path: _get_path(data, path) for path in paths}
+    faults = [f for f in data["faults"] if f["stage"] == stage]
+    if faults:  # only a stage's own faults enter its digest (a clean spec keeps its keys)
+        parts["faults"] = faults
+    return json_digest(parts)
 
 
 def _get_path(data: dict[str, Any], dotted: str) -> Any:

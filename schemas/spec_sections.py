@@ -232,3 +232,8 @@ class CompareSpec(Section):
     """Pass/fail thresholds."""
     probe_samples: int = Field(default=4, ge=0, strict=True)
     """Samples whose full layer tensors are kept."""
+    badcase_metric: Literal["l1", "mse", "cosine", "sqnr", "flip"] = "l1"
+    """How bad cases are ranked: output L1 (the vendor's default), mse, cosine, sqnr, or a
+    flip of the task's correctness."""
+    enabled: bool = True
+    """Run the analysis (compare, bad cases, localization) after the chain."""

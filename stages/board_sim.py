@@ -17,6 +17,7 @@ from simulator import hbm
 from simulator.executor import Executor
 from stages.board_program import camera_inputs
 from stages.context import RunContext
+from stages.faults import inject_board
 from stages.registry_types import StageCall
 
 
@@ -38,7 +39,7 @@ def board_sim(upstream: HbmModel, ctx: RunContext, call: StageCall) -> BoardRun:
     correct = 0
     for start in range(0, len(split), ctx.spec.data.batch_size):
         x = split.x[start : start + ctx.spec.data.batch_size]
-        feed = _feed(executor, x, cfg)
+        feed = _feed(executor, x, cfg, ctx)
         out = next(iter(executor.run(feed)[0].values()))
         correct += int((np.argmax(out, axis=1) == split.y[start : start + len(x)]).sum())
     return call.make(
@@ -55,7 +56,14 @@ def board_sim(upstream: HbmModel, ctx: RunContext, call: StageCall) -> BoardRun:
     )
 
 
-def _feed(executor: Executor, x: np.ndarray, cfg) -> dict[str, np.ndarray]:
+def _feed(executor: Executor, x: np.ndarray, cfg, ctx: RunContext) -> dict[str, np.ndarray]:
     if cfg.runtime_format == "featuremap":
         return {next(iter(executor.program.inputs)): x}
-    return camera_inputs(x, cfg.runtime_format, cfg.color)
+    return camera_feed(ctx, x)
+
+
+def camera_feed(ctx: RunContext, frames: np.ndarray) -> dict[str, np.ndarray]:
+    """What the board's camera delivers for RGB ``frames`` (with board_sim's faults)."""
+    cfg = ctx.spec.stages.board_sim
+    frames, color = inject_board(ctx, frames, cfg.color)
+    return camera_inputs(frames, cfg.runtime_format, color)

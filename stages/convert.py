@@ -23,6 +23,7 @@ from simulator import fixedpoint as fp
 from stages.context import RunContext, convert_settings
 from stages.convert_graph import Converter, QTensor
 from stages.evaluate import top1
+from stages.faults import inject_convert
 from stages.onnx_export import render_graph_text
 from stages.onnx_runner import OnnxRunner
 from stages.registry_types import StageCall
@@ -39,6 +40,7 @@ def convert(upstream: QatOnnxModel, ctx: RunContext, call: StageCall) -> Quantiz
         ) from e
     converter = Converter(src, settings)
     model, layers = converter.run()
+    model = inject_convert(ctx, model, layers)
     out = ctx.artifact_dir("convert")
     _save(model, out / "quantized.onnx")
     ctx.run.write_text("artifacts/convert/layers.json", json.dumps(layer_json(layers), indent=1))

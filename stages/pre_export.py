@@ -19,6 +19,7 @@ from schemas.errors import ArtifactError
 from simulator.lut import LutTable, max_error
 from stages.context import RunContext
 from stages.evaluate import top1
+from stages.faults import inject_pre_export
 from stages.fixed_ops import FixedPointOp
 from stages.modelio import load_qat, save_state
 from stages.registry_types import StageCall
@@ -41,6 +42,7 @@ def pre_export(upstream: QatModelArtifact, ctx: RunContext, call: StageCall) -> 
     candidates, skipped = find_candidates(gm, list(cfg.subtree))
     settings = TableSettings(cfg.segments, cfg.entries, cfg.dividing)
     built = {c.layer_id: build_op(gm, c, settings) for c in candidates}
+    inject_pre_export(ctx, {lid: op for lid, (op, _) in built.items()})
     ctx.write_debug("lut_tables.txt", render_tables(candidates, built, skipped))
     save_tables(ctx, {lid: op for lid, (op, _) in built.items()})
     rewrite(gm, {lid: op for lid, (op, _) in built.items()})

@@ -1,0 +1,60 @@
+"""Fault injection in a spec: known faults at a named stage and layer (or op type).
+
+Faults are how localization is proven (DESIGN.md "Localization"): a bench injects them at
+random and checks the localizer names the stage and the layer. Each kind belongs to the
+stage whose artifact it corrupts:
+
+| kind | stage | what it does (``amount``) |
+|---|---|---|
+| lut_coarsen | pre_export | keep every 2**amount-th table entry (nearest below) |
+| scale_steps | convert | output requantize multipliers x 2**(amount/4) |
+| shift_off | convert | requantize shifts + amount (a power of two off) |
+| bias_drop | convert | the int32 bias set to 0 |
+| rounding_flip | convert | half_even <-> bpu_round in the layer's requantize |
+| preprocess_swap | board_sim | camera RGB <-> BGR (amount 0) or BT.601 full <-> video range (1) |
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+FAULT_STAGES = {
+    "lut_coarsen": "pre_export",
+    "scale_steps": "convert",
+    "shift_off": "convert",
+    "bias_drop": "convert",
+    "rounding_flip": "convert",
+    "preprocess_swap": "board_sim",
+}
+"""Fault kind -> the stage it is injected at."""
+
+
+class FaultSpec(BaseModel):
+    """One injected fault."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    kind: Literal[
+        "lut_coarsen", "scale_steps", "shift_off", "bias_drop", "rounding_flip", "preprocess_swap"
+    ]
+    """What goes wrong (see the module docstring)."""
+    stage: str | None = None
+    """The stage it is injected at; defaults to the kind's stage, and must equal it."""
+    layer: str | None = None
+    """Canonical layer id hit by the fault (or ``op_type``: every layer of that type)."""
+    op_type: str | None = None
+    """Op type hit by the fault, e.g. conv (instead of ``layer``)."""
+    amount: float = 1
+    """Size of the fault, per kind."""
+
+    @model_validator(mode="after")
+    def _check(self) -> FaultSpec:
+        want = FAULT_STAGES[self.kind]
+        if (self.stage or want) != want:
+            raise ValueError(f"a {self.kind} fault belongs to stage {want}, not {self.stage}")
+        object.__setattr__(self, "stage", want)
+        if self.kind != "preprocess_swap" and not (self.layer or self.op_type):
+            raise ValueError(f"a {self.kind} fault needs a layer or an op_type")
+        return self
