@@ -93,15 +93,39 @@ def to_arrow(table: str, rows: list[dict[str, Any]]) -> pa.Table:
 
 def write_rows(run: Run, table: str, rows: list[dict[str, Any]], part: str) -> Path:
     """Write ``rows`` to ``tables/<table>/<part>.parquet`` atomically (replacing that part)."""
+    return _write(run, table, to_arrow(table, rows), part)
+
+
+def _check_part(part: str) -> None:
     if not all(_PART_RE.match(p) and ".." not in p for p in part.split("/")):
         raise ArtifactError(
             f"invalid part name {part!r}", hint="use letters, digits, '.', '_', '-', '='"
         )
-    data = to_arrow(table, rows)
+
+
+def _write(run: Run, table: str, data: pa.Table, part: str) -> Path:
+    _check_part(part)
     path = run.path(f"tables/{table}/{part}.parquet")
     with atomic_writer(path) as fh:
         pq.write_table(data, fh)
     return path
+
+
+def write_columns(run: Run, table: str, columns: dict[str, Any], part: str) -> Path:
+    """Like :func:`write_rows` for bulk rows given column-wise (lists or numpy arrays)."""
+    schema = _schema(table)
+    if set(columns) != set(schema.names):
+        missing, extra = set(schema.names) - set(columns), set(columns) - set(schema.names)
+        raise ArtifactError(
+            f"table {table}: missing columns {sorted(missing)}, unknown {sorted(extra)}",
+            hint=f"columns: {', '.join(schema.names)}",
+        )
+    try:
+        arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
+        data = pa.Table.from_arrays(arrays, schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError) as e:
+        raise ArtifactError(f"table {table}: {e}") from e
+    return _write(run, table, data, part)
 
 
 def read_table(root: str | Path, table: str) -> pa.Table:
