@@ -134,6 +134,12 @@ def localize(
     print_analysis(out, analyze(ctx))
 
 
+from qparity.cli_sql import diff_command, sql_command  # noqa: E402
+
+app.command("sql")(sql_command)
+app.command("diff")(diff_command)
+
+
 def main() -> None:
     """Console entry point: our errors become one paragraph and exit code 1."""
     try:

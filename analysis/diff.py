@@ -1,0 +1,106 @@
+"""What changed between two runs (``qparity diff RUN_A RUN_B``), and its console view.
+
+:func:`diff_runs` runs the ``run_diff_*`` named queries on one view of the store and
+returns one Arrow table per section; :func:`render_diff` turns them into rich tables
+(only the rows that changed, unless asked for all).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from analysis.query import connect, named
+from schemas.errors import QueryError
+
+SECTIONS = {
+    "run": "run_diff_run",
+    "stages": "run_diff_stages",
+    "metrics": "run_diff_metrics",
+    "localization": "run_diff_localization",
+}
+"""Section name -> the named query that answers it."""
+
+_TITLES = {
+    "run": "Recipe: fields, settings and tags that differ",
+    "stages": "Stages: artifacts that differ (same digest = same artifact) and cache hits",
+    "metrics": "Metrics: b - a per stage",
+    "localization": "Localization: findings that differ",
+}
+
+
+def diff_runs(root: str | Path, a: str, b: str) -> dict[str, pa.Table]:
+    """Differences between runs ``a`` and ``b`` of the store ``root``, by section.
+
+    Sections (see :data:`SECTIONS`): ``run`` (only differing fields and settings/tags
+    keys), ``stages`` (every stage, with ``same_artifact``), ``metrics`` (every stage
+    metric, with ``delta`` and ``changed``), ``localization`` (paired findings, with
+    ``changed``). :class:`QueryError` if either run has no row in the runs table.
+    """
+    con = connect(root)
+    try:
+        found = set(named(con, "runs_by_id", ids=[a, b]).column("run_id").to_pylist())
+        missing = [r for r in (a, b) if r not in found]
+        if missing:
+            raise QueryError(
+                f"no run {', '.join(map(repr, missing))} in the runs table",
+                where=str(root),
+                hint="`qparity runs` lists runs; a run still running has no row yet",
+            )
+        return {section: named(con, query, a=a, b=b) for section, query in SECTIONS.items()}
+    finally:
+        con.close()
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.6g}"
+    if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+        return value[:12]  # a sha256: the prefix is enough to tell them apart
+    return str(value)
+
+
+def rich_table(table: pa.Table, title: str | None = None, max_rows: int | None = None) -> Table:
+    """An Arrow table as a rich table (NULL as '-', floats to 6 digits, digests shortened)."""
+    out = Table(*table.column_names, title=title, title_justify="left")
+    rows = table.to_pylist()
+    for row in rows[:max_rows]:
+        out.add_row(*(_cell(v) for v in row.values()))
+    if max_rows is not None and len(rows) > max_rows:
+        out.caption = f"{len(rows) - max_rows} more rows not shown"
+    return out
+
+
+def changed_rows(section: str, table: pa.Table) -> pa.Table:
+    """The rows of a diff section that show a difference."""
+    if section == "run" or table.num_rows == 0:
+        return table
+    if section == "stages":
+        differs = pc.or_kleene(
+            pc.invert(table.column("same_artifact")),
+            pc.not_equal(table.column("a_cache_hit"), table.column("b_cache_hit")),
+        )
+        return table.filter(pc.fill_null(differs, True))
+    return table.filter(pc.fill_null(table.column("changed"), True))
+
+
+def render_diff(diff: dict[str, pa.Table], a: str, b: str, show_all: bool = False) -> Group:
+    """The diff as rich tables, one per section, with a = ``a`` and b = ``b``."""
+    parts: list[Any] = [Text(f"a = {a}\nb = {b}")]
+    for section, table in diff.items():
+        shown = table if show_all else changed_rows(section, table)
+        title = _TITLES.get(section, section)
+        if shown.num_rows == 0:
+            parts.append(Text(f"{title}: no difference", style="green"))
+        else:
+            parts.append(rich_table(shown, title=title))
+    return Group(*parts)

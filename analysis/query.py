@@ -1,0 +1,166 @@
+"""SQL over the run store: user SQL (read-only) and the named queries of ``analysis/sql``.
+
+``run_sql`` answers ``qparity sql "SELECT ..."``: exactly one read statement (SELECT,
+WITH ... SELECT, FROM ..., DESCRIBE, SHOW, SUMMARIZE, EXPLAIN of a read, or an
+informational PRAGMA such as ``PRAGMA table_info('runs')``), checked with DuckDB's own
+parser before it runs, on the locked session of :mod:`analysis.sql_views`.
+
+A named query is ``analysis/sql/<name>.sql``: one statement with ``$name`` parameters,
+opened by a ``--`` comment header that says what it answers and which parameters it takes.
+Values are always bound, never formatted into the SQL.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from analysis.sql_views import connect
+from schemas.errors import QueryError
+
+__all__ = ["NamedQuery", "connect", "execute", "load_query", "named", "query_names", "run_sql"]
+
+SQL_DIR = Path(__file__).resolve().parent / "sql"
+"""Where the named queries live."""
+
+_READ_ONLY_HINT = "qparity sql is read-only: use one SELECT, WITH, DESCRIBE, SHOW or EXPLAIN"
+_INFO_PRAGMAS = frozenset(
+    {"table_info", "show", "show_tables", "show_tables_expanded", "database_size", "version"}
+)
+_PRAGMA_RE = re.compile(r"^\s*PRAGMA\s+(\w+)", re.IGNORECASE)
+_EXPLAIN_RE = re.compile(r"^\s*EXPLAIN(\s+ANALYZE|\s*\([^)]*\))?\s+", re.IGNORECASE)
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def _statements(sql: str) -> list[duckdb.Statement]:
+    try:
+        return duckdb.extract_statements(sql)
+    except duckdb.Error as e:
+        raise QueryError(f"cannot parse the query: {e}", where="sql") from e
+
+
+def _type_name(stmt: duckdb.Statement) -> str:
+    return stmt.type.name if hasattr(stmt.type, "name") else str(stmt.type)
+
+
+def check_read_only(sql: str) -> duckdb.Statement:
+    """The one statement of ``sql`` if it only reads; else :class:`QueryError`."""
+    stmts = _statements(sql)
+    if len(stmts) != 1:
+        raise QueryError(
+            f"expected exactly one statement, got {len(stmts)}", where="sql", hint=_READ_ONLY_HINT
+        )
+    stmt = stmts[0]
+    kind = _type_name(stmt)
+    if kind == "SELECT":
+        return stmt
+    if kind == "EXPLAIN":  # EXPLAIN ANALYZE runs its statement: check that one too
+        check_read_only(_EXPLAIN_RE.sub("", stmt.query, count=1))
+        return stmt
+    if kind == "PRAGMA":
+        m = _PRAGMA_RE.match(stmt.query)
+        if m and m.group(1).lower() in _INFO_PRAGMAS:
+            return stmt
+        name = m.group(1) if m else "?"
+        raise QueryError(
+            f"PRAGMA {name} is not allowed (only {', '.join(sorted(_INFO_PRAGMAS))})",
+            where="sql",
+            hint=_READ_ONLY_HINT,
+        )
+    raise QueryError(f"{kind} statements are refused", where="sql", hint=_READ_ONLY_HINT)
+
+
+def execute(
+    con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any] | None = None
+) -> pa.Table:
+    """Run one statement with bound ``params`` on ``con``; DuckDB errors become QueryError."""
+    try:
+        rel = con.sql(sql, params=params or None)
+        if rel is None:
+            return pa.table({})
+        return rel.to_arrow_table()
+    except duckdb.Error as e:
+        raise QueryError(f"query failed: {e}", where="sql") from e
+
+
+def run_sql(root: str | Path, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
+    """Run one read-only statement of user SQL over every run's tables under ``root``."""
+    check_read_only(sql)
+    con = connect(root)
+    try:
+        return execute(con, sql, params)
+    finally:
+        con.close()
+
+
+@dataclass(frozen=True)
+class NamedQuery:
+    """A named query: its SQL, its header comment and the parameters it binds."""
+
+    name: str
+    sql: str
+    doc: str
+    params: frozenset[str]
+
+
+@cache
+def query_names() -> tuple[str, ...]:
+    """The names of every query in analysis/sql, sorted."""
+    return tuple(sorted(p.stem for p in SQL_DIR.glob("*.sql")))
+
+
+@cache
+def load_query(name: str) -> NamedQuery:
+    """The named query ``name``; :class:`QueryError` listing the known names if none."""
+    if not _NAME_RE.match(name) or name not in query_names():
+        raise QueryError(
+            f"no named query {name!r}",
+            where=str(SQL_DIR),
+            hint=f"use one of: {', '.join(query_names())}",
+        )
+    sql = (SQL_DIR / f"{name}.sql").read_text()
+    stmt = check_read_only(sql)
+    header = []
+    for line in sql.splitlines():
+        if not line.startswith("--"):
+            break
+        header.append(line[2:].strip())
+    return NamedQuery(name, sql, "\n".join(header), frozenset(stmt.named_parameters))
+
+
+def bind(query: NamedQuery, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` checked against the query's parameters (none missing, none unknown)."""
+    missing = sorted(query.params - params.keys())
+    unknown = sorted(params.keys() - query.params)
+    if missing or unknown:
+        what = f"missing {', '.join(missing)}" if missing else f"unknown {', '.join(unknown)}"
+        needed = ", ".join(sorted(query.params)) or "none"
+        raise QueryError(
+            f"named query {query.name}: {what} parameter(s)",
+            where=f"{query.name}.sql",
+            hint=f"pass exactly its parameters: {needed}",
+        )
+    return params
+
+
+def named(root: str | Path | duckdb.DuckDBPyConnection, name: str, **params: Any) -> pa.Table:
+    """Run the named query ``name`` with bound ``params`` over the store ``root``.
+
+    ``root`` may also be an open connection from :func:`connect`, to run several
+    queries on one view of the store.
+    """
+    query = load_query(name)
+    values = bind(query, params)
+    if isinstance(root, duckdb.DuckDBPyConnection):
+        return execute(root, query.sql, values)
+    con = connect(root)
+    try:
+        return execute(con, query.sql, values)
+    finally:
+        con.close()

@@ -1,0 +1,110 @@
+"""The read-only DuckDB session over a run store: one view per table, then locked.
+
+Every table of :data:`schemas.table_schemas.SCHEMAS` is a view named like the table over
+all runs' ``<root>/<run_id>/tables/<table>/**/*.parquet`` files, read as one Arrow
+dataset with the table's schema: columns a file lacks (older runs) read as NULL, and a
+table no run has written yet is an empty view with the right columns and types, so a query
+never fails on a young store. ``chain`` is one more view: ``(stage, position)`` of every
+stage in chain order, for ``ORDER BY`` and "the stage before" questions.
+
+Why Arrow datasets, not ``read_parquet(glob)`` views: DuckDB 2.0.1 checks file access when a
+view runs, so views over ``read_parquet`` need the store root in ``allowed_directories``,
+and that would also let ``COPY ... TO`` and ``ATTACH`` write inside the store. Here pyarrow
+reads the files (DuckDB still pushes projections and filters down to it), so the session
+runs with ``enable_external_access=false``, no allowed directory and a locked configuration:
+DuckDB itself can neither read nor write any file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from schemas.errors import QueryError
+from schemas.spec_sections import STAGE_NAMES
+from schemas.table_schemas import SCHEMAS
+
+CHAIN_VIEW = "chain"
+"""Name of the extra view of stages in chain order."""
+
+
+def _parquet_under(folder: str) -> list[str]:
+    """Parquet files below ``folder``, skipping hidden names (atomic writes' temp files)."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        found += [
+            os.path.join(dirpath, f)
+            for f in sorted(filenames)
+            if f.endswith(".parquet") and not f.startswith(".")
+        ]
+    return found
+
+
+def store_files(root: str | Path) -> dict[str, list[str]]:
+    """Every table's Parquet files under the store ``root``, by table name.
+
+    Runs are the folders of ``root`` whose names do not start with '.' or '_' (the cache
+    and other bookkeeping live there).
+    """
+    files: dict[str, list[str]] = {table: [] for table in SCHEMAS}
+    root = Path(root)
+    if not root.is_dir():
+        return files
+    with os.scandir(root) as entries:
+        runs = sorted(e.path for e in entries if e.name[0] not in "._" and e.is_dir())
+    for run in runs:
+        tables = os.path.join(run, "tables")
+        if not os.path.isdir(tables):
+            continue
+        for table in os.listdir(tables):
+            if table in files:
+                files[table] += _parquet_under(os.path.join(tables, table))
+    return files
+
+
+def _dataset(table: str, files: list[str]) -> ds.Dataset | pa.Table:
+    schema = SCHEMAS[table]
+    if not files:
+        return schema.empty_table()
+    return ds.dataset(files, schema=schema, format="parquet")
+
+
+def _chain() -> pa.Table:
+    return pa.table(
+        {
+            "stage": pa.array(STAGE_NAMES, pa.string()),
+            "position": pa.array(range(len(STAGE_NAMES)), pa.int32()),
+        }
+    )
+
+
+def connect(root: str | Path) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with one view per table of the store at ``root``, locked down.
+
+    After the views exist the session is read-only for its user: no file access at all
+    (``enable_external_access=false``, no ``allowed_directories``), no extension loading,
+    and ``lock_configuration=true`` so no ``SET`` can undo it. Files written after this
+    call are not seen: connect again for a fresh view of the store.
+    """
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute("SET TimeZone = 'UTC'")
+        for table, files in store_files(root).items():
+            con.register(table, _dataset(table, files))
+        con.register(CHAIN_VIEW, _chain())
+        con.execute("SET temp_directory = ''")  # else DuckDB allows writing there
+        con.execute("SET allowed_directories = []")
+        con.execute("SET allowed_paths = []")
+        con.execute("SET autoinstall_known_extensions = false")
+        con.execute("SET autoload_known_extensions = false")
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+    except (duckdb.Error, pa.ArrowException, OSError) as e:
+        con.close()
+        raise QueryError(f"cannot open the run store for SQL ({e})", where=str(root)) from e
+    return con

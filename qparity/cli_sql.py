@@ -1,0 +1,102 @@
+"""`qparity sql` and `qparity diff`: read-only SQL over every run, and what changed between two.
+
+Written to be registered on the main app as they are::
+
+    app.command("sql")(sql_command)
+    app.command("diff")(diff_command)
+
+Errors are :class:`~schemas.errors.QparityError` (QueryError), printed by the main CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import date, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import typer
+from rich.console import Console
+
+from analysis.diff import diff_runs, render_diff, rich_table
+from analysis.query import run_sql
+
+out = Console()
+
+
+class Format(StrEnum):
+    """Output formats of `qparity sql`."""
+
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+RunsOpt = Annotated[
+    Path | None, typer.Option("--runs", help="Run store folder (default: $QPARITY_RUNS or ./runs).")
+]
+
+
+def _root(root: Path | None) -> Path:
+    from pipelines.runs import default_store_root
+
+    return root or default_store_root()
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    return value
+
+
+def write_result(result: pa.Table, fmt: str, console: Console = out) -> None:
+    """Print ``result`` as a rich table, CSV (with a header) or JSON (a list of objects)."""
+    fmt = Format(fmt).value
+    if fmt == "csv":
+        sink = pa.BufferOutputStream()
+        pacsv.write_csv(result, sink)
+        sys.stdout.write(sink.getvalue().to_pybytes().decode())
+    elif fmt == "json":
+        rows = [{k: _json_value(v) for k, v in row.items()} for row in result.to_pylist()]
+        sys.stdout.write(json.dumps(rows, indent=1, default=str) + "\n")
+    else:
+        console.print(rich_table(result))
+        console.print(f"{result.num_rows} row{'s' * (result.num_rows != 1)}", style="dim")
+
+
+def sql_command(
+    query: Annotated[
+        str, typer.Argument(help="One read-only statement (SELECT, WITH, DESCRIBE...).")
+    ],
+    root: RunsOpt = None,
+    fmt: Annotated[
+        Format, typer.Option("--format", "-f", help="table, csv or json.")
+    ] = Format.table,
+) -> None:
+    """Read-only DuckDB SQL over every run's tables (one view per table, plus `chain`).
+
+    Example: qparity sql "SELECT run_id, stage FROM localization WHERE kind = 'stage' AND rank = 1"
+    """
+    result = run_sql(_root(root), query)
+    write_result(result, fmt.value if isinstance(fmt, Format) else fmt)
+
+
+def diff_command(
+    a: Annotated[str, typer.Argument(help="The first run id (a).")],
+    b: Annotated[str, typer.Argument(help="The second run id (b).")],
+    root: RunsOpt = None,
+    show_all: Annotated[
+        bool, typer.Option("--all", help="Show every row, not only the ones that differ.")
+    ] = False,
+) -> None:
+    """What changed between two runs: settings, stage artifacts, metrics, localization.
+
+    Example: qparity diff digits-cnn-20261129T120000-ab12cd digits-cnn-20261130T090000-ef34ab
+    """
+    out.print(render_diff(diff_runs(_root(root), a, b), a, b, show_all=show_all))
