@@ -80,7 +80,7 @@ def analyze(ctx: RunContext) -> Analysis:
         picked = badcases.select(results[(base, ana)], metric, BADCASES)
         bad_rows += badcases.rows(results[(base, ana)], picked, metric)
         samples = np.asarray([s for s, _ in picked])
-        verdicts.append(judge_pair(ctx, models, results[(base, ana)], top1, samples))
+        verdicts.append(judge_pair(ctx, models, results[(base, ana)], top1, samples, dtypes))
     first = first_divergence(verdicts)
     write_rows(ctx.run, "badcases", bad_rows, "all")
     ctx.write_debug("badcase.txt", badcases.render(bad_rows))

@@ -26,8 +26,10 @@ from stages.stage_models import StageModel
 
 EXACT_PAIRS = {("convert", "compile"), ("compile", "board_sim")}
 TOP_SENSITIVE = 10
-EPS = 1e-3
-"""Float slack on own errors in steps (a float32 step is not exactly 1.0)."""
+EPS = 1e-2
+"""Float slack on own errors in steps (float32 values of int16 layers are not exact)."""
+WIDE = {"int16": 256.0}
+"""A tolerance in int8 steps is this many steps of a wider layer (same range, finer grid)."""
 
 
 @dataclass
@@ -58,8 +60,12 @@ def judge_pair(
     result: PairResult,
     top1: dict[str, float],
     samples: np.ndarray,
+    dtypes: dict[str, str],
 ) -> PairVerdict:
-    """The verdict of one chain pair on its bad-case ``samples``."""
+    """The verdict of one chain pair on its bad-case ``samples``.
+
+    Own errors are judged in int8 steps: an int16 layer may add ``WIDE['int16']`` times the
+    tolerance in its own (256x finer) steps."""
     th = ctx.spec.compare.thresholds
     v = PairVerdict(result.base, result.analysis, samples=[int(i) for i in samples])
     v.tolerance = tolerance(ctx, result.base, result.analysis)
@@ -72,7 +78,7 @@ def judge_pair(
     ids = [i for i in result.layer_ids if not i.startswith("input:")]
     base, ana = models[result.base], models[result.analysis]
     v.own = own_errors(base, ana, samples, ids, result.steps)
-    over = [i for i in ids if v.own.steps[i] > v.tolerance + EPS]
+    over = [i for i in ids if v.own.steps[i] > v.tolerance * WIDE.get(dtypes.get(i), 1.0) + EPS]
     if over:
         v.reasons.append(
             f"{len(over)} layer(s) add more than {v.tolerance:g} step(s) of their own, "
@@ -82,21 +88,21 @@ def judge_pair(
         v.first_layer = over[0] if over else max(ids, key=lambda i: v.own.steps[i])
         ranked = sorted(ids, key=lambda i: -v.own.steps[i])[:TOP_SENSITIVE]
         v.sensitive = sensitivity(base, ana, samples, v.own, [i for i in ids if i in ranked])
-        v.triage = triage(result, v)
+        v.triage = triage(result, v, dtypes)
     return v
 
 
-def triage(result: PairResult, v: PairVerdict) -> str:
+def triage(result: PairResult, v: PairVerdict, dtypes: dict[str, str]) -> str:
     """The vendor's three cases, read from the layers' total error on the whole split."""
+    tol = max(v.tolerance, 1.0)
     off = [
         lid
         for lid in result.layer_ids
-        if result.aggregates[lid]["max_qscale_diff"] > v.tolerance + EPS
+        if result.aggregates[lid]["max_qscale_diff"] > tol * WIDE.get(dtypes.get(lid), 1.0) + EPS
     ]
     if not off:
         return "output only: check post-processing of the model output"
-    first = result.layer_ids[0]
-    if first in off and len(off) == len(result.layer_ids):
+    if result.layer_ids[0] in off:
         return "all layers off from the input: check the input data or preprocessing"
     if set(off) <= set(result.layer_ids[-1:]):
         return "only the output layer is off: check post-processing of the model output"

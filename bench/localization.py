@@ -64,6 +64,21 @@ def candidates(store: RunStore, run_id: str, example: str) -> list[FaultSpec]:
     return out
 
 
+def observable(store: RunStore, clean_id: str, run_id: str, stage: str) -> bool:
+    """Whether the fault changed anything the faulted stage computes on the evaluation set."""
+    from schemas.tables import read_run_table
+
+    def agg(rid):
+        return {
+            r["layer_id"]: r["max_abs"]
+            for r in read_run_table(store.open(rid), "layer_stats")
+            if r["analysis_stage"] == stage and r["sample_id"] is None and r["base_stage"] != stage
+        }
+
+    clean, faulted = agg(clean_id), agg(run_id)
+    return any(abs(faulted.get(k, 0.0) - v) > 1e-9 for k, v in clean.items())
+
+
 def judge(analysis, fault: FaultSpec) -> tuple[bool, bool, bool]:
     """(stage right, layer right, layer in the top 3)."""
     first = analysis.first
@@ -88,29 +103,33 @@ def main() -> None:
     for name in args.examples:
         spec = load_spec(EXAMPLES[name])
         clean = run_chain(spec, EXAMPLES[name].read_text(), store.root, use_prefect=False)
-        pools[name] = (spec, candidates(store, clean.run_id, name))
+        pools[name] = (spec, candidates(store, clean.run_id, name), clean.run_id)
         print(f"{name}: clean run, {len(pools[name][1])} candidate faults", flush=True)
     tally = {"n": 0, "stage": 0, "layer": 0, "top3": 0}
+    seen = {"n": 0, "stage": 0, "layer": 0, "top3": 0}  # observable faults only
     misses, t0 = [], time.perf_counter()
     for i in range(args.faults):
         name = args.examples[i % len(args.examples)]
-        spec, pool = pools[name]
+        spec, pool, clean_id = pools[name]
         fault = rng.choice(pool)
         faulted = spec.model_copy(update={"faults": [fault]})
         result = run_chain(faulted, EXAMPLES[name].read_text(), store.root, use_prefect=False)
         s, lay, top = judge(result.analysis, fault)
+        obs = observable(store, clean_id, result.run_id, fault.stage)
         for key, ok in (("n", True), ("stage", s), ("layer", lay), ("top3", top)):
             tally[key] += ok
+            seen[key] += ok and obs
         if not lay:
             misses.append((name, fault, result.analysis.summary().splitlines()[0]))
         print(f"{i + 1:4d} {name:<12} {fault.kind:<16} {fault.layer or '-':<24} "
-              f"stage={'ok' if s else 'MISS'} layer={'ok' if lay else 'MISS'} top3={'ok' if top else 'MISS'}",
+              f"stage={'ok' if s else 'MISS'} layer={'ok' if lay else 'MISS'} top3={'ok' if top else 'MISS'}"
+              f"{'' if obs else '  (no effect on ' + fault.stage + ')'}",
               flush=True)  # fmt: skip
-    n = max(tally["n"], 1)
-    print(f"\nfaults {tally['n']} in {time.perf_counter() - t0:.0f} s")
-    print(f"{'':<8}{'share':>8}{'target':>8}")
+    n, m = max(tally["n"], 1), max(seen["n"], 1)
+    print(f"\nfaults {tally['n']} ({seen['n']} with an effect) in {time.perf_counter() - t0:.0f} s")
+    print(f"{'':<8}{'all':>8}{'effect':>8}{'target':>8}")
     for key, target in (("stage", 0.99), ("layer", 0.90), ("top3", 0.98)):
-        print(f"{key:<8}{tally[key] / n:>8.3f}{target:>8.2f}")
+        print(f"{key:<8}{tally[key] / n:>8.3f}{seen[key] / m:>8.3f}{target:>8.2f}")
     for name, fault, line in misses:
         print(f"miss: {name} {fault.kind} {fault.layer} {fault.amount}: {line}")
 
