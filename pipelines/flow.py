@@ -118,12 +118,16 @@ def run_chain(
     use_prefect: bool = True,
     on_stage: StageHook | None = None,
     parent: str | None = None,
+    recompute: frozenset[str] = frozenset(),
 ) -> ChainResult:
-    """Create a run for ``spec`` and execute its chain; the run is marked failed on error."""
+    """Create a run for ``spec`` and execute its chain; the run is marked failed on error.
+
+    ``recompute`` names stages computed even when the cache holds them; ``parent`` is the
+    run this one was derived from (``qparity rerun``)."""
     startup = prefect_ready() if use_prefect else 0.0
     store = RunStore(store_root)
     run = start_run(store, spec, spec_text, parent)
-    ctx = RunContext(spec=spec, run=run, code_version=code_version())
+    ctx = RunContext(spec=spec, run=run, code_version=code_version(), recompute=recompute)
     result, t0 = ChainResult(run.run_id, prefect_startup_s=startup), time.perf_counter()
     try:
         if use_prefect:

@@ -97,7 +97,7 @@ def execute_stage(
     try:
         call = _stage_call(ctx, stage, upstream)
         key = json_digest([stage.name, call.inputs_digest, call.config_digest, call.code_version])
-        cached = _from_cache(store, run, key, stage)
+        cached = None if stage.name in ctx.recompute else _from_cache(store, run, key, stage)
         art = cached[0] if cached else stage.fn(upstream, ctx, call)
         if cached is None:
             run.save_artifact(art)

@@ -134,6 +134,31 @@ def localize(
     print_analysis(out, analyze(ctx))
 
 
+@app.command()
+def rerun(
+    run_id: Annotated[str, typer.Argument(help="The run to start from (see `qparity runs`).")],
+    stage: Annotated[str, typer.Option("--stage", help="The stage to recompute, e.g. convert.")],
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set", help="Override a spec field, e.g. --set stages.convert.multiplier_bits=31"
+        ),
+    ] = None,
+    downstream: Annotated[
+        bool, typer.Option("--downstream", help="Also run every stage after it.")
+    ] = False,
+    runs: RunsOpt = None,
+    no_prefect: Annotated[bool, typer.Option("--no-prefect")] = False,
+):
+    """Recompute one stage of a run from its cached upstream, then re-localize.
+
+    Example: qparity rerun digits-cnn-20261129T120000-ab12cd --stage convert --set stages.convert.multiplier_bits=31
+    """
+    from qparity.views import rerun_view
+
+    rerun_view(out, _store_root(runs), run_id, stage, set_ or [], downstream, not no_prefect)
+
+
 from qparity.cli_sql import diff_command, sql_command  # noqa: E402
 
 app.command("sql")(sql_command)

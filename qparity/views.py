@@ -34,6 +34,11 @@ def run_spec(
     result = run_chain(
         spec, Path(spec_path).read_text(), store_root, use_prefect=use_prefect, on_stage=on_stage
     )
+    _finish_view(out, store_root, result)
+    return result.run_id
+
+
+def _finish_view(out: Console, store_root: Path, result) -> None:
     out.print(stage_table(store_root, result.run_id))
     if result.analysis is not None:
         print_analysis(out, result.analysis)
@@ -47,7 +52,6 @@ def run_spec(
         f"details: qparity show {result.run_id}",
         highlight=False,
     )
-    return result.run_id
 
 
 def stage_table(store_root: Path, run_id: str) -> Table:
@@ -95,3 +99,22 @@ def print_analysis(out: Console, analysis) -> None:
     out.print("vendor-style files:", highlight=False)
     for path in analysis.files:
         out.print(f"  {path}", highlight=False, soft_wrap=True)
+
+
+def rerun_view(out: Console, store_root: Path, run_id: str, stage: str, sets, downstream, prefect):
+    """Rerun a stage, print the new run, and its localization beside its parent's."""
+    from pipelines.rerun import localization_side_by_side, rerun
+
+    out.print(f"[bold]rerun[/] of {run_id}: stage {stage}", highlight=False)
+    result = rerun(
+        store_root, run_id, stage, sets, downstream=downstream, use_prefect=prefect,
+        on_stage=lambda n, o: out.print(
+            f"  {n:<10} {o.duration_s:7.2f} s  {'cache hit' if o.cache_hit else 'computed'}",
+            highlight=False,
+        ),
+    )  # fmt: skip
+    _finish_view(out, store_root, result)
+    table = Table("finding", "rank", f"parent {run_id}", f"rerun {result.run_id}")
+    for r in localization_side_by_side(store_root, run_id, result.run_id):
+        table.add_row(r["kind"], str(r["rank"]), r.get("parent", "-"), r.get("rerun", "-"))
+    out.print(table)

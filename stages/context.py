@@ -106,6 +106,8 @@ class RunContext:
     run: Run
     code_version: str
     versions: dict[str, str] = field(default_factory=dict)
+    recompute: frozenset[str] = frozenset()
+    """Stages computed even when the cache holds their artifact (``qparity rerun``)."""
 
     @cached_property
     def splits(self) -> dict[str, Split]:

@@ -1,0 +1,79 @@
+"""Rerun one stage of an existing run: a new run that reuses everything upstream.
+
+The new run takes the parent's spec (its spec.yaml, the spec as it ran) with ``--set``
+overrides, stops after the stage unless ``downstream``, and recomputes that stage even when
+the cache holds it; every stage before it is a cache hit by digest (nothing recomputed
+unless an override changed its inputs). The new run records its parent, and its analysis
+runs again, so its localization can be printed beside the parent's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from pipelines.flow import ChainResult, StageHook, run_chain
+from schemas.spec import load_spec, with_overrides
+from schemas.store import RunStore
+from schemas.tables import read_run_table
+from stages.registry import get, plan
+
+
+def rerun(
+    store_root: Path,
+    run_id: str,
+    stage: str,
+    overrides: list[str],
+    *,
+    downstream: bool = False,
+    use_prefect: bool = True,
+    on_stage: StageHook | None = None,
+) -> ChainResult:
+    """Rerun ``stage`` of run ``run_id`` (and what follows, with ``downstream``)."""
+    name = get(stage.replace("-", "_")).name
+    parent = RunStore(store_root).open(run_id)
+    spec = load_spec(parent.path("spec.yaml"))
+    sets = list(overrides)
+    if not downstream:
+        sets.append(f"stages.stop_after={name}")
+    spec = with_overrides(spec, sets)
+    if name not in [s.name for s, _ in plan(spec)]:
+        from schemas.errors import SpecError
+
+        raise SpecError(
+            f"stage {name} is not part of run {run_id}'s chain",
+            where="rerun --stage",
+            hint="enable it in the spec (e.g. --set stages.qat.enabled=true)",
+        )
+    text = yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
+    return run_chain(
+        spec,
+        text,
+        store_root,
+        use_prefect=use_prefect,
+        on_stage=on_stage,
+        parent=run_id,
+        recompute=frozenset({name}),
+    )
+
+
+def localization_side_by_side(store_root: Path, parent_id: str, child_id: str) -> list[dict]:
+    """The stage/layer/triage findings of the parent and the rerun, keyed by (kind, rank)."""
+    store = RunStore(store_root)
+    rows: dict[tuple, dict] = {}
+    for side, rid in (("parent", parent_id), ("rerun", child_id)):
+        for r in read_run_table(store.open(rid), "localization"):
+            if r["kind"] == "stage" and r["rank"] == 0:
+                continue  # pairs within thresholds: not findings
+            key = (r["kind"], r["rank"])
+            text = " ".join(str(r[k]) for k in ("stage", "layer_id") if r[k]) or "-"
+            if r["kind"] == "triage":
+                text = r["detail"]
+            rows.setdefault(key, {"kind": r["kind"], "rank": r["rank"]})[side] = text
+    return [
+        rows[k]
+        for k in sorted(
+            rows, key=lambda k: (["stage", "layer", "triage", "sensitive"].index(k[0]), k[1])
+        )
+    ]
