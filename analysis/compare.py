@@ -18,6 +18,7 @@ from analysis.layer_graph import Layer, ordered
 from analysis.metrics import METRICS, Accumulator, finish, step_of, sums
 from schemas.tables import write_columns
 from stages.context import RunContext
+from stages.progress import tick
 from stages.stage_models import StageModel
 
 OUTPUT = "<output>"
@@ -65,6 +66,7 @@ def compare_stages(
     for b, start in enumerate(range(0, n, bs)):
         idx = np.arange(start, min(start + bs, n))
         runs = {s: m.run(idx) for s, m in models.items()}
+        tick("compare", int(idx[-1]) + 1, n)
         for (base, ana), r in results.items():
             if b == 0:
                 _setup(r, runs[base][1], runs[ana][1], models, layers, scales or {})

@@ -28,6 +28,9 @@ STATE = {"debug": False}
 REPO = Path(__file__).resolve().parent.parent
 DEMO_SPEC = REPO / "examples" / "digits" / "spec.yaml"
 
+QuietOpt = Annotated[
+    bool, typer.Option("--quiet", "-q", help="One line per run, no progress (for cron).")
+]
 RunsOpt = Annotated[
     Path | None, typer.Option("--runs", help="Run store folder (default: $QPARITY_RUNS or ./runs).")
 ]
@@ -55,6 +58,7 @@ def run(
     no_prefect: Annotated[
         bool, typer.Option("--no-prefect", help="Run the stages directly, without a Prefect flow.")
     ] = False,
+    quiet: QuietOpt = False,
 ):
     """Run a pipeline spec; prints stages, times, cache hits and top-1.
 
@@ -62,18 +66,22 @@ def run(
     """
     from qparity.views import run_spec
 
-    run_spec(out, spec, set_ or [], _store_root(runs), use_prefect=not no_prefect)
+    run_spec(out, spec, set_ or [], _store_root(runs), use_prefect=not no_prefect, quiet=quiet)
 
 
 @app.command()
-def demo(runs: RunsOpt = None, no_prefect: Annotated[bool, typer.Option("--no-prefect")] = False):
+def demo(
+    runs: RunsOpt = None,
+    no_prefect: Annotated[bool, typer.Option("--no-prefect")] = False,
+    quiet: QuietOpt = False,
+):
     """The whole chain on the bundled digits example.
 
     Example: qparity demo
     """
     from qparity.views import run_spec
 
-    run_spec(out, DEMO_SPEC, [], _store_root(runs), use_prefect=not no_prefect)
+    run_spec(out, DEMO_SPEC, [], _store_root(runs), use_prefect=not no_prefect, quiet=quiet)
 
 
 @app.command("runs")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
@@ -20,22 +21,59 @@ def run_spec(
     store_root: Path,
     *,
     use_prefect: bool = True,
+    quiet: bool = False,
 ) -> str:
-    """Load, run and summarise a spec; returns the run id."""
+    """Load, run and summarise a spec; returns the run id. ``quiet``: one line (for cron)."""
     from pipelines.flow import run_chain
 
     spec = with_overrides(load_spec(spec_path), overrides) if overrides else load_spec(spec_path)
-    out.print(f"[bold]{spec.name}[/]: run store {store_root}/", highlight=False)
-
-    def on_stage(name, outcome):
-        hit = "cache hit" if outcome.cache_hit else "computed"
-        out.print(f"  {name:<10} {outcome.duration_s:7.2f} s  {hit}", highlight=False)
-
-    result = run_chain(
-        spec, Path(spec_path).read_text(), store_root, use_prefect=use_prefect, on_stage=on_stage
-    )
-    _finish_view(out, store_root, result)
+    if not quiet:
+        out.print(f"[bold]{spec.name}[/]: run store {store_root}/", highlight=False)
+    with progress(out, quiet) as on_stage:
+        result = run_chain(
+            spec,
+            Path(spec_path).read_text(),
+            store_root,
+            use_prefect=use_prefect,
+            on_stage=on_stage,
+        )
+    if quiet:
+        first = result.analysis.first if result.analysis else None
+        where = f"first divergent stage {first.analysis}" if first else "no divergence"
+        out.print(f"{result.run_id} complete, {where}", highlight=False)
+    else:
+        _finish_view(out, store_root, result)
     return result.run_id
+
+
+@contextmanager
+def progress(out: Console, quiet: bool):
+    """A rich progress display of stages and of the batches inside them; yields on_stage."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from stages.progress import listening
+
+    if quiet:
+        yield None
+        return
+    bars = Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
+                    console=out, transient=True)  # fmt: skip
+    tasks: dict[str, int] = {}
+
+    def on_tick(task: str, done: int, total: int) -> None:
+        if task not in tasks:
+            tasks[task] = bars.add_task(task, total=total)
+        bars.update(tasks[task], completed=done, total=total)
+
+    def on_stage(name, outcome) -> None:
+        for t in tasks.values():
+            bars.remove_task(t)
+        tasks.clear()
+        hit = "cache hit" if outcome.cache_hit else "computed"
+        bars.console.print(f"  {name:<10} {outcome.duration_s:7.2f} s  {hit}", highlight=False)
+
+    with bars, listening(on_tick):
+        yield on_stage
 
 
 def _finish_view(out: Console, store_root: Path, result) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import torch
 
 from stages.data import Split
+from stages.progress import tick
 
 
 def first_output(out) -> torch.Tensor:
@@ -17,9 +18,13 @@ def first_output(out) -> torch.Tensor:
 
 
 @torch.no_grad()
-def top1(model: Callable[[torch.Tensor], object], split: Split, batch_size: int) -> float:
-    """Share of samples whose arg-max output equals the label."""
-    correct = 0
+def top1(
+    model: Callable[[torch.Tensor], object], split: Split, batch_size: int, task: str = "top-1"
+) -> float:
+    """Share of samples whose arg-max output equals the label (progress ticks per batch)."""
+    correct = done = 0
     for _, x, y in split.batches(batch_size):
         correct += int((first_output(model(x)).argmax(1) == y).sum())
+        done += len(y)
+        tick(task, done, len(split))
     return correct / len(split)

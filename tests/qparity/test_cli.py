@@ -65,3 +65,16 @@ def test_run_then_runs_and_show(monkeypatch, capsys, tmp_path, write_spec):
 def test_show_refuses_a_path_as_run_id(monkeypatch, capsys, tmp_path):
     assert _cli(monkeypatch, "show", "../etc", "--runs", tmp_path) == 1
     assert "invalid run id" in capsys.readouterr().err
+
+
+def test_quiet_run_prints_one_line_and_localize_prints_the_summary(
+    monkeypatch, capsys, tmp_path, write_spec
+):
+    args = ("run", write_spec(tiny_spec_dict()), "--runs", tmp_path / "runs", "--no-prefect")
+    assert _cli(monkeypatch, *args, "--quiet") == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    (m,) = RunStore(tmp_path / "runs").list_runs()
+    assert lines == [f"{m.run_id} complete, no divergence"]
+    assert _cli(monkeypatch, "localize", m.run_id, "--runs", tmp_path / "runs") == 0
+    out = capsys.readouterr().out
+    assert "no stage diverges" in out and "compare_per_layer_out.txt" in out
