@@ -63,6 +63,7 @@ def compare_stages(
     for r in results.values():
         shutil.rmtree(ctx.run.path(f"tables/layer_stats/{r.name}"), ignore_errors=True)
     n, bs = len(ctx.evaluation), ctx.spec.data.batch_size
+    n = min(n, ctx.spec.compare.samples or n)
     for b, start in enumerate(range(0, n, bs)):
         idx = np.arange(start, min(start + bs, n))
         runs = {s: m.run(idx) for s, m in models.items()}

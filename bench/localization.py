@@ -25,7 +25,7 @@ import onnx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipelines.flow import run_chain  # noqa: E402
-from schemas.spec import load_spec  # noqa: E402
+from schemas.spec import load_spec, with_overrides  # noqa: E402
 from schemas.spec_faults import FaultSpec  # noqa: E402
 from schemas.store import RunStore  # noqa: E402
 
@@ -96,12 +96,13 @@ def main() -> None:
     ap.add_argument("--faults", type=int, default=200)
     ap.add_argument("--examples", nargs="*", default=list(EXAMPLES))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--samples", type=int, default=200, help="compare.samples of every run")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     store = RunStore(Path(tempfile.mkdtemp(prefix="qparity-loc-")))
     pools = {}
     for name in args.examples:
-        spec = load_spec(EXAMPLES[name])
+        spec = with_overrides(load_spec(EXAMPLES[name]), [f"compare.samples={args.samples}"])
         clean = run_chain(spec, EXAMPLES[name].read_text(), store.root, use_prefect=False)
         pools[name] = (spec, candidates(store, clean.run_id, name), clean.run_id)
         print(f"{name}: clean run, {len(pools[name][1])} candidate faults", flush=True)

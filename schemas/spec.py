@@ -118,10 +118,39 @@ def parse_spec(data: Any, source: str) -> PipelineSpec:
             where=source,
             hint=f"use keys: {', '.join(PipelineSpec.model_fields)}",
         )
+    if "pipeline" in data:
+        data = with_pipeline(data, source)
     try:
         return PipelineSpec.model_validate(data)
     except ValidationError as e:
         raise _spec_error(e, source) from e
+
+
+NAMED_PIPELINES = Path(__file__).resolve().parent.parent / "pipelines" / "named"
+"""Named pipelines: spec fragments (stages to run, analysis on/off) a spec can start from."""
+
+
+def with_pipeline(data: dict, source: str) -> dict:
+    """``data`` over the fragment its ``pipeline`` key names (the spec's own values win)."""
+    data = dict(data)
+    name = data.pop("pipeline")
+    known = sorted(p.stem for p in NAMED_PIPELINES.glob("*.yaml"))
+    if not isinstance(name, str) or name not in known:
+        raise SpecError(
+            f"pipeline: unknown named pipeline {name!r}",
+            where=source,
+            hint=f"use one of: {', '.join(known)} (pipelines/named/*.yaml)",
+        )
+    fragment = yaml.safe_load((NAMED_PIPELINES / f"{name}.yaml").read_text()) or {}
+    return _merge(fragment, data)
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merge(out[key], value) if both else value
+    return out
 
 
 def _spec_error(exc: ValidationError, source: str) -> SpecError:

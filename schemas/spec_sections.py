@@ -212,6 +212,9 @@ class StagesSpec(Section):
     """Settings of board_sim."""
     stop_after: Annotated[str | None, AfterValidator(_check_stage)] = None
     """Stop the chain after this stage; null runs every stage."""
+    run: list[Annotated[str, AfterValidator(_check_stage)]] | None = None
+    """Run only these stages and what they need (their upstream, from the registry's
+    dependencies; cached upstream is a cache hit); null runs every enabled stage."""
 
 
 class Thresholds(Section):
@@ -237,3 +240,6 @@ class CompareSpec(Section):
     flip of the task's correctness."""
     enabled: bool = True
     """Run the analysis (compare, bad cases, localization) after the chain."""
+    samples: int | None = Field(default=None, ge=1)
+    """Compare layers on the first N evaluation samples (null: all of them); top-1 is
+    always measured on the whole split."""

@@ -45,6 +45,9 @@ class StageDef:
     fn: Callable
     output: type[Artifact]
     data: tuple[str, ...]
+    needs: tuple[str, ...] = ()
+    """The stages whose artifact this one takes, in preference order: the first enabled
+    one is its upstream (pre_export takes qat's model when qat runs, else calibrate's)."""
     optional: bool = False
 
     def enabled(self, spec: PipelineSpec) -> bool:
@@ -55,13 +58,13 @@ class StageDef:
 
 STAGES: tuple[StageDef, ...] = (
     StageDef("prepare", prepare, PreparedModel, ("float_model", "evaluation")),
-    StageDef("calibrate", calibrate, CalibratedModel, ("calibration", "evaluation")),
-    StageDef("qat", qat, QatTunedModel, ("train", "evaluation"), optional=True),
-    StageDef("pre_export", pre_export, QatExportModel, ("evaluation",)),
-    StageDef("export", export, QatOnnxModel, ("float_model", "evaluation")),
-    StageDef("convert", convert, QuantizedModel, ("calibration", "evaluation")),
-    StageDef("compile", compile_model, HbmModel, ("evaluation",)),
-    StageDef("board_sim", board_sim, BoardRun, ("evaluation", "camera")),
+    StageDef("calibrate", calibrate, CalibratedModel, ("calibration", "evaluation"), ("prepare",)),
+    StageDef("qat", qat, QatTunedModel, ("train", "evaluation"), ("calibrate",), optional=True),
+    StageDef("pre_export", pre_export, QatExportModel, ("evaluation",), ("qat", "calibrate")),
+    StageDef("export", export, QatOnnxModel, ("float_model", "evaluation"), ("pre_export",)),
+    StageDef("convert", convert, QuantizedModel, ("calibration", "evaluation"), ("export",)),
+    StageDef("compile", compile_model, HbmModel, ("evaluation",), ("convert",)),
+    StageDef("board_sim", board_sim, BoardRun, ("evaluation", "camera"), ("compile",)),
 )
 BY_NAME = {s.name: s for s in STAGES}
 CHAIN = STAGE_NAMES  # the chain of DESIGN.md, in order (one list, in schemas.spec)
@@ -77,15 +80,39 @@ def get(name: str) -> StageDef:
 
 
 def plan(spec: PipelineSpec) -> list[tuple[StageDef, StageDef | None]]:
-    """(stage, upstream stage) pairs to run, in chain order, honouring stop_after."""
-    stop = spec.stages.stop_after
-    out, upstream = [], None
-    for s in STAGES:
-        if s.enabled(spec):
-            out.append((s, upstream))
-            upstream = s
-        if s.name == stop:
-            break
+    """(stage, upstream stage) pairs to run, in dependency order.
+
+    The DAG is the registry's ``needs``: a stage's upstream is its first enabled need.
+    ``stages.run`` selects stages (plus everything they need), ``stages.stop_after`` cuts
+    the chain after a stage; both together keep what satisfies both."""
+    upstream = {s.name: _upstream(s, spec) for s in STAGES if s.enabled(spec)}
+    wanted = set(upstream)
+    if spec.stages.run is not None:
+        wanted = _closure(spec.stages.run, upstream, spec)
+    if spec.stages.stop_after:
+        order = [s.name for s in STAGES]
+        wanted = {n for n in wanted if order.index(n) <= order.index(spec.stages.stop_after)}
+    return [(s, BY_NAME[upstream[s.name]] if upstream[s.name] else None)
+            for s in STAGES if s.name in wanted]  # fmt: skip
+
+
+def _upstream(stage: StageDef, spec: PipelineSpec) -> str | None:
+    return next((n for n in stage.needs if BY_NAME[n].enabled(spec)), None)
+
+
+def _closure(names: list[str], upstream: dict[str, str | None], spec) -> set[str]:
+    """The named stages and, transitively, the stages they take their input from."""
+    out: set[str] = set()
+    for name in names:
+        if name not in upstream:
+            raise SpecError(
+                f"stage {name} is not enabled",
+                where="stages.run",
+                hint=f"enable it (stages.{name}.enabled: true) or drop it from stages.run",
+            )
+        while name and name not in out:
+            out.add(name)
+            name = upstream[name]
     return out
 
 
