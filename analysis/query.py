@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from analysis.sql_views import connect
 from schemas.errors import QueryError
+from schemas.table_schemas import SCHEMAS
 
 __all__ = ["NamedQuery", "connect", "execute", "load_query", "named", "query_names", "run_sql"]
 
@@ -86,7 +87,12 @@ def execute(
             return pa.table({})
         return rel.to_arrow_table()
     except duckdb.Error as e:
-        raise QueryError(f"query failed: {e}", where="sql") from e
+        tables = ", ".join(SCHEMAS)
+        raise QueryError(
+            f"query failed: {e}",
+            where="sql",
+            hint=f"the views are {tables} and chain; `DESCRIBE <view>` lists its columns",
+        ) from e
 
 
 def run_sql(root: str | Path, sql: str, params: dict[str, Any] | None = None) -> pa.Table:

@@ -91,7 +91,11 @@ def atomic_writer(path: str | Path) -> Iterator[IO[bytes]]:
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if isinstance(e, OSError):
-            raise ArtifactError(f"could not write the file ({e})", where=str(path)) from e
+            raise ArtifactError(
+                f"could not write the file ({e})",
+                where=str(path),
+                hint="free disk space or fix the folder permissions; nothing was replaced",
+            ) from e
         raise
 
 

@@ -171,11 +171,12 @@ def _describe(err: Any) -> tuple[str, str | None]:
         allowed = ", ".join(sorted(section.model_fields)) if section else "?"
         return f"{loc}: unknown key", f"remove it or use one of: {allowed}"
     if kind == "missing":
-        return f"{loc}: required key is missing", None
+        return f"{loc}: required key is missing", f"add {loc} (see the example specs)"
     if kind in ("model_type", "model_attributes_type", "dict_type"):
-        return f"{loc}: expected a mapping, got {type(err['input']).__name__}", None
+        got = type(err["input"]).__name__
+        return f"{loc}: expected a mapping, got {got}", f"write {loc} as key: value lines"
     msg = err["msg"].removeprefix("Value error, ")
-    return f"{loc}: {msg[0].lower()}{msg[1:]}, got {_short(err['input'])}", None
+    return f"{loc}: {msg[0].lower()}{msg[1:]}, got {_short(err['input'])}", f"correct {loc}"
 
 
 def _short(value: Any, limit: int = 60) -> str:

@@ -163,4 +163,14 @@ def read_run_table(run: Run, table: str) -> list[dict[str, Any]]:
     files = sorted(run.path(f"tables/{table}").glob("**/*.parquet"))
     if not files:
         return []
-    return pa.concat_tables([pq.read_table(f) for f in files]).to_pylist()
+    parts = []
+    for f in files:
+        try:
+            parts.append(pq.read_table(f))
+        except (OSError, pa.ArrowInvalid) as e:
+            raise ArtifactError(
+                f"cannot read Parquet file ({e})",
+                where=str(f),
+                hint="the file is corrupt or truncated: rerun the run's stages (or delete it)",
+            ) from e
+    return pa.concat_tables(parts, promote_options="default").to_pylist()

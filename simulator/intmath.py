@@ -70,13 +70,22 @@ def fixed_multiplier(ratio, bits: int, rounding: str = "half_even"):
     """
     r = np.asarray(ratio, dtype=np.float64)
     if not (np.all(np.isfinite(r)) and np.all(r > 0) and np.all(r < 2.0**bits - 1)):
-        raise SimulatorError(f"multiplier ratio {r} outside (0, 2**{bits} - 1)")
+        raise SimulatorError(
+            f"multiplier ratio {r} outside (0, 2**{bits} - 1)",
+            where="requantize",
+            hint="a scale is zero, negative or not finite: recalibrate (the layer's observer "
+            "must see data) or check the scales in the model",
+        )
     s = np.clip(np.floor(np.log2((2.0**bits - 1) / r)), 0, 62).astype(np.int64)
     m = round_by(r * np.exp2(s), rounding)
     s = np.where(m >= 2**bits, s - 1, s)
     m = round_by(r * np.exp2(s), rounding).astype(np.int64)
     if np.any(m == 0):
-        raise SimulatorError(f"multiplier ratio {r} too small for a 62-bit shift")
+        raise SimulatorError(
+            f"multiplier ratio {r} too small for a 62-bit shift",
+            where="requantize",
+            hint="an output scale is vastly larger than its input scales: recalibrate",
+        )
     return m, s
 
 

@@ -25,10 +25,7 @@ def reference(a: list[float], b: list[float], step: float) -> dict:
     aa, bb = sum(x * x for x in a), sum(y * y for y in b)
     ab = sum(x * y for x, y in zip(a, b, strict=True))
     d2 = sum(v * v for v in d)
-    if aa == 0 and bb == 0:
-        cos = 1.0
-    else:
-        cos = ab / math.sqrt(aa * bb) if aa * bb > 0 else 0.0
+    cos = 1.0 if aa == 0 and bb == 0 else (ab / math.sqrt(aa * bb) if aa * bb > 0 else 0.0)
     return {
         "cosine": max(-1.0, min(1.0, cos)),
         "mse": d2 / len(a),
