@@ -172,6 +172,10 @@ from qparity.cli_sql import diff_command, sql_command  # noqa: E402
 app.command("sql")(sql_command)
 app.command("diff")(diff_command)
 
+from qparity.cli_report import report_command  # noqa: E402
+
+app.command("report")(report_command)
+
 
 def main() -> None:
     """Console entry point: our errors become one paragraph and exit code 1."""

@@ -3,5 +3,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The report's browser test needs Debian's chromium: install it when missing, never fatally
+# (without apt-get or root the test skips and says why).
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+  apt_install 2>/dev/null || { apt-get update -qq && apt_install; } \
+    || echo "test.sh: could not install chromium; the report's browser test will skip" >&2
+fi
 .venv/bin/ruff check .
 .venv/bin/python -m pytest -q "$@"

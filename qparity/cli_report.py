@@ -1,0 +1,47 @@
+"""`qparity report`: one self-contained HTML file of a run (analysis/report.py).
+
+Written to be registered on the main app as it is::
+
+    app.command("report")(report_command)
+
+Errors are :class:`~schemas.errors.QparityError` (e.g. no such run), printed by the main CLI.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from analysis.report import write_report
+from schemas.store import RunStore
+
+console = Console()
+
+RunsOpt = Annotated[
+    Path | None, typer.Option("--runs", help="Run store folder (default: $QPARITY_RUNS or ./runs).")
+]
+OutOpt = Annotated[
+    Path | None,
+    typer.Option("--out", "-o", help="Where to write the HTML (default: <run>/report.html)."),
+]
+
+
+def report_command(
+    run_id: Annotated[str, typer.Argument(help="A run id (see `qparity runs`).")],
+    runs: RunsOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """Write one self-contained HTML report of a run and print its path.
+
+    Top-1 per stage, heatmaps of cosine and max_qscale_diff (layers x stages, the first
+    divergent cell marked), sensitive ops, bad cases, links to the debug files.
+
+    Example: qparity report RUN
+    """
+    from pipelines.runs import default_store_root
+
+    run = RunStore(runs or default_store_root()).open(run_id)
+    console.print(str(write_report(run, out)), highlight=False, soft_wrap=True)

@@ -1,0 +1,169 @@
+"""The HTML report of a run of the tiny model with an injected fault (analysis/report.py)."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from analysis.report import write_report
+from analysis.report_html import fmt
+from pipelines.flow import run_chain
+from qparity.cli_report import report_command
+from schemas.spec import parse_spec
+from schemas.store import Run, RunStore
+from schemas.tables import read_run_table
+from tests.conftest import tiny_spec_dict
+
+FAULT = {"kind": "bias_drop", "layer": "conv2"}
+NASTY_TAG = '<b onclick="x()">&amp;'
+
+
+class _Page(HTMLParser):
+    """The heatmap cells (their attributes), the links and every tag name of a page."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.cells: list[dict] = []
+        self.hrefs: list[str] = []
+        self.tags: set[str] = set()
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags.add(tag)
+        if tag == "td" and "cell" in a.get("class", "").split():
+            self.cells.append(a)
+        if tag == "a":
+            self.hrefs.append(a["href"])
+
+
+def build_faulty_run(root: Path) -> Run:
+    """A run of the tiny model whose convert stage drops the bias of ``FAULT['layer']``."""
+    data = tiny_spec_dict(faults=[FAULT], tags={"owner": NASTY_TAG})
+    result = run_chain(parse_spec(data, "t"), yaml.safe_dump(data), root, use_prefect=False)
+    return RunStore(root).open(result.run_id)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """(store root, run, report path, html) of the faulty run."""
+    root = tmp_path_factory.mktemp("runs")
+    run = build_faulty_run(root)
+    path = write_report(run)
+    return root, run, path, path.read_text(encoding="utf-8")
+
+
+def test_the_report_is_written_into_the_run_folder(built):
+    _, run, path, text = built
+    assert path == run.path("report.html")
+    assert text.startswith("<!DOCTYPE html>") and text.rstrip().endswith("</html>")
+
+
+def test_both_heatmaps_have_a_cell_per_layer_and_chain_pair(built):
+    _, run, _, text = built
+    pairs = [
+        (r["base_stage"], r["stage"])
+        for r in read_run_table(run, "localization")
+        if r["kind"] == "stage"
+    ]
+    rows = read_run_table(run, "layer_stats")
+    layers = {
+        r["layer_id"]
+        for r in rows
+        if r["sample_id"] is None and (r["base_stage"], r["analysis_stage"]) in pairs
+    }
+    assert 'id="heatmap-cosine"' in text and 'id="heatmap-max_qscale_diff"' in text
+    cells = _Page(text).cells
+    assert len(cells) == 2 * len(layers) * len(pairs)
+    assert {(c["data-base"], c["data-stage"]) for c in cells} == set(pairs)
+
+
+def test_heatmap_rows_follow_the_topological_order(built):
+    _, run, _, text = built
+    agg = [r for r in read_run_table(run, "layer_stats") if r["sample_id"] is None]
+    order = {r["layer_id"]: r["topo_index"] for r in agg}
+    cells = _Page(text).cells
+    first_map = cells[: len(cells) // 2]
+    seen = list(dict.fromkeys(c["data-layer"] for c in first_map))
+    assert seen == sorted(seen, key=lambda lid: (order[lid], lid))
+
+
+def test_the_first_divergent_cell_is_marked_in_both_heatmaps(built):
+    _, _, _, text = built
+    marked = [c for c in _Page(text).cells if "first" in c["class"].split()]
+    assert [(c["data-stage"], c["data-layer"]) for c in marked] == [("convert", FAULT["layer"])] * 2
+    assert "first divergent layer: conv2" in text
+
+
+def test_the_chain_shows_top1_per_stage(built):
+    _, run, _, text = built
+    top1 = [r for r in read_run_table(run, "metrics") if r["metric"] == "top1"]
+    assert top1
+    for r in top1:
+        assert re.search(rf"<td>{r['stage']}</td>.*?<td class=num>{fmt(r['value'])}</td>", text)
+
+
+def test_run_strings_are_escaped(built):
+    _, _, _, text = built
+    assert NASTY_TAG not in text
+    assert "owner=&lt;b onclick=&quot;x()&quot;&gt;&amp;amp;" in text
+    assert "b" not in _Page(text).tags  # the tag value never became an element
+
+
+def test_the_page_is_self_contained(built):
+    _, _, _, text = built
+    assert not re.search(r"https?://", text)
+    assert not re.search(r"<(link|img|iframe)\b|\bsrc=", text)
+
+
+def test_links_point_to_existing_vendor_files(built, tmp_path):
+    _, run, path, text = built
+    hrefs = _Page(text).hrefs
+    names = {Path(h).name for h in hrefs}
+    assert {"compare_per_layer_out.txt", "badcase.txt", "abnormal_layer_advisor.txt"} <= names
+    assert "output_convert_l1_sensitive_ops.txt" in names
+    assert all((path.parent / h).is_file() for h in hrefs)
+    elsewhere = write_report(run, tmp_path / "sub" / "r.html")
+    moved = _Page(elsewhere.read_text()).hrefs
+    assert len(moved) == len(hrefs) and all((elsewhere.parent / h).is_file() for h in moved)
+
+
+def _section(text: str, title: str) -> str:
+    return text.split(f"<h2>{title}</h2>", 1)[1].split("<h2>", 1)[0]
+
+
+def test_sensitive_ops_and_bad_cases_are_listed(built):
+    _, run, _, text = built
+    sensitive = read_run_table(run, "sensitivity")
+    assert sensitive and _section(text, "Sensitive ops").count("<tr>") == len(sensitive) + 1
+    bad = read_run_table(run, "badcases")
+    blocks = _section(text, "Bad cases")
+    pairs = {(r["base_stage"], r["analysis_stage"]) for r in bad}
+    assert blocks.count("<details") == len(pairs) and blocks.count("<tr>") == len(bad) + len(pairs)
+    assert (
+        blocks.count("<details open>") == 1
+        and "<details open><summary>convert vs export:" in blocks
+    )
+
+
+def test_a_run_without_analysis_tables_says_so(tmp_path):
+    run = RunStore(tmp_path).create_run("bare", "", "0" * 64, "v0", {}, {})
+    text = write_report(run).read_text()
+    assert "no analysis tables" in text and "heatmap-cosine" not in text
+
+
+def test_the_command_prints_the_path_it_wrote(built, tmp_path):
+    root, run, _, _ = built
+    app = typer.Typer()
+    app.command("report")(report_command)
+    app.command("noop")(lambda: None)  # two commands: the run id stays an argument
+    out = tmp_path / "cli.html"
+    result = CliRunner().invoke(app, ["report", run.run_id, "--runs", str(root), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == str(out) and out.is_file()
