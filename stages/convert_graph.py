@@ -161,6 +161,7 @@ class Converter:
             if len(q.input) > 2
             else "int8"
         )
+        dtype = dtype.decode() if isinstance(dtype, bytes) else dtype  # custom-domain string attr
         axis = _attr(q, "axis") if scale.size > 1 else None
         return scale, dtype, (1 if axis is None and scale.size > 1 else axis)
 

@@ -88,6 +88,9 @@ class OnnxRunner:
             opts = ort.SessionOptions()
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
             opts.intra_op_num_threads = opts.inter_op_num_threads = THREADS
+            # idle ORT threads otherwise spin after each run and starve the numpy work
+            # between runs (analysis: about 3x slower, bench/capture.py)
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
             model = _with_outputs(self.model, extra)
             self._sessions[extra] = ort.InferenceSession(
                 model.SerializeToString(),

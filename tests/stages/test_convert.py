@@ -75,3 +75,15 @@ def test_mostly_saturating_layer_gets_an_advisor_warning(make_ctx):
     arts = run_stages(ctx, *CHAIN)
     assert arts["convert"].warnings and "saturates" in arts["convert"].warnings[0]
     assert "saturates" in ctx.run.path("debug/convert_advisor.txt").read_text()
+
+
+def test_custom_domain_quantizer_dtype_is_read_as_text():
+    """bpu_round exports QuantizeLinear in the qparity domain with a string dtype attr."""
+    scale = numpy_helper.from_array(np.array(0.5, np.float32), "s")
+    node = onnx.helper.make_node(
+        "QuantizeLinear", ["x", "s"], ["q"], domain="qparity", dtype="int16"
+    )
+    graph = onnx.helper.make_graph([node], "g", [], [], [scale])
+    conv = Converter(onnx.helper.make_model(graph), ConvertSettings())
+    got_scale, dtype, axis = conv.q_params(node)
+    assert (float(got_scale), dtype, axis) == (0.5, "int16", None)
