@@ -176,6 +176,11 @@ from qparity.cli_report import report_command  # noqa: E402
 
 app.command("report")(report_command)
 
+from qparity.cli_sweep import schedule_command, sweep_command  # noqa: E402
+
+app.command("sweep")(sweep_command)
+app.command("schedule")(schedule_command)
+
 
 def main() -> None:
     """Console entry point: our errors become one paragraph and exit code 1."""

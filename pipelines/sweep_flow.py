@@ -1,0 +1,178 @@
+"""The sweep as a Prefect flow: one task per run, on local threads or on a Dask cluster.
+
+Why one *task* per run and not a subflow: prefect-dask's DaskTaskRunner ships tasks to the
+workers, while a subflow called inside a flow runs in the calling process, so subflows would
+never leave this machine. Each task runs a whole chain with ``run_chain(use_prefect=False)``:
+its stages are plain calls inside the task (content-addressed cache, manifest and tables as
+usual), and the UI shows one task per run with its state and duration, plus a table
+artifact ``sweep-summary``.
+
+Dask workers write into the same run store as this process, so the store must be a path
+every worker sees (a local folder for a LocalCluster; a shared mount for remote workers).
+They report task states to the Prefect API named by their own ``PREFECT_API_URL``; for a
+LocalCluster it is exported to the workers (the configured server, else this process's
+temporary one; NOTES.md: each worker starting its own costs ~20 s).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+
+# isort: off
+from pipelines.flow import prefect_ready, run_chain  # first: it sets the quiet Prefect defaults
+from prefect import flow, task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+# isort: on
+from pipelines.sweep import DaskRunner, LocalRunner, RunRecord
+from schemas.errors import QparityError
+from schemas.spec import PipelineSpec
+from schemas.store import RunStore
+
+
+def execute_run(label: str, spec: PipelineSpec, store_root: str) -> RunRecord:
+    """Run one chain; any error becomes a failed record (one bad run must not stop a sweep)."""
+    t0 = time.perf_counter()
+    try:
+        result = run_chain(spec, "", Path(store_root), use_prefect=False)
+    except Exception as e:  # QparityError and anything unexpected alike: record, go on
+        error = e.message if isinstance(e, QparityError) else f"{type(e).__name__}: {e}"
+        run_id = _run_with_tags(Path(store_root), dict(spec.tags))
+        wall = time.perf_counter() - t0
+        return RunRecord(label, run_id, "failed", None, None, None, wall, error, _where())
+    last, top1 = _last_top1(result.outcomes)
+    first = getattr(result.analysis, "first", None)
+    return RunRecord(
+        label,
+        result.run_id,
+        "complete",
+        top1,
+        last,
+        first.analysis if first is not None else None,
+        time.perf_counter() - t0,
+        where=_where(),
+    )
+
+
+def _where() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _last_top1(outcomes: dict) -> tuple[str | None, float | None]:
+    """(last stage, its top-1) from the stage outcomes."""
+    if not outcomes:
+        return None, None
+    stage, outcome = list(outcomes.items())[-1]
+    metrics = getattr(outcome.artifact, "metrics", [])
+    top1 = [m.value for m in metrics if m.metric == "top1" and m.stage == stage]
+    return stage, (top1[-1] if top1 else None)
+
+
+def _run_with_tags(root: Path, tags: dict[str, str]) -> str | None:
+    """The id of the run carrying exactly ``tags`` (unique within a sweep), if it was made.
+
+    run_chain raises without the id of the run it created; the sweep tags find it."""
+    try:
+        hits = [m.run_id for m in RunStore(root).list_runs() if m.tags == tags]
+    except QparityError:
+        return None
+    return hits[-1] if hits else None
+
+
+run_task = task(name="sweep-run", cache_policy=NO_CACHE, persist_result=False)(execute_run)
+
+
+@flow(name="qparity-sweep", validate_parameters=False, persist_result=False)
+def sweep_flow(runs: list[tuple[str, PipelineSpec]], store_root: str) -> list[RunRecord]:
+    """Submit one task per run to the flow's task runner, collect a record per run."""
+    futures = [
+        (label, run_task.with_options(task_run_name=label).submit(label, spec, store_root))
+        for label, spec in runs
+    ]
+    records = []
+    for label, fut in futures:
+        try:
+            records.append(fut.result())
+        except Exception as e:  # a lost worker: the task itself never raises
+            records.append(RunRecord(label, None, "failed", None, None, None, 0.0, repr(e)))
+    create_table_artifact(
+        [{k: v for k, v in asdict(r).items()} for r in records],
+        key="sweep-summary",
+        description="one row per run of the sweep",
+    )
+    return records
+
+
+def task_runner(runner: LocalRunner | DaskRunner):
+    """The Prefect task runner a sweep file's ``runner`` asks for."""
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    if isinstance(runner, LocalRunner):
+        return ThreadPoolTaskRunner(max_workers=1)  # torch stages share one process: serial
+    from prefect_dask import DaskTaskRunner
+
+    if runner.address:
+        return DaskTaskRunner(address=runner.address)
+    return DaskTaskRunner(
+        cluster_class="distributed.LocalCluster",
+        cluster_kwargs={
+            "n_workers": runner.workers,
+            "threads_per_worker": 1,
+            "processes": True,
+            "host": "127.0.0.1",
+            "dashboard_address": None,
+        },
+    )
+
+
+def run_flow(
+    runs: list[tuple[str, PipelineSpec]], root: Path, sweep_id: str, runner
+) -> list[RunRecord]:
+    """Run the sweep flow (flow run named by the sweep id) on ``runner``."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    prefect_ready()
+    with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}), _worker_env(runner):
+        configured = sweep_flow.with_options(
+            task_runner=task_runner(runner), flow_run_name=sweep_id
+        )
+        return configured(runs, str(root))
+
+
+@contextmanager
+def _worker_env(runner) -> Iterator[None]:
+    """PREFECT_API_URL in os.environ while a LocalCluster starts, so its workers report to
+    this process's server instead of each starting a temporary one."""
+    if not (isinstance(runner, DaskRunner) and runner.workers):
+        yield
+        return
+    old, log = os.environ.get("PREFECT_API_URL"), logging.getLogger("distributed")
+    os.environ["PREFECT_API_URL"], level = _api_url(), log.level
+    log.setLevel(logging.WARNING)  # the scheduler's INFO lines would drown the summary
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+        if old is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = old
+
+
+def _api_url() -> str:
+    """The configured API URL, else the URL of this process's temporary server."""
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return PREFECT_API_URL.value()
+    from prefect.server.api.server import SubprocessASGIServer
+
+    return SubprocessASGIServer().api_url

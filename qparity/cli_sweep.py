@@ -1,0 +1,85 @@
+"""`qparity sweep` and `qparity schedule`: matrices of runs, and nightly deployments of them.
+
+Written to be registered on the main app as they are::
+
+    app.command("sweep")(sweep_command)
+    app.command("schedule")(schedule_command)
+
+Errors are :class:`~schemas.errors.QparityError` (SpecError for a bad sweep file or cron
+string), printed by the main CLI.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+out = Console()
+
+RunsOpt = Annotated[
+    Path | None, typer.Option("--runs", help="Run store folder (default: $QPARITY_RUNS or ./runs).")
+]
+
+
+def _root(root: Path | None) -> Path:
+    from pipelines.runs import default_store_root
+
+    return root or default_store_root()
+
+
+def sweep_command(
+    sweep: Annotated[Path, typer.Argument(help="Sweep file (YAML): spec, matrix, runner.")],
+    runs: RunsOpt = None,
+    no_prefect: Annotated[
+        bool,
+        typer.Option("--no-prefect", help="Run every run here, one by one, without Prefect."),
+    ] = False,
+):
+    """Run a matrix of spec fields, one run per combination; print a summary table.
+
+    One failing run does not stop the others; the command exits 1 if any run failed.
+
+    Example: qparity sweep pipelines/sweeps/digits_levels.yaml
+
+    Example: qparity sweep pipelines/sweeps/digits_levels.yaml --no-prefect --runs /tmp/runs
+    """
+    from pipelines.sweep import expand, load_sweep, run_sweep
+
+    n = len(expand(load_sweep(sweep), "preview"))
+    out.print(f"[bold]{sweep}[/]: {n} runs into {_root(runs)}/", highlight=False)
+    result = run_sweep(sweep, _root(runs), use_prefect=not no_prefect)
+    out.print(result.table())
+    if result.failed:
+        out.print(
+            f"{len(result.failed)} of {len(result.runs)} runs failed; details: qparity show RUN_ID",
+            highlight=False,
+        )
+        raise typer.Exit(1)
+
+
+def schedule_command(
+    sweep: Annotated[Path, typer.Argument(help="Sweep file (YAML).")],
+    cron: Annotated[str, typer.Option("--cron", help='Cron schedule, e.g. "0 2 * * *".')],
+    runs: RunsOpt = None,
+):
+    """Register a Prefect deployment that runs the sweep on a cron schedule.
+
+    Needs a Prefect server (`prefect server start`, PREFECT_API_URL set) and a worker
+    (`prefect worker start --pool qparity`) to execute the scheduled runs.
+
+    Example: qparity schedule pipelines/sweeps/digits_levels.yaml --cron "0 2 * * *"
+    """
+    from pipelines.schedule import schedule
+
+    d = schedule(sweep, cron, _root(runs))
+    ui = d.api_url.removesuffix("/api")
+    out.print(
+        f"deployment [bold]{d.name}[/] ({d.id}) scheduled {d.cron!r} in work pool {d.work_pool}\n"
+        f"  runs execute while a worker is up:  prefect worker start --pool {d.work_pool}\n"
+        f"  run it now:                         prefect deployment run '{d.name}'\n"
+        f"  in the UI:                          {ui}/deployments/deployment/{d.id}",
+        highlight=False,
+    )
