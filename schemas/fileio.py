@@ -85,6 +85,7 @@ def atomic_writer(path: str | Path) -> Iterator[IO[bytes]]:
         with open(tmp, "xb") as fh:
             yield fh
             fh.flush()
+            _crash_point()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
@@ -97,6 +98,24 @@ def atomic_writer(path: str | Path) -> Iterator[IO[bytes]]:
                 hint="free disk space or fix the folder permissions; nothing was replaced",
             ) from e
         raise
+
+
+CRASH_ENV = "QPARITY_CRASH_AT_WRITE"
+"""Crash-harness hook (bench/crash.py): when set to N, the process kills itself with
+SIGKILL during its N-th atomic write, after the data is written and before the rename,
+the worst moment for a writer. Unset in normal use: the check is one dict lookup."""
+_WRITES = [0]
+
+
+def _crash_point() -> None:
+    at = os.environ.get(CRASH_ENV)
+    if at is None:
+        return
+    _WRITES[0] += 1
+    if _WRITES[0] == int(at):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _fsync_dir(folder: Path) -> None:

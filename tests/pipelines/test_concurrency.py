@@ -1,0 +1,44 @@
+"""Four runs writing into one store at once, read through DuckDB while they write."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from analysis.query import run_sql
+from schemas.store import RunStore
+from schemas.tables import read_table
+from tests.conftest import tiny_spec_dict
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_four_concurrent_runs_and_a_reader(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    data = tiny_spec_dict(stages={"stop_after": "pre_export"}, compare={"enabled": False})
+    spec.write_text(yaml.safe_dump(data))
+    store = tmp_path / "runs"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "qparity.cli", "run", str(spec), "--runs", str(store),
+           "--no-prefect", "--quiet"]  # fmt: skip
+    procs = [subprocess.Popen(cmd, env=env, cwd=ROOT, stderr=subprocess.PIPE) for _ in range(4)]
+    reads = 0
+    while any(p.poll() is None for p in procs):
+        if store.exists():
+            run_sql(store, "SELECT count(*) AS n FROM stages")  # never fails mid-write
+            reads += 1
+        time.sleep(0.2)
+    errors = [p.stderr.read().decode()[-500:] for p in procs if p.returncode != 0]
+    assert not errors, errors
+    runs = RunStore(store).list_runs()
+    assert len(runs) == 4 and all(m.status == "complete" for m in runs)
+    rows = read_table(store, "stages").to_pylist()
+    assert sorted((r["run_id"], r["stage"]) for r in rows) == sorted(
+        (m.run_id, s) for m in runs for s in ("prepare", "calibrate", "pre_export")
+    )
+    assert reads > 0
