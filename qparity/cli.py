@@ -181,6 +181,10 @@ from qparity.cli_sweep import schedule_command, sweep_command  # noqa: E402
 app.command("sweep")(sweep_command)
 app.command("schedule")(schedule_command)
 
+from qparity.cli_verify import verify_command  # noqa: E402
+
+app.command("verify")(verify_command)
+
 
 def main() -> None:
     """Console entry point: our errors become one paragraph and exit code 1."""
