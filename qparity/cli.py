@@ -185,6 +185,10 @@ from qparity.cli_verify import verify_command  # noqa: E402
 
 app.command("verify")(verify_command)
 
+from qparity.cli_edit import edit_command  # noqa: E402
+
+app.command("edit")(edit_command)
+
 
 def main() -> None:
     """Console entry point: our errors become one paragraph and exit code 1."""

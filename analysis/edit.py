@@ -1,0 +1,94 @@
+"""``qparity edit RUN --remove-fake-quant 1-100,102``: the vendor's bc_editor, on qat.onnx.
+
+Numbers are node indices of debug/qat_onnx.txt. For a QuantizeLinear or DequantizeLinear
+the fake-quant pair it belongs to is removed; for a compute node, the pairs on its weights
+and on its output. Removing a pair rewires its consumers to the float value it quantized,
+so that op runs in float: in the edited qat.onnx and, after reconverting, as a float
+island of the integer graph. Consistency of a model = agreement of its integer graph with
+its qat.onnx on the evaluation samples (output L1 and cosine); each fallback (each number
+alone, then all together) is ranked by how much it improves on the unedited pair.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import numpy as np
+import onnx
+
+from schemas.errors import SpecError
+
+QDQ = ("QuantizeLinear", "DequantizeLinear")
+
+
+def parse_numbers(text: str, count: int) -> list[int]:
+    """``"1-100,102"`` -> [1, ..., 100, 102]; each within 0..count-1."""
+    out: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m:
+            raise SpecError(
+                f"{part!r} is not a number or a range",
+                where="--remove-fake-quant",
+                hint="use node numbers of debug/qat_onnx.txt, e.g. 1-100,102",
+            )
+        lo, hi = int(m[1]), int(m[2] or m[1])
+        if hi < lo or hi >= count:
+            raise SpecError(
+                f"{part} is outside the graph's nodes 0-{count - 1}",
+                where="--remove-fake-quant",
+                hint="see debug/qat_onnx.txt for the numbers",
+            )
+        out.extend(range(lo, hi + 1))
+    return sorted(set(out))
+
+
+def pairs_of(model: onnx.ModelProto, k: int) -> list[tuple[int, int]]:
+    """The (Quantize, Dequantize) node index pairs node ``k`` stands for."""
+    nodes = model.graph.node
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output}
+    users: dict[str, list[int]] = {}
+    for i, n in enumerate(nodes):
+        for name in n.input:
+            users.setdefault(name, []).append(i)
+    node = nodes[k]
+    if node.op_type == "QuantizeLinear":
+        return [(k, d) for d in users.get(node.output[0], []) if nodes[d].op_type == QDQ[1]]
+    if node.op_type == "DequantizeLinear":
+        q = producer.get(node.input[0])
+        return [(q, k)] if q is not None and nodes[q].op_type == QDQ[0] else []
+    out = []
+    for name in node.input[1:]:  # weights: DQ(Q(initializer))
+        d = producer.get(name)
+        if d is not None and nodes[d].op_type == QDQ[1]:
+            out += pairs_of(model, d)
+    for q in users.get(node.output[0], []):
+        if nodes[q].op_type == QDQ[0]:
+            out += pairs_of(model, q)
+    return out
+
+
+def remove_fake_quant(model: onnx.ModelProto, numbers: list[int]) -> tuple[onnx.ModelProto, int]:
+    """A copy of ``model`` without the fake-quant pairs of ``numbers``; how many went."""
+    pairs = {p for k in numbers for p in pairs_of(model, k)}
+    edited = copy.deepcopy(model)
+    nodes = edited.graph.node
+    rename = {nodes[d].output[0]: nodes[q].input[0] for q, d in pairs}
+    for n in nodes:
+        for i, name in enumerate(n.input):
+            n.input[i] = rename.get(name, name)
+    for out in edited.graph.output:
+        if out.name in rename:  # keep the graph's output name: an Identity from the float value
+            nodes.append(onnx.helper.make_node("Identity", [rename[out.name]], [out.name]))
+    drop = sorted({i for p in pairs for i in p}, reverse=True)
+    for i in drop:
+        del nodes[i]
+    return edited, len(pairs)
+
+
+def agreement(qat_out: np.ndarray, int_out: np.ndarray) -> dict[str, float]:
+    """Output L1 and cosine of an integer graph against its qat.onnx."""
+    a, b = np.asarray(qat_out, np.float64).ravel(), np.asarray(int_out, np.float64).ravel()
+    norm = np.linalg.norm(a) * np.linalg.norm(b)
+    return {"l1": float(np.mean(np.abs(a - b))), "cosine": float(a @ b / norm) if norm else 1.0}

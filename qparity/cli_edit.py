@@ -1,0 +1,40 @@
+"""``qparity edit``: the vendor's bc_editor: fall numbered ops of qat.onnx back to float."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+out = Console()
+
+
+def edit_command(
+    run_id: Annotated[str, typer.Argument(help="A run with export done (see `qparity runs`).")],
+    remove_fake_quant: Annotated[
+        str,
+        typer.Option("--remove-fake-quant", help="Node numbers of debug/qat_onnx.txt: 1-100,102"),
+    ],
+    runs: Annotated[Path | None, typer.Option("--runs", help="Run store folder.")] = None,
+):
+    """Remove fake quant from numbered ops, reconvert, rank the fallbacks by consistency gain.
+
+    Example: qparity edit my-run --remove-fake-quant 14-25,40
+    """
+    from analysis.edit_run import SAMPLES, edit_run
+    from pipelines.runs import default_store_root
+
+    base, fallbacks = edit_run(runs or default_store_root(), run_id, remove_fake_quant)
+    out.print(
+        f"unedited: quantized vs qat.onnx output L1 {base['l1']:.6g}, cosine "
+        f"{base['cosine']:.6f} ({SAMPLES} samples at most)",
+        highlight=False,
+    )
+    table = Table("nodes in float", "Q/DQ pairs removed", "L1", "cosine", "L1 gain",
+                  title="fallbacks, most consistency gained first")  # fmt: skip
+    for f in fallbacks:
+        table.add_row(f.numbers, str(f.removed), f"{f.l1:.6g}", f"{f.cosine:.6f}", f"{f.gain:.6g}")
+    out.print(table)
