@@ -118,8 +118,17 @@ class Converter:
                 continue
             self.layer = _layer_id(node)
             rule = table.get((node.domain or "", node.op_type))
-            if rule is None or not rule(self, k, node):
-                self.float_island(node)
+            try:
+                if rule is None or not rule(self, k, node):
+                    self.float_island(node)
+            except (KeyError, IndexError, ValueError, TypeError, AttributeError) as e:
+                raise StageError(
+                    f"cannot convert node {k} ({node.op_type} {node.name!r}): "
+                    f"{type(e).__name__}: {e}",
+                    where=f"convert, layer {self.layer}",
+                    hint="the graph is not one qparity's export writes: rerun export "
+                    "(or, for an edited graph, undo the edit of this node)",
+                ) from e
         for out in self.src.graph.output:
             self.float_of(out.name)
         return self.model(), self.layer_table()

@@ -32,6 +32,11 @@ class OnnxRunner:
 
     def __init__(self, model_or_path: onnx.ModelProto | str | Path):
         self.model = _load(model_or_path)
+        self.source = (
+            str(model_or_path)
+            if not isinstance(model_or_path, onnx.ModelProto)
+            else (self.model.graph.name or "ONNX model")
+        )
         custom = any(n.domain == DOMAIN for n in self.model.graph.node)
         self.backend = "reference" if custom else "onnxruntime"
         self.input_name = self.model.graph.input[0].name
@@ -59,11 +64,17 @@ class OnnxRunner:
             )
         extra = [i for i in layer_ids if i not in self.output_names]
         feeds = {self.input_name: np.ascontiguousarray(x), **(feeds or {})}
-        if self.backend == "onnxruntime":
-            values = self._ort(tuple(extra)).run(None, feeds)
-            named = dict(zip(self.output_names + extra, values, strict=True))
-        else:
-            named = self._reference().run(None, feeds, intermediate=True)
+        try:
+            named = self._named(feeds, extra)
+        except StageError:
+            raise
+        except Exception as e:  # ORT and the reference evaluator raise many types
+            raise StageError(
+                f"the graph failed to run on {self.backend} ({type(e).__name__}: {str(e)[:300]})",
+                where=self.source,
+                hint="the model is inconsistent (shapes, types or a missing input): "
+                "re-create it with the stage that wrote it",
+            ) from e
         outputs = [named[n] for n in self.output_names]
         return outputs, {i: named[i] for i in layer_ids}
 
@@ -79,6 +90,12 @@ class OnnxRunner:
         if key not in self._sessions:
             self._sessions[key] = OnnxRunner(_cut(self.model, set(names)))
         return self._sessions[key]
+
+    def _named(self, feeds: dict, extra: list[str]) -> dict[str, np.ndarray]:
+        if self.backend == "onnxruntime":
+            values = self._ort(tuple(extra)).run(None, feeds)
+            return dict(zip(self.output_names + extra, values, strict=True))
+        return self._reference().run(None, feeds, intermediate=True)
 
     def _ort(self, extra: tuple[str, ...]):
         """An onnxruntime session whose outputs also include ``extra`` tensors (cached)."""
