@@ -23,7 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import yaml  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 from pipelines.flow import run_chain  # noqa: E402
 from schemas.spec import parse_spec  # noqa: E402
