@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from pipelines.limits import guard
 from schemas.artifacts import Artifact, combined_digest
 from schemas.errors import ArtifactError, SpecError
 from schemas.fileio import atomic_copy, json_digest
@@ -98,7 +99,12 @@ def execute_stage(
         call = _stage_call(ctx, stage, upstream)
         key = json_digest([stage.name, call.inputs_digest, call.config_digest, call.code_version])
         cached = None if stage.name in ctx.recompute else _from_cache(store, run, key, stage)
-        art = cached[0] if cached else stage.fn(upstream, ctx, call)
+        if cached:
+            art = cached[0]
+        else:
+            lim = ctx.spec.limits
+            with guard(stage.name, lim.stage_seconds, lim.stage_memory_mb):
+                art = stage.fn(upstream, ctx, call)
         if cached is None:
             run.save_artifact(art)
             store.cache_record(key, {"run_id": run.run_id, "stage": stage.name})

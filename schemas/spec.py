@@ -27,6 +27,7 @@ from schemas.spec_sections import (
     STAGE_NAMES,
     CompareSpec,
     DataSpec,
+    LimitsSpec,
     ModelSpec,
     QuantSpec,
     Section,
@@ -80,6 +81,8 @@ class PipelineSpec(Section):
     """Comparison settings."""
     tags: dict[str, Annotated[str, BeforeValidator(tag_value)]] = {}
     """Free-form labels copied into the runs table."""
+    limits: LimitsSpec = LimitsSpec()
+    """Time and memory bounds per stage."""
     faults: list[FaultSpec] = []
     """Faults to inject (schemas.spec_faults): proof that localization works."""
 

@@ -228,6 +228,15 @@ class Thresholds(Section):
     """Largest acceptable drop of top-1 accuracy (a fraction)."""
 
 
+class LimitsSpec(Section):
+    """Bounds on every stage; a stage past one fails cleanly and says which."""
+
+    stage_seconds: float | None = Field(default=None, gt=0)
+    """Wall time a stage may take (null: no limit)."""
+    stage_memory_mb: float | None = Field(default=None, gt=0)
+    """Resident memory a stage may add to the process, MB (null: no limit)."""
+
+
 class CompareSpec(Section):
     """How stages are compared."""
 

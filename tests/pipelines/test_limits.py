@@ -1,0 +1,46 @@
+"""Per-stage limits: a stage past its time or memory bound fails cleanly and says which."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from pipelines.flow import run_chain
+from pipelines.limits import LimitExceeded, guard
+from schemas.spec import parse_spec
+from schemas.store import RunStore
+from tests.conftest import tiny_spec_dict
+
+
+def test_time_limit_stops_a_python_loop():
+    with pytest.raises(LimitExceeded, match=r"stage slow: stopped: it ran .* \(limit 0.3 s\)"):
+        with guard("slow", 0.3, None):
+            end = time.monotonic() + 10
+            while time.monotonic() < end:
+                pass
+
+
+def test_memory_limit_stops_a_growing_stage():
+    keep = []
+    with pytest.raises(LimitExceeded, match=r"grew .* MB of memory \(limit 50 MB\)"):
+        with guard("hungry", None, 50):
+            for _ in range(400):
+                keep.append(np.ones(2**20))  # 8 MB each, touched
+                time.sleep(0.01)
+
+
+def test_no_limits_no_watchdog():
+    with guard("free", None, None):
+        pass
+
+
+def test_a_run_past_its_limit_marks_the_stage_failed(tmp_path):
+    data = tiny_spec_dict(limits={"stage_seconds": 0.05})
+    with pytest.raises(LimitExceeded, match="stage prepare"):
+        run_chain(parse_spec(data, "t"), yaml.safe_dump(data), tmp_path, use_prefect=False)
+    (m,) = RunStore(tmp_path).list_runs()
+    assert m.status == "failed" and m.stages["prepare"].status == "failed"
+    assert "limit 0.05 s" in m.stages["prepare"].error
