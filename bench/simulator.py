@@ -249,16 +249,17 @@ def measure(fns: dict, rounds: int, sim_exec) -> tuple[dict[str, float], dict, f
 
 
 def conv_anatomy(sim_exec, x, repeats: int = 3) -> dict[str, float] | None:
-    """Seconds of all NHWC CONV instructions split into pad+im2col, the int8 GEMM, and the
-    rest (int64 bias add, requantize, relu, cast), re-running simulator.exec_kernels' own
-    steps. None when the executor internals differ from what this expects."""
+    """Seconds of all blocked NHWC CONV instructions (simulator.exec_conv) split into
+    pad + im2col, the int8 GEMM and the fused float64 epilogue, plus the rest of the
+    instruction (block bookkeeping, output writes), re-running exec_conv's own steps.
+    None when the executor internals differ from what this expects."""
     from simulator.isa import Op
 
     ex, in_name = sim_exec
+    parts = dict.fromkeys(STEPS, 0.0)
     try:
         bufs = ex._load({in_name: x})
         ex._run(bufs)
-        parts = {"pad + im2col": 0.0, "int8 GEMM (torch._int_mm)": 0.0, "whole": 0.0}
         for ins in ex.program.instructions:
             if ins.op == Op.CONV and ins.attrs.get("layout") == "nhwc":
                 for k, v in _conv_steps(ex, ins, bufs, repeats).items():
@@ -267,31 +268,45 @@ def conv_anatomy(sim_exec, x, repeats: int = 3) -> dict[str, float] | None:
         print(f"# conv anatomy skipped ({type(e).__name__}: {e})")
         return None
     whole = parts.pop("whole")
-    parts["bias + requantize + relu + cast (int64)"] = max(whole - sum(parts.values()), 0.0)
+    parts["rest (blocks, output writes, int64 fallbacks)"] = max(whole - sum(parts.values()), 0.0)
     return parts
 
 
+STEPS = ("pad + im2col", "int8 GEMM (torch._int_mm)",
+         "float64 epilogue (bias, requantize, add, relu, cast)", "whole")  # fmt: skip
+
+
 def _conv_steps(ex, ins, bufs, repeats: int) -> dict[str, float]:
+    from simulator import exec_conv
     from simulator import exec_kernels as ek
     from simulator.executor import KERNELS
 
-    xin, w = bufs[ins.inputs[0]], ex.consts[ins.consts[0]]
-    group = int(ins.attrs.get("group") or 1)
-    wmat = ex.consts.cached(("conv", ins.consts[0], True), lambda: ek.pack_conv(w, group))
-    strides, pads, dil = ek.geometry(2, ins.attrs)
-    (kh, kw), c = w.shape[1:3], xin.shape[3]
+    x = bufs[ins.inputs[0]]
+    b = bufs[ins.inputs[1]] if len(ins.inputs) > 1 else None
+    whole = _median_time(lambda: KERNELS[ins.op](ins, bufs, ex.consts), repeats)
+    key = ("conv_plan", ins.outputs[0], x.dtype, None if b is None else b.dtype)
+    plan = ex.consts.derived.get(key)
+    if plan is None:  # the int64 path: no split
+        return {"whole": whole}
+    strides, pads, dil = plan.geometry
+    o, k = plan.out_channels, plan.wmat.shape[0]
 
     def im2col():
-        xp = ek.pad_axes(xin, (1, 2), pads, 0)
-        cols = ek.windows(xp, (1, 2), (kh, kw), strides, dil)
-        return cols.permute(0, 1, 2, 4, 5, 3).reshape(-1, kh * kw * c).contiguous()
+        xp = ek.pad_axes(x[..., : plan.channels], (1, 2), pads, 0)
+        cols = exec_conv.im2col_view(xp, plan.kernel, strides, dil)
+        n, oh, ow = cols.shape[:3]
+        bl = exec_conv.blocks(n, oh, ow, max(exec_conv.BLOCK_ELEMS // max(o, 1), 1))
+        return bl, [cols[n0:n1, h0:h1].reshape(-1, k) for n0, n1, h0, h1 in bl]
 
-    cols = im2col()
-    return {
-        "pad + im2col": _median_time(im2col, repeats),
-        "int8 GEMM (torch._int_mm)": _median_time(lambda: ek.gemm_int(cols, wmat), repeats),
-        "whole": _median_time(lambda: KERNELS[ins.op](ins, bufs, ex.consts), repeats),
-    }
+    bl, cs = im2col()
+    accs = [ek.gemm_int(c, plan.wmat) for c in cs]
+    bs = [None if b is None else b[n0:n1, h0:h1, :, :o].reshape(-1, o) for n0, n1, h0, h1 in bl]
+    return dict(zip(STEPS, (
+        _median_time(im2col, repeats),
+        _median_time(lambda: [ek.gemm_int(c, plan.wmat) for c in cs], repeats),
+        _median_time(lambda: [plan.epi.apply(a, bb) for a, bb in zip(accs, bs, strict=True)],
+                     repeats),
+        whole), strict=True))  # fmt: skip
 
 
 def _median_time(fn, repeats: int) -> float:

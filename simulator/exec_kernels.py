@@ -10,9 +10,10 @@ integer for integer):
   ``K < 2**17`` (:data:`INT_MM_MAX_K`). On torch 2.13 CPU ``_int_mm`` takes any M, K, N
   (the CUDA kernel wants M > 16 and K, N multiples of 8); a backend that refuses a shape
   falls back to float64.
-- Everything else (int16 operands, grouped conv, batched matmul) is a float64 GEMM: exact
-  while ``max|a| * max|b| * K < 2**53``, the bound :mod:`simulator.kernels` checks; above
-  it both raise :class:`SimulatorError`.
+- Everything else (int16 operands, grouped conv, batched matmul) is a float GEMM: float32
+  when the dtypes alone bound every partial sum below ``2**24`` (int8 x int8 with
+  ``K < 1024``), else float64, exact while ``max|a| * max|b| * K < 2**53``, the bound
+  :mod:`simulator.kernels` checks; above it both raise :class:`SimulatorError`.
 - Requantize is int64: ``clamp(round_div(acc * mult, 2**shift))`` with the division done
   by arithmetic shifts (``v >> s`` is ``floor(v / 2**s)``), same tie rules and the same
   overflow refusals as :func:`simulator.intmath.requantize`.
@@ -36,34 +37,52 @@ TORCH_DTYPES = {"int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
                 "int64": torch.int64, "float32": torch.float32}  # fmt: skip
 
 
-def gemm_int(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Exact ``a @ b`` for 2-D integer ``a [M, K]``, ``b [K, N]``: int32 or int64 result.
+FLOAT32_EXACT = 2**24
+"""Integers below this are exact float32 numbers."""
+
+
+def float_gemm_type(a: torch.Tensor, b: torch.Tensor, k: int, where: str) -> torch.dtype:
+    """float32 when every partial sum is provably an exact float32 integer (dtype bound
+    ``max|a| max|b| k < 2**24``, and torch's float32 matmul precision is "highest", no
+    bf16/tf32 shortcuts), else float64 under :func:`simulator.kernels.check_exact`."""
+    bound = -torch.iinfo(a.dtype).min * -torch.iinfo(b.dtype).min * k
+    if bound < FLOAT32_EXACT and torch.get_float32_matmul_precision() == "highest":
+        return torch.float32
+    check_exact(where, a, b, k)
+    return torch.float64
+
+
+def gemm_int(a: torch.Tensor, b: torch.Tensor, as_float: bool = False) -> torch.Tensor:
+    """Exact ``a @ b`` for 2-D integer ``a [M, K]``, ``b [K, N]``: int32 or int64 result
+    (``as_float``: the exact float32/float64 result of the float path, not cast back).
 
     FORMULA: ``y[i, j] = sum_k a[i, k] * b[k, j]``; ``_int_mm`` for int8 x int8 with
-    ``K < 2**17``, else one float64 GEMM under the 2**53 bound (module docstring).
+    ``K < 2**17``, else one float GEMM under the bounds of :func:`float_gemm_type`.
     """
     k = a.shape[1]
     if a.dtype == b.dtype == torch.int8 and k < INT_MM_MAX_K and a.shape[0] > 0:
         try:
             return torch._int_mm(a.contiguous(), b)
         except RuntimeError:
-            pass  # a backend with shape limits: the float64 path below is exact too
-    check_exact("gemm_int", a, b, k)
-    return torch.mm(a.double(), b.double()).long()
+            pass  # a backend with shape limits: the float path below is exact too
+    ft = float_gemm_type(a, b, k, "gemm_int")
+    y = torch.mm(a.to(ft), b.to(ft))
+    return y if as_float else y.long()
 
 
-def matmul_int(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def matmul_int(a: torch.Tensor, b: torch.Tensor, as_float: bool = False) -> torch.Tensor:
     """Exact integer ``a @ b`` with numpy/torch broadcasting matmul semantics.
 
     FORMULA: ``y[..., i, j] = sum_k a[..., i, k] * b[..., k, j]``. A 2-D ``b`` (weights)
     folds a's leading axes into M and goes through :func:`gemm_int`; batched operands use
-    one float64 ``torch.matmul`` under the 2**53 bound.
+    one float ``torch.matmul`` (float32 or float64, :func:`float_gemm_type`).
     """
     if a.ndim >= 2 and b.ndim == 2:
-        y = gemm_int(a.reshape(-1, a.shape[-1]), b)
+        y = gemm_int(a.reshape(-1, a.shape[-1]), b, as_float)
         return y.reshape(*a.shape[:-1], b.shape[1])
-    check_exact("matmul_int", a, b, a.shape[-1])
-    return torch.matmul(a.double(), b.double()).long()
+    ft = float_gemm_type(a, b, a.shape[-1], "matmul_int")
+    y = torch.matmul(a.to(ft), b.to(ft))
+    return y if as_float else y.long()
 
 
 def pad_axes(x: torch.Tensor, axes, pads, value) -> torch.Tensor:
@@ -227,10 +246,22 @@ def max_pool(x: torch.Tensor, axes, kernel, strides, pads, dilations) -> torch.T
     """Window maxima over ``axes``, padding with the dtype's minimum; keeps x's dtype.
 
     FORMULA: ``y[p] = max_k x_pad[p*stride + k*dilation]``, ``x_pad = qmin`` outside x.
+    Separable: the maximum over a box is the maximum, axis by axis, of running maxima of
+    strided slices (``kernel_i`` elementwise maxima per axis, no window copies).
     """
-    xp = pad_axes(x, axes, pads, torch.iinfo(x.dtype).min)
-    win = windows(xp, axes, kernel, strides, dilations)
-    return win.amax(dim=tuple(range(-len(kernel), 0)))
+    x = pad_axes(x, axes, pads, torch.iinfo(x.dtype).min)
+    for ax, k, s, d in zip(axes, kernel, strides, dilations, strict=True):
+        extent = d * (k - 1) + 1
+        if x.shape[ax] < extent:
+            raise SimulatorError(f"window {extent} larger than padded input {x.shape[ax]}")
+        n_out = (x.shape[ax] - extent) // s + 1
+        idx = [slice(None)] * x.ndim
+        y = None
+        for j in range(k):
+            idx[ax] = slice(j * d, j * d + (n_out - 1) * s + 1, s)
+            y = x[tuple(idx)] if y is None else torch.maximum(y, x[tuple(idx)])
+        x = y
+    return x
 
 
 def geometry(nd: int, attrs: dict) -> tuple[list[int], list[int], list[int]]:

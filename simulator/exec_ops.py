@@ -19,6 +19,8 @@ import torch
 from schemas.errors import SimulatorError
 from simulator import exec_kernels as ek
 from simulator import fixedpoint as fp
+from simulator.exec_conv import build_plan, run_conv
+from simulator.exec_epilogue import add_epilogue, dtype_bound, gemm_epilogue, scaled_epilogue
 from simulator.intmath import MAX_SHIFT, PRODUCT_LIMIT, max_abs, round_div
 from simulator.isa import Instruction
 
@@ -26,11 +28,13 @@ _NCHW_TO_NHWC = {0: 0, 1: 3, 2: 1, 3: 2}
 
 
 class ConstPool(dict):
-    """Constant name -> torch tensor (converted once), plus ``derived`` objects."""
+    """Constant name -> torch tensor (converted once), plus ``derived`` objects and the
+    program's buffer ``layouts``."""
 
-    def __init__(self, arrays: dict[str, np.ndarray]):
+    def __init__(self, arrays: dict[str, np.ndarray], layouts: dict | None = None):
         super().__init__({k: torch.from_numpy(np.array(v)) for k, v in arrays.items()})
         self.arrays = arrays
+        self.layouts = layouts or {}  # buffer -> simulator.isa.Layout (real channel counts)
         self.derived: dict[tuple, object] = {}
 
     def cached(self, key: tuple, build: Callable[[], object]):
@@ -85,9 +89,30 @@ def _bias(acc: torch.Tensor, bias) -> torch.Tensor:
 
 
 def k_conv(instr, bufs, consts):
-    """CONV = QConv. FORMULA: ``y = req(conv_int(x, w) + bias[o], mult[o], shift[o])``;
-    computed channels-last (plain NCHW input is viewed as NHWC, the output viewed back);
-    ``group`` > 1 via the block-diagonal weights of :func:`exec_kernels.pack_conv`."""
+    """CONV = QConv (+ a fused QAdd when it has two inputs, :mod:`simulator.exec_conv`).
+
+    FORMULA: ``y = req(conv_int(x, w) + bias[o], mult[o], shift[o])``. nhwc group-1 convs
+    whose float64 epilogue is proven exact run blocked in :func:`exec_conv.run_conv`;
+    the rest here, channels-last, ``group`` > 1 via block-diagonal weights."""
+    x = bufs[instr.inputs[0]]
+    b = bufs[instr.inputs[1]] if len(instr.inputs) > 1 else None
+    if is_nhwc(instr) and x.ndim == 4 and int(instr.attrs.get("group") or 1) == 1:
+        b_dtype = None if b is None else b.dtype
+        plan = consts.cached(("conv_plan", instr.outputs[0], x.dtype, b_dtype),
+                             lambda: build_plan(instr, consts, x.dtype, b_dtype))  # fmt: skip
+        if plan is not None:
+            return [run_conv(plan, x, b)]
+    if b is None:
+        return [_conv_int(instr, bufs, consts)]
+    conv = Instruction(instr.op, instr.inputs[:1], ("acc",), instr.consts[:4],
+                       {**instr.attrs, "out_dtype": "int32", "relu": 0})  # fmt: skip
+    add = Instruction(instr.op, ("acc", instr.inputs[1]), instr.outputs, instr.consts[4:7],
+                      instr.attrs)  # fmt: skip
+    return k_add(add, {"acc": _conv_int(conv, bufs, consts), instr.inputs[1]: b}, consts)
+
+
+def _conv_int(instr, bufs, consts) -> torch.Tensor:
+    """QConv with the int64 requantize; plain NCHW input is viewed as NHWC."""
     x, w, bias, mult, shift = operands(instr, bufs, consts, 5)
     nhwc, one_d = is_nhwc(instr), x.ndim == 3
     strides, pads, dil = ek.geometry(x.ndim - 2, instr.attrs)
@@ -102,21 +127,35 @@ def k_conv(instr, bufs, consts):
     y = _req(_bias(acc, bias), mult, shift, instr.attrs, -1)
     if not nhwc:
         y = y.permute(0, 3, 1, 2)
-    return [y.squeeze(2) if one_d else y]
+    return y.squeeze(2) if one_d else y
 
 
 def k_linear(instr, bufs, consts):
-    """LINEAR = QLinear. FORMULA: ``y = req(x @ w.T + bias[j], mult[j], shift[j])``."""
+    """LINEAR = QLinear. FORMULA: ``y = req(x @ w.T + bias[j], mult[j], shift[j])``; the
+    epilogue in float64 when :func:`exec_epilogue.gemm_epilogue` proves it exact."""
     x, w, bias, mult, shift = operands(instr, bufs, consts, 5)
     wt = consts.cached(("linear", instr.consts[0]), lambda: w.t().contiguous())
-    acc = ek.matmul_int(x, wt)
+    key = ("linear", instr.outputs[0], x.dtype)
+    epi = consts.cached(key, lambda: gemm_epilogue(instr.attrs, wt, x.dtype, bias, mult, shift))
+    acc = ek.matmul_int(x, wt, as_float=epi is not None)
+    if epi is not None:
+        return [epi.apply(acc)]
     return [_req(_bias(acc, bias), mult, shift, instr.attrs, -1)]
 
 
 def k_matmul(instr, bufs, consts):
     """MATMUL = QMatMul. FORMULA: ``y = req(a @ b, mult, shift)`` (scalars)."""
     a, b, mult, shift = operands(instr, bufs, consts, 4)
-    return [_req(ek.matmul_int(a, b), mult, shift, instr.attrs, None)]
+    bound = dtype_bound(a.dtype) * dtype_bound(b.dtype) * a.shape[-1]
+    key = ("matmul", instr.outputs[0], a.dtype, b.dtype, a.shape[-1])
+    epi = consts.cached(key, lambda: scaled_epilogue(instr.attrs, bound, mult, shift, _scalar))
+    acc = ek.matmul_int(a, b, as_float=epi is not None)
+    return [epi.apply(acc) if epi is not None else _req(acc, mult, shift, instr.attrs, None)]
+
+
+def _scalar(v: torch.Tensor) -> tuple[int, ...]:
+    """A constant broadcast as given (one value: a scalar), as ``ek.requant(axis=None)``."""
+    return () if v.numel() == 1 else tuple(v.shape)
 
 
 def _channel_const(v, instr) -> torch.Tensor:
@@ -126,9 +165,14 @@ def _channel_const(v, instr) -> torch.Tensor:
 
 
 def k_add(instr, bufs, consts):
-    """ADD = QAdd. FORMULA: ``y = clamp(round_div(a*ma + b*mb, 2**shift))``."""
+    """ADD = QAdd. FORMULA: ``y = clamp(round_div(a*ma + b*mb, 2**shift))``; in float
+    (:func:`exec_epilogue.add_epilogue`) when the dtype bounds prove it exact."""
     a, b, ma, mb, shift = operands(instr, bufs, consts, 5)
     ma, mb = _channel_const(ma, instr), _channel_const(mb, instr)
+    key = ("add", instr.outputs[0], a.dtype, b.dtype)
+    epi = consts.cached(key, lambda: add_epilogue(instr.attrs, a.dtype, b.dtype, ma, mb, shift))
+    if epi is not None:
+        return [epi.apply(a, b)]
     if max_abs(a) * max_abs(ma) + max_abs(b) * max_abs(mb) >= PRODUCT_LIMIT:
         raise SimulatorError("QAdd products may overflow int64")
     acc = a.long() * ma + b.long() * mb
@@ -137,8 +181,14 @@ def k_add(instr, bufs, consts):
 
 
 def k_mul(instr, bufs, consts):
-    """MUL = QMul. FORMULA: ``y = req(a * b, mult, shift)`` (broadcasting)."""
+    """MUL = QMul. FORMULA: ``y = req(a * b, mult, shift)`` (broadcasting); the product and
+    requantize in float64 when ``max|a| max|b| max|mult| < 2**53`` (dtype bounds)."""
     a, b, mult, shift = operands(instr, bufs, consts, 4)
+    bound = dtype_bound(a.dtype) * dtype_bound(b.dtype)
+    key = ("mul", instr.outputs[0], a.dtype, b.dtype)
+    epi = consts.cached(key, lambda: scaled_epilogue(instr.attrs, bound, mult, shift, _scalar))
+    if epi is not None:
+        return [epi.apply(torch.mul(a.double(), b))]
     if max_abs(a) * max_abs(b) >= PRODUCT_LIMIT:
         raise SimulatorError("QMul products may overflow int64")
     return [_req(a.long() * b.long(), mult, shift, instr.attrs, None)]
@@ -153,7 +203,16 @@ def k_requant(instr, bufs, consts):
     """REQUANT = QRequant. FORMULA: ``y = req(x, mult[c], shift[c])`` along ``axis``."""
     x, mult, shift = operands(instr, bufs, consts, 3)
     axis = int(instr.attrs.get("axis", -1))
-    return [_req(x, mult, shift, instr.attrs, None if axis == -1 else _axis(instr, axis, x.ndim))]
+    axis = None if axis == -1 else _axis(instr, axis, x.ndim)
+    key = ("requant", instr.outputs[0], x.dtype, x.ndim)
+    epi = consts.cached(key, lambda: scaled_epilogue(instr.attrs, dtype_bound(x.dtype), mult,
+                                                     shift, _shaper(x, axis)))  # fmt: skip
+    return [epi.apply(x) if epi is not None else _req(x, mult, shift, instr.attrs, axis)]
+
+
+def _shaper(x: torch.Tensor, axis: int | None) -> Callable:
+    """Shape of a scalar or per-channel constant along ``axis`` of x (as ek.requant)."""
+    return lambda v: tuple(ek._along(v, x, axis, "mult").shape)
 
 
 def _divide(total, n, mult, shift, attrs: dict) -> torch.Tensor:
@@ -191,7 +250,8 @@ def _reduce(instr, bufs, consts) -> tuple[torch.Tensor, int, torch.Tensor, torch
     axes = tuple(sorted({a % x.ndim for a in axes}))
     if is_nhwc(instr) and x.ndim == 4 and 3 in axes:
         raise SimulatorError("reduction over padded channels", hint="reduce in plain layout")
-    total = x.long().sum(dim=axes, keepdim=bool(int(instr.attrs.get("keepdims", 1))))
+    keep = bool(int(instr.attrs.get("keepdims", 1)))
+    total = x.sum(dim=axes, keepdim=keep, dtype=torch.int64)  # no int64 copy of x
     return total, ek.numel(x.shape[a] for a in axes), mult, shift
 
 

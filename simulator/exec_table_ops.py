@@ -2,8 +2,8 @@
 
 Holds the kernels ``fn(instr, bufs, consts) -> [tensors]`` of LUT, SOFTMAX and LAYERNORM
 (the table, decoded once from the instruction's attrs and constants by
-:func:`simulator.custom_ops.decode`, evaluated by :mod:`simulator.lut` /
-:mod:`simulator.composite`), QUANTIZE, DEQUANTIZE, CPU (a float ONNX op in torch) and
+:func:`simulator.custom_ops.decode`, then evaluated through its dense form,
+:mod:`simulator.exec_dense`), QUANTIZE, DEQUANTIZE, CPU (a float ONNX op in torch) and
 PREPROCESS (the board camera input). The machine state is documented in
 :mod:`simulator.executor`.
 """
@@ -17,12 +17,14 @@ import numpy as np
 import torch
 
 from schemas.errors import SimulatorError
+from simulator import composite
 from simulator import exec_kernels as ek
 from simulator import fixedpoint as fp
-from simulator.composite import LayerNormTables, SoftmaxTables, int_layernorm, int_softmax
+from simulator.composite import LayerNormTables, SoftmaxTables
 from simulator.custom_ops import decode
+from simulator.exec_dense import Dense, dense, int_layernorm, int_softmax
 from simulator.exec_ops import ConstPool, operands
-from simulator.lut import LutTable, lookup
+from simulator.lut import LutTable
 
 
 def _table(instr, consts: ConstPool, cls):
@@ -31,23 +33,38 @@ def _table(instr, consts: ConstPool, cls):
     return consts.cached((cls.__name__, instr.consts), build)
 
 
+def _dense(instr, consts, table: LutTable, name: str, dtype: torch.dtype) -> Dense:
+    """The dense form of one of the instruction's tables, built once per program."""
+    return consts.cached(("dense", name, instr.consts, dtype), lambda: dense(table, dtype))
+
+
 def k_lut(instr, bufs, consts):
-    """LUT. FORMULA: :func:`simulator.lut.lookup` on the decoded table."""
+    """LUT. FORMULA: :func:`simulator.lut.lookup` on the decoded table, as one gather of
+    its dense form (:mod:`simulator.exec_dense`)."""
     table = _table(instr, consts, LutTable)
-    return [lookup(table, bufs[instr.inputs[0]]).to(ek.TORCH_DTYPES[table.out_dtype])]
+    lut = _dense(instr, consts, table, "lut", ek.TORCH_DTYPES[table.out_dtype])
+    return [lut(bufs[instr.inputs[0]])]
 
 
 def k_softmax(instr, bufs, consts):
-    """SOFTMAX. FORMULA: :func:`simulator.composite.int_softmax` along ``axis``."""
+    """SOFTMAX. FORMULA: :func:`simulator.composite.int_softmax` along ``axis``
+    (:func:`simulator.exec_dense.int_softmax`: dense exp / reciprocal tables)."""
     t = _table(instr, consts, SoftmaxTables)
-    y = int_softmax(bufs[instr.inputs[0]], int(instr.attrs["axis"]), t)
+    exp = _dense(instr, consts, t.exp, "exp", torch.float64)
+    recip = _dense(instr, consts, t.recip, "recip", torch.float64)
+    y = int_softmax(bufs[instr.inputs[0]], int(instr.attrs["axis"]), t, exp, recip)
     return [y.to(ek.TORCH_DTYPES[t.out_dtype])]
 
 
 def k_layernorm(instr, bufs, consts):
-    """LAYERNORM. FORMULA: :func:`simulator.composite.int_layernorm` on the last axis."""
+    """LAYERNORM. FORMULA: :func:`simulator.composite.int_layernorm` on the last axis
+    (:func:`simulator.exec_dense.int_layernorm`: dense rsqrt table)."""
     t = _table(instr, consts, LayerNormTables)
-    return [int_layernorm(bufs[instr.inputs[0]], t).to(ek.TORCH_DTYPES[t.out_dtype])]
+    rsqrt = _dense(instr, consts, t.rsqrt, "rsqrt", torch.float64)
+    x = bufs[instr.inputs[0]]
+    y = int_layernorm(x, t, rsqrt)
+    y = composite.int_layernorm(x, t) if y is None else y  # a bound failed: the reference
+    return [y.to(ek.TORCH_DTYPES[t.out_dtype])]
 
 
 def _scale(instr, consts, x: torch.Tensor) -> tuple[torch.Tensor, int | None]:
@@ -59,12 +76,20 @@ def _scale(instr, consts, x: torch.Tensor) -> tuple[torch.Tensor, int | None]:
 
 
 def k_quantize(instr, bufs, consts):
-    """QUANTIZE. FORMULA: ``clamp(round_by(x / scale), qrange(dtype))`` in x's float dtype."""
+    """QUANTIZE. FORMULA: ``clamp(round_by(x / scale), qrange(dtype))`` in x's float dtype
+    (the scale cast to it first, as :func:`simulator.fixedpoint.quantize`); int8 / int16
+    bounds are exact floats, so the clamped value casts directly."""
     x = bufs[instr.inputs[0]]
     s, axis = _scale(instr, consts, x)
     dtype = instr.attrs.get("dtype", "int8")
-    q = fp.quantize(x, s, dtype, instr.attrs.get("rounding", "bpu_round"), axis)
-    return [q.to(ek.TORCH_DTYPES[dtype])]
+    mode = instr.attrs.get("rounding", "bpu_round")
+    if dtype == "int32" or not x.is_floating_point():
+        return [fp.quantize(x, s, dtype, mode, axis).to(ek.TORCH_DTYPES[dtype])]
+    s = s.to(x.dtype).reshape(
+        [-1 if i == axis else 1 for i in range(x.ndim)] if axis is not None else ()
+    )
+    q = fp.round_by(x / s, mode) if mode != "half_even" else (x / s).round_()
+    return [q.clamp_(*fp.qrange(dtype)).to(ek.TORCH_DTYPES[dtype])]
 
 
 def k_dequantize(instr, bufs, consts):

@@ -19,7 +19,16 @@ Machine state:
 
 Operands: an instruction's operand list is ``inputs`` (buffers) followed by ``consts``
 (constant names, ``""`` for an absent optional one): exactly the quantized.onnx node's
-inputs when its data inputs come first. ``attrs`` are the node's attributes.
+inputs when its data inputs come first. ``attrs`` are the node's attributes. A CONV with
+two inputs ``x, b`` is a fused conv + add (consts ``w, bias, mult, shift, ma, mb,
+add_shift``; ``attrs`` out_dtype/rounding/relu are the add's): ``QAdd(QConv(x) as int32,
+b)``, see :mod:`simulator.exec_conv`.
+
+Speed without changing a number: nhwc convs run blocked with only the real channels and a
+float64 epilogue (:mod:`simulator.exec_conv`, :mod:`simulator.exec_epilogue`), used only
+where a static bound proves ``|v * m| < 2**53``; table ops gather from dense tables of
+every input integer (:mod:`simulator.exec_dense`). Everything else, and every case the
+bounds do not cover, keeps the int64 kernels.
 
 Layouts: ``attrs["layout"] == "nhwc"`` on CONV/ADD/REQUANT/CLIP/MAXPOOL/AVGPOOL/LUT means
 its 4-D buffers are ``[N, H, W, C_pad]``; channels ``C..C_pad`` hold zeros. Conv weights
@@ -91,7 +100,7 @@ class Executor:
     def __init__(self, program: Program, timings: bool = False):
         self.program = program
         _check_program(program)
-        self.consts = ConstPool(program.constants)
+        self.consts = ConstPool(program.constants, program.layouts)
         self.timings: list[tuple[int, Op, float]] | None = [] if timings else None
 
     def run(self, inputs: dict[str, np.ndarray], capture: bool = False):

@@ -5,7 +5,11 @@
   DequantizeLinear DEQUANTIZE; a float island's nodes become CPU instructions.
 - Fusion: a relu (QClip with lo = 0 and hi = the dtype max) after a conv or add whose only
   user it is becomes that instruction's ``relu`` flag; the instruction covers both layer
-  ids. (conv + add is already requantized once by convert when fuse_requantize is on.)
+  ids. A conv that keeps its int32 accumulator (no mult/shift: convert requantizes conv +
+  add once, in the add) and whose only user is a QAdd of two buffers becomes one CONV
+  instruction ``x, b -> y`` with consts ``w, bias, mult, shift, ma, mb, add_shift`` (the
+  conv's output takes the add's ``a`` role), emitted at the add, covering the conv, the
+  add and a fused relu (simulator.exec_conv).
 - Layout: the 4-D activations of group-1 convolutions and of the elementwise ops and pools
   around them are stored NHWC with channels padded to the march's alignment; weights are
   packed [O_pad, kh, kw, C_pad] and per-channel constants padded (multiplier 0 in padding
@@ -54,8 +58,12 @@ class Compiler:
 
     def run(self, captures: dict[str, str]) -> Program:
         """Translate every node; ``captures``: layer id -> integer tensor of quantized.onnx."""
+        self.conv_of_add = self._conv_add_pairs()
+        self.fused.update(conv.name for conv in self.conv_of_add.values())
         for node in self.model.graph.node:
-            if node.name not in self.fused:
+            if node.name in self.conv_of_add:
+                self._conv_add(self.conv_of_add[node.name], node)
+            elif node.name not in self.fused:
                 self._node(node)
         outs = {o.name: {"dtype": "float32"} for o in self.model.graph.output}
         ins = {
@@ -100,25 +108,72 @@ class Compiler:
             "rounding": attrs.get("rounding", "half_even"),
         }
 
-    def _emit(self, op: Op, node, data, consts, attrs, lids) -> None:
+    def _emit(self, op: Op, node, data, consts, attrs, lids, conv=None) -> None:
+        """One instruction for ``node`` (with a fused relu; ``conv``: the conv of a fused
+        conv + add, whose weights decide the layout)."""
         outputs = list(node.output)
         relu = self._fusable_relu(op, node)
         if relu is not None:
             self.fused.add(relu.name)
             attrs, outputs, lids = {**attrs, "relu": 1}, list(relu.output), lids + [_layer_id(relu)]
-        nhwc = op in NHWC_OPS and self._nhwc_ok(op, node, attrs)
+        src = conv if conv is not None else node
+        nhwc = op in NHWC_OPS and self._nhwc_ok(op, src, attrs)
+        nhwc = nhwc and (conv is None or self._nhwc_ok(Op.ADD, node, attrs))
         data = [self._to_layout(b, "nhwc" if nhwc else "plain") for b in data]
         if nhwc:
             attrs = {**attrs, "layout": "nhwc"}
-            consts = self._pack(op, node, consts, attrs)
+            packed = self._pack(op, src, consts if conv is None else consts[:4], attrs)
+            if conv is not None:
+                packed += self._pack_add(consts[4:], self._channels(conv))
+            consts = packed
             for o in outputs:
-                self.layouts[o] = self._nhwc_layout(op, node, data)
+                self.layouts[o] = self._nhwc_layout(op, src, data)
         names = [self._const(c) if isinstance(c, str) else self._const_array(*c) for c in consts]
         self.instrs.append(
             Instruction(op, tuple(data), tuple(outputs), tuple(names), attrs, tuple(lids))
         )
 
     # -- fusion and layout ------------------------------------------------------------
+
+    def _conv_add_pairs(self) -> dict[str, onnx.NodeProto]:
+        """add name -> the conv it absorbs: an int32-accumulator QConv (empty mult/shift)
+        whose only user is a QAdd of two non-constant inputs (the first such input)."""
+        producer = {o: n for n in self.model.graph.node for o in n.output}
+        pairs = {}
+        for add in self.model.graph.node:
+            if add.op_type != "QAdd" or any(i in self.inits for i in add.input[:2]):
+                continue
+            for i in add.input[:2]:
+                conv = producer.get(i)
+                if conv is not None and self._accumulates(conv) and len(self.users[i]) == 1:
+                    pairs[add.name] = conv
+                    break
+        return pairs
+
+    def _accumulates(self, node) -> bool:
+        """A QConv that outputs its int32 accumulator (no requantize, no relu) to no graph
+        output."""
+        a = _attrs(node)
+        return (
+            node.op_type == "QConv"
+            and a.get("out_dtype") == "int32"
+            and not a.get("relu", 0)
+            and node.output[0] not in {o.name for o in self.model.graph.output}
+            and all(self.inits[c].size == 0 for c in node.input[3:5] if c in self.inits)
+        )
+
+    def _conv_add(self, conv, add) -> None:
+        """Emit conv + add (+ relu) as one CONV: inputs ``x, b``; consts
+        ``w, bias, mult, shift, ma, mb, add_shift``; the add's out_dtype/rounding/relu."""
+        ma, mb, shift = add.input[2:5]
+        other = add.input[1] if add.input[0] == conv.output[0] else add.input[0]
+        if other == add.input[0]:  # conv output was the add's b: swap the multipliers
+            ma, mb = mb, ma
+        a = _attrs(add)
+        attrs = {**_attrs(conv), "out_dtype": a["out_dtype"], "rounding": a["rounding"],
+                 "relu": a.get("relu", 0)}  # fmt: skip
+        self._emit(Op.CONV, add, [conv.input[0], other], [*conv.input[1:5], ma, mb, shift],
+                   attrs, [_layer_id(conv), _layer_id(add)], conv=conv)  # fmt: skip
 
     def _fusable_relu(self, op: Op, node) -> onnx.NodeProto | None:
         if op not in (Op.CONV, Op.ADD) or _attrs(node).get("out_dtype") == "int32":
@@ -137,6 +192,8 @@ class Compiler:
             return attrs.get("group", 1) == 1
         if op is Op.ADD:  # per-channel multipliers must be [C, 1, 1] or scalars
             return all(self.inits[c].size == 1 or self.inits[c].ndim == 3 for c in node.input[2:4])
+        if op in (Op.CLIP, Op.REQUANT) and self.layouts.get(node.input[0], Layout()).kind != "nhwc":
+            return False  # elementwise on a plain buffer: converting would only add work
         return op in (Op.CLIP, Op.MAXPOOL) or (
             op is Op.REQUANT and all(self.inits[c].size == 1 for c in node.input[1:3])
         )
@@ -173,14 +230,18 @@ class Compiler:
         if op is Op.CONV:
             return _pack_conv(self, node, self.align)
         if op is Op.ADD:
-            c_pad = _round_up(self._channels(node) or 1, self.align)
-            return [
-                c
-                if self.inits[c].size == 1
-                else (f"{c}@nhwc", _pad_last(self.inits[c].reshape(-1), c_pad))
-                for c in consts
-            ]
+            return self._pack_add(consts, self._channels(node))
         return consts
+
+    def _pack_add(self, consts, channels: int) -> list:
+        """QAdd multipliers on the nhwc last axis, padded (scalars stay scalars)."""
+        c_pad = _round_up(channels or 1, self.align)
+        return [
+            c
+            if self.inits[c].size == 1
+            else (f"{c}@nhwc", _pad_last(self.inits[c].reshape(-1), c_pad))
+            for c in consts
+        ]
 
     def _const(self, name: str) -> str:
         self.consts.setdefault(name, self.inits[name])

@@ -9,6 +9,7 @@ from schemas.artifacts import HbmModel
 from schemas.errors import ArtifactError, StageError
 from simulator import hbm
 from simulator.executor import Executor
+from simulator.isa import Op
 from stages.compile import check_identical
 from stages.convert import run_integer
 from tests.stages.helpers import run_stages
@@ -53,6 +54,22 @@ def test_relu_fused_into_conv_and_add_nhwc_padded(compiled):
     assert conv.attrs["layout"] == "nhwc" and conv.attrs["relu"] == 1
     weight = program.constants[conv.consts[0]]
     assert weight.shape[0] % 16 == 0 and weight.shape[-1] % 16 == 0  # [O_pad, kh, kw, C_pad]
+
+
+def test_conv_feeding_only_an_add_becomes_one_instruction(compiled):
+    """TinyNet's ``relu(y + conv2(y))``: conv2 keeps its int32 accumulator, the add
+    requantizes once; compile emits both (and the relu) as one CONV with two inputs."""
+    ctx, arts = compiled
+    program = hbm.load(ctx.run.path(arts["compile"].hbm_file))
+    pairs = [i for i in program.instructions if i.op is Op.CONV and len(i.inputs) == 2]
+    assert len(pairs) == 1
+    ins = pairs[0]
+    assert ins.layer_ids[0] == "conv2" and len(ins.layer_ids) == 3  # conv2, the add, relu
+    assert list(ins.layer_ids) in arts["compile"].fused
+    assert len(ins.consts) == 7 and ins.attrs["out_dtype"] == "int8" and ins.attrs["relu"] == 1
+    assert not any(i.op is Op.ADD for i in program.instructions)
+    listing = ctx.run.path("debug/hbm.txt").read_text()
+    assert ", ".join(ins.layer_ids) in listing
 
 
 def test_a_changed_number_is_caught(compiled):

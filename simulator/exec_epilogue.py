@@ -1,0 +1,163 @@
+"""Fused float64 requantize epilogues of the executor, with the bounds that make them exact.
+
+The integer requantize of :func:`simulator.intmath.requantize` is
+``y = clamp(round_div(v * m, 2**s), lo, hi)``. Written as ``y = round(v * (m * 2**-s))``
+in float64 it is exact whenever ``|v * m| < 2**53`` (:data:`FLOAT_EXACT`): ``m * 2**-s``
+is an exact float64 (``m < 2**53``, a power-of-two scale), the product is then an exact
+float64 number, and rounding an exact value is exact (argument in
+:func:`simulator.exec_kernels._requant_float`). Sums of such exact terms stay exact while
+the bound holds for the sum, so a bias (``(acc + bias) * m = acc*m + bias*m``) and the
+scale-aligned add ``a*ma + b*mb`` fold into the same single pass.
+
+:class:`Epilogue` holds one instruction's per-channel float64 scales, the bias, the
+clamp bounds (``relu`` folded in as ``lo = max(qmin, 0)``) and the output dtype, built
+once per program; :meth:`Epilogue.apply` evaluates it on one block of accumulators.
+Callers prove exactness with the static bounds (:func:`acc_bound`) before using it and
+otherwise keep the int64 path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from schemas.errors import SimulatorError
+from simulator import fixedpoint as fp
+from simulator.exec_kernels import TORCH_DTYPES
+
+FLOAT_EXACT = 2**53
+"""``|v * m|`` below this: the float64 requantize is exact."""
+INT32 = fp.qrange("int32")
+
+
+def dtype_bound(dtype: torch.dtype) -> int:
+    """``max |v|`` a tensor of this integer dtype can hold (``-qmin``)."""
+    return -int(torch.iinfo(dtype).min)
+
+
+def acc_bound(wmat: torch.Tensor, in_dtype: torch.dtype, bias) -> int:
+    """Static bound of ``|x @ wmat + bias|`` over every input of ``in_dtype``.
+
+    FORMULA: ``max_o sum_k |wmat[k, o]| * max|x| + max|bias|``.
+    """
+    col = int(wmat.long().abs().sum(0).max()) if wmat.numel() else 0
+    b = int(bias.long().abs().max()) if bias is not None and bias.numel() else 0
+    return col * dtype_bound(in_dtype) + b
+
+
+def scale_of(mult: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """``m * 2**-s`` in float64 (exact: an integer below 2**53 times a power of two)."""
+    s = shift.long()
+    if s.numel() and (int(s.min()) < 0 or int(s.max()) > 62):
+        raise SimulatorError("shift outside [0, 62]", where="requantize")
+    return mult.double() * torch.pow(2.0, -s.double())
+
+
+def round_(y: torch.Tensor, mode: str) -> torch.Tensor:
+    """Round an exact float64 tensor in place: half_even ``round``; bpu_round
+    ``sign(y) * floor(|y| + 0.5)`` (exact while ``|y * 2**s| < 2**53``, see
+    :func:`simulator.exec_kernels._requant_float`)."""
+    if mode == "half_even":
+        return y.round_()
+    if mode != "bpu_round":
+        fp.round_by(0.0, mode)  # raises the one "unknown rounding mode" error
+    sign = torch.sign(y)
+    return y.abs_().add_(0.5).floor_().mul_(sign)
+
+
+@dataclass(frozen=True, eq=False)
+class Epilogue:
+    """``y = clamp(round((acc + bias) * scale [+ b * scale_b]), lo, hi)`` cast to ``dtype``.
+
+    ``scale`` None: no requantize (an int32 accumulator: ``clamp(acc + bias, int32)``).
+    ``bias`` / ``scale`` / ``scale_b`` are float64, per channel (last axis) or scalars;
+    ``lo`` already includes ``relu``.
+    """
+
+    bias: torch.Tensor | None
+    scale: torch.Tensor | None
+    scale_b: torch.Tensor | None
+    lo: int
+    hi: int
+    dtype: torch.dtype
+    rounding: str
+    ftype: torch.dtype = torch.float64
+
+    def apply(self, acc: torch.Tensor, b=None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The epilogue on one block ``acc [..., C]`` (and the add operand ``b``); written
+        into ``out`` (same number of elements) when given, saving an int8 temporary."""
+        y = acc.to(self.ftype)
+        if self.bias is not None:
+            y.add_(self.bias)
+        if self.scale is not None:
+            y.mul_(self.scale)
+            if b is not None:
+                y.add_(b * self.scale_b)
+            round_(y, self.rounding)
+        y = y.clamp_(self.lo, self.hi)
+        return y.to(self.dtype) if out is None else out.copy_(y.view(out.shape))
+
+
+def epilogue(attrs: dict, bias, mult, shift, mult_b=None) -> Epilogue:
+    """The :class:`Epilogue` of ``attrs`` (out_dtype, relu, rounding) and the constants.
+
+    ``mult``/``shift`` empty: int32 output, saturate only (as :func:`int_ops._requant`).
+    With ``mult_b`` (a fused add) ``mult`` is the add's ``ma`` and ``shift`` its shift.
+    """
+    lo, hi = fp.qrange(attrs["out_dtype"])
+    if int(attrs.get("relu") or 0):
+        lo = max(lo, 0)
+    has_bias = bias is not None and bias.numel() > 0
+    scale = None
+    if mult is not None and mult.numel() and shift.numel():
+        scale = scale_of(mult.reshape(-1), shift.reshape(-1))
+    elif attrs["out_dtype"] != "int32":
+        raise SimulatorError(f"no mult/shift but out_dtype {attrs['out_dtype']}")
+    scale_b = None if mult_b is None else scale_of(mult_b.reshape(-1), shift.reshape(-1))
+    return Epilogue(bias.double().reshape(-1) if has_bias else None, scale, scale_b, lo, hi,
+                    TORCH_DTYPES[attrs["out_dtype"]], attrs["rounding"])  # fmt: skip
+
+
+FLOAT32_EXACT = 2**24
+"""``|v * m|`` below this: the same requantize is exact in float32."""
+
+
+def add_epilogue(attrs: dict, a_dtype, b_dtype, ma, mb, shift) -> Epilogue | None:
+    """QAdd ``clamp(round_div(a*ma + b*mb, 2**shift))`` as an :class:`Epilogue` on
+    ``(a, b)``, or None when not provably exact.
+
+    FORMULA of the bound: ``V = max|a| * max|ma| + max|b| * max|mb|`` from the dtypes;
+    float32 when ``V < 2**24``, float64 when ``V < 2**53``. ``ma``/``mb`` keep their
+    broadcasting shapes (per channel ``[C, 1, 1]`` or flattened on the nhwc last axis).
+    """
+    if shift.numel() != 1:
+        return None
+    bound = dtype_bound(a_dtype) * int(ma.abs().max()) + dtype_bound(b_dtype) * int(mb.abs().max())
+    if bound >= FLOAT_EXACT:
+        return None
+    ftype = torch.float32 if bound < FLOAT32_EXACT else torch.float64
+    lo, hi = fp.qrange(attrs["out_dtype"])
+    lo = max(lo, 0) if int(attrs.get("relu") or 0) else lo
+    sa, sb = scale_of(ma, shift.reshape(())), scale_of(mb, shift.reshape(()))
+    return Epilogue(None, sa.to(ftype), sb.to(ftype), lo, hi, TORCH_DTYPES[attrs["out_dtype"]],
+                    attrs["rounding"], ftype)  # fmt: skip
+
+
+def gemm_epilogue(attrs: dict, wmat, in_dtype, bias, mult, shift) -> Epilogue | None:
+    """The :class:`Epilogue` of ``req(x @ wmat + bias, mult, shift)``, or None when
+    ``acc_bound(wmat, in_dtype, bias) * max|mult| >= 2**53`` (not provably exact)."""
+    epi = epilogue(attrs, bias, mult, shift)
+    m = int(mult.abs().max()) if epi.scale is not None else 1
+    return epi if acc_bound(wmat, in_dtype, bias) * m < FLOAT_EXACT else None
+
+
+def scaled_epilogue(attrs: dict, bound: int, mult, shift, shape) -> Epilogue | None:
+    """``req(v, mult, shift)`` for a value with ``|v| <= bound`` (QMul's product, QRequant's
+    input): ``mult``/``shift`` already shaped to broadcast; None above the 2**53 bound."""
+    if not (mult.numel() and shift.numel()) or bound * int(mult.abs().max()) >= FLOAT_EXACT:
+        return None
+    lo, hi = fp.qrange(attrs["out_dtype"])
+    lo = max(lo, 0) if int(attrs.get("relu") or 0) else lo
+    scale = scale_of(mult.reshape(shape(mult)), shift.reshape(shape(shift)))
+    return Epilogue(None, scale, None, lo, hi, TORCH_DTYPES[attrs["out_dtype"]], attrs["rounding"])
