@@ -7,7 +7,8 @@ faults where the stage is right, the layer is right, and the layer is in the top
 A camera-preprocessing fault has no layer of its own: its layer counts as right when the
 triage says "input or preprocessing".
 
-    python bench/localization.py [--faults 200] [--examples digits transformer colour]
+    python bench/localization.py [--faults 200] [--frames 300] [--samples 100]
+        [--examples digits transformer colour]
 """
 
 from __future__ import annotations
@@ -96,13 +97,15 @@ def main() -> None:
     ap.add_argument("--faults", type=int, default=200)
     ap.add_argument("--examples", nargs="*", default=list(EXAMPLES))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--samples", type=int, default=200, help="compare.samples of every run")
+    ap.add_argument("--samples", type=int, default=100, help="compare.samples of every run")
+    ap.add_argument("--frames", type=int, default=300, help="data.evaluation_samples")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     store = RunStore(Path(tempfile.mkdtemp(prefix="qparity-loc-")))
     pools = {}
     for name in args.examples:
-        spec = with_overrides(load_spec(EXAMPLES[name]), [f"compare.samples={args.samples}"])
+        sets = [f"compare.samples={args.samples}", f"data.evaluation_samples={args.frames}"]
+        spec = with_overrides(load_spec(EXAMPLES[name]), sets)
         clean = run_chain(spec, EXAMPLES[name].read_text(), store.root, use_prefect=False)
         pools[name] = (spec, candidates(store, clean.run_id, name), clean.run_id)
         print(f"{name}: clean run, {len(pools[name][1])} candidate faults", flush=True)
