@@ -41,6 +41,7 @@ os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from bench.sim_probe import CpuWatch, conv_anatomy, wait_quiet  # noqa: E402
 from schemas.spec import PipelineSpec, load_spec, with_overrides  # noqa: E402
 
 MODELS = {
@@ -184,45 +185,6 @@ def engines(name: str, store: Path, run_id: str, batch: int):
     return x, fns, (executor, in_name), ev.y[:batch], notes
 
 
-class CpuWatch:
-    """CPU used by *other* processes (in cores) between start and stop: /proc/stat busy
-    time minus this process's own (and its children's) CPU time."""
-
-    @staticmethod
-    def _busy() -> float:
-        try:
-            with open("/proc/stat") as fh:
-                v = [int(t) for t in fh.readline().split()[1:]]
-        except OSError:
-            return float("nan")
-        return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")  # minus idle, iowait
-
-    @staticmethod
-    def _own() -> float:
-        t = os.times()
-        return t.user + t.system + t.children_user + t.children_system
-
-    def start(self) -> CpuWatch:
-        self.t, self.busy, self.own = time.perf_counter(), self._busy(), self._own()
-        return self
-
-    def stop(self) -> float:
-        wall = time.perf_counter() - self.t
-        other = (self._busy() - self.busy) - (self._own() - self.own)
-        return max(other, 0.0) / max(wall, 1e-9)
-
-
-def wait_quiet(max_wait: float, limit: float = 0.25) -> float:
-    """Wait (up to ``max_wait`` s) until other processes use < ``limit`` cores; return it."""
-    deadline, load = time.perf_counter() + max_wait, float("nan")
-    while True:
-        w = CpuWatch().start()
-        time.sleep(1.0)
-        load = w.stop()
-        if load < limit or time.perf_counter() >= deadline:
-            return load
-
-
 def measure(fns: dict, rounds: int, sim_exec) -> tuple[dict[str, float], dict, float]:
     """Warm up each engine once, then ``rounds`` interleaved rounds: median seconds per
     engine, the simulator's median seconds per op kind and per instruction, and the CPU
@@ -246,80 +208,6 @@ def measure(fns: dict, rounds: int, sim_exec) -> tuple[dict[str, float], dict, f
     ops = {k: float(np.median([r.get(k, 0.0) for r in by_op])) for k in by_op[0]}
     instrs = {i: float(np.median(v)) for i, v in per_instr.items()}
     return {k: float(np.median(v)) for k, v in times.items()}, {"ops": ops, "instrs": instrs}, load
-
-
-def conv_anatomy(sim_exec, x, repeats: int = 3) -> dict[str, float] | None:
-    """Seconds of all blocked NHWC CONV instructions (simulator.exec_conv) split into
-    pad + im2col, the int8 GEMM and the fused float64 epilogue, plus the rest of the
-    instruction (block bookkeeping, output writes), re-running exec_conv's own steps.
-    None when the executor internals differ from what this expects."""
-    from simulator.isa import Op
-
-    ex, in_name = sim_exec
-    parts = dict.fromkeys(STEPS, 0.0)
-    try:
-        bufs = ex._load({in_name: x})
-        ex._run(bufs)
-        for ins in ex.program.instructions:
-            if ins.op == Op.CONV and ins.attrs.get("layout") == "nhwc":
-                for k, v in _conv_steps(ex, ins, bufs, repeats).items():
-                    parts[k] += v
-    except Exception as e:  # internals moved: skip the breakdown, keep the bench
-        print(f"# conv anatomy skipped ({type(e).__name__}: {e})")
-        return None
-    whole = parts.pop("whole")
-    parts["rest (blocks, output writes, int64 fallbacks)"] = max(whole - sum(parts.values()), 0.0)
-    return parts
-
-
-STEPS = ("pad + im2col", "int8 GEMM (torch._int_mm)",
-         "float64 epilogue (bias, requantize, add, relu, cast)", "whole")  # fmt: skip
-
-
-def _conv_steps(ex, ins, bufs, repeats: int) -> dict[str, float]:
-    from simulator import exec_conv
-    from simulator import exec_kernels as ek
-    from simulator.executor import KERNELS
-
-    x = bufs[ins.inputs[0]]
-    b = bufs[ins.inputs[1]] if len(ins.inputs) > 1 else None
-    whole = _median_time(lambda: KERNELS[ins.op](ins, bufs, ex.consts), repeats)
-    key = ("conv_plan", ins.outputs[0], x.dtype, None if b is None else b.dtype)
-    plan = ex.consts.derived.get(key)
-    if plan is None:  # the int64 path: no split
-        return {"whole": whole}
-    strides, pads, dil = plan.geometry
-    o, k = plan.out_channels, plan.wmat.shape[0]
-
-    def im2col():
-        xp = ek.pad_axes(x[..., : plan.channels], (1, 2), pads, 0)
-        cols = exec_conv.im2col_view(xp, plan.kernel, strides, dil)
-        n, oh, ow = cols.shape[:3]
-        bl = exec_conv.blocks(n, oh, ow, max(exec_conv.BLOCK_ELEMS // max(o, 1), 1))
-        return bl, [cols[n0:n1, h0:h1].reshape(-1, k) for n0, n1, h0, h1 in bl]
-
-    bl, cs = im2col()
-    accs = [ek.gemm_int(c, plan.wmat) for c in cs]
-    bs = [None if b is None else b[n0:n1, h0:h1, :, :o].reshape(-1, o) for n0, n1, h0, h1 in bl]
-    return dict(zip(STEPS, (
-        _median_time(im2col, repeats),
-        _median_time(lambda: [ek.gemm_int(c, plan.wmat) for c in cs], repeats),
-        _median_time(lambda: [plan.epi.apply(a, bb) for a, bb in zip(accs, bs, strict=True)],
-                     repeats),
-        whole), strict=True))  # fmt: skip
-
-
-def _median_time(fn, repeats: int) -> float:
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
-
-
-# -- main -----------------------------------------------------------------------------------
 
 
 def _fmt_fps(v):
