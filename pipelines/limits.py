@@ -5,7 +5,9 @@ since the stage started (``/proc/self/statm``) every ``POLL_S`` seconds. Past a 
 raises :class:`LimitExceeded` inside the stage's thread (CPython's
 ``PyThreadState_SetAsyncExc``): the stage stops at its next Python instruction (a long
 C call such as one convolution finishes first), is marked failed by the run store, and
-nothing it had not finished writing is kept (every write is atomic).
+nothing it had not finished writing is kept (every write is atomic). Whatever the stage's
+own code turns the interruption into (torch.export wraps every exception), the error that
+leaves the guard is the limit's.
 """
 
 from __future__ import annotations
@@ -50,11 +52,15 @@ def guard(stage: str, seconds: float | None, memory_mb: float | None) -> Iterato
     watchdog.start()
     try:
         yield
-    except LimitExceeded:
-        raise _error(stage, found[0] if found else "a limit", seconds, memory_mb) from None
+    except BaseException:
+        if found:  # whatever the stage made of the interruption, the limit is the cause
+            raise _error(stage, found[0], seconds, memory_mb) from None
+        raise
     finally:
         stop.set()
         watchdog.join()
+    if found:  # the stage swallowed the interruption and went on: still past its limit
+        raise _error(stage, found[0], seconds, memory_mb)
 
 
 def _watch(target: int, stop: threading.Event, found: list, seconds, memory_mb) -> None:

@@ -16,20 +16,20 @@ from tests.conftest import tiny_spec_dict
 
 
 def test_time_limit_stops_a_python_loop():
-    with pytest.raises(LimitExceeded, match=r"stage slow: stopped: it ran .* \(limit 0.3 s\)"):
-        with guard("slow", 0.3, None):
-            end = time.monotonic() + 10
-            while time.monotonic() < end:
-                pass
+    match = r"stage slow: stopped: it ran .* \(limit 0.3 s\)"
+    with pytest.raises(LimitExceeded, match=match), guard("slow", 0.3, None):
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            pass
 
 
 def test_memory_limit_stops_a_growing_stage():
     keep = []
-    with pytest.raises(LimitExceeded, match=r"grew .* MB of memory \(limit 50 MB\)"):
-        with guard("hungry", None, 50):
-            for _ in range(400):
-                keep.append(np.ones(2**20))  # 8 MB each, touched
-                time.sleep(0.01)
+    match = r"grew .* MB of memory \(limit 50 MB\)"
+    with pytest.raises(LimitExceeded, match=match), guard("hungry", None, 50):
+        for _ in range(400):
+            keep.append(np.ones(2**20))  # 8 MB each, touched
+            time.sleep(0.01)
 
 
 def test_no_limits_no_watchdog():
