@@ -110,12 +110,12 @@ def execute_stage(
             store.cache_record(key, {"run_id": run.run_id, "stage": stage.name})
     except BaseException as e:  # interrupts too: never leave a stage marked running
         m = run.stage_failed(stage.name, f"{type(e).__name__}: {e}")
-        _stage_row(run, m.stages[stage.name], time.perf_counter() - t0, None, False)
+        stage_row(run, m.stages[stage.name], time.perf_counter() - t0, None, False)
         raise
     outcome = StageOutcome(
         art, cached is not None, time.perf_counter() - t0, cached[1] if cached else None
     )
-    _record(run, stage.name, outcome)
+    record_stage(run, stage.name, outcome)
     return outcome
 
 
@@ -163,18 +163,18 @@ def _link(src: Path, dst: Path) -> None:
         atomic_copy(src, dst)
 
 
-def _record(run: Run, stage: str, outcome: StageOutcome) -> None:
+def record_stage(run: Run, stage: str, outcome: StageOutcome) -> None:
     m = run.stage_finished(
         stage, outcome.artifact.digest, outcome.cache_hit, cache_source_run=outcome.source_run
     )
     art = outcome.artifact
-    _stage_row(run, m.stages[stage], outcome.duration_s, art.digest, outcome.cache_hit)
+    stage_row(run, m.stages[stage], outcome.duration_s, art.digest, outcome.cache_hit)
     metrics = getattr(art, "metrics", [])
     rows = [{"run_id": run.run_id, **x.model_dump()} for x in metrics]
     write_rows(run, "metrics", rows, part=stage)
 
 
-def _stage_row(run: Run, rec, duration_s: float, digest: str | None, hit: bool) -> None:
+def stage_row(run: Run, rec, duration_s: float, digest: str | None, hit: bool) -> None:
     """The stage's row of the ``stages`` table (one part per stage: reruns replace it)."""
     row = {
         "run_id": run.run_id,

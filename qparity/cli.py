@@ -189,6 +189,10 @@ from qparity.cli_edit import edit_command  # noqa: E402
 
 app.command("edit")(edit_command)
 
+from qparity.cli_ptq import ptq_command  # noqa: E402
+
+app.command("ptq")(ptq_command)
+
 
 def main() -> None:
     """Console entry point: our errors become one paragraph and exit code 1."""

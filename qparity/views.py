@@ -100,7 +100,10 @@ def stage_table(store_root: Path, run_id: str) -> Table:
     table = Table("stage", "status", "duration_s", "cache", "top1", title=f"run {run_id}")
     if ("float", "top1") in metrics:
         table.add_row("float", "-", "-", "-", f"{metrics['float', 'top1']['value']:.4f}")
-    for name, rec in sorted(m.stages.items(), key=lambda kv: CHAIN.index(kv[0])):
+    order = {name: i for i, name in enumerate(CHAIN)}  # PTQ stages: after, by start time
+    for name, rec in sorted(
+        m.stages.items(), key=lambda kv: (order.get(kv[0], 99), kv[1].started_at)
+    ):
         top1 = metrics.get((name, "top1"))
         table.add_row(
             name,

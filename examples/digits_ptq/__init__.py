@@ -1,0 +1,1 @@
+"""The PTQ chain on the bundled digits CNN, exported to ONNX at run time."""

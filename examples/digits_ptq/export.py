@@ -1,0 +1,37 @@
+"""Export the trained digits CNN (examples/digits/model.py) to an ONNX float model.
+
+The TorchScript exporter (``dynamo=False``) keeps module scopes in node names
+(``/block1/conv1/Conv``), which the PTQ chain turns into layer ids (``block1.conv1``);
+constant folding is off so that batch norms stay in the file and the optimized stage's BN
+fusion has work to do, as with a model straight out of training code.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+
+from examples.digits.model import build
+
+
+def export_onnx(path: str | Path) -> Path:
+    """Write the digits CNN to ``path`` (opset 17, dynamic batch); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = build()
+    with warnings.catch_warnings():  # the TorchScript exporter's deprecation notice
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(
+            model,
+            (torch.zeros(1, 1, 8, 8),),
+            str(path),
+            dynamo=False,
+            input_names=["x"],
+            output_names=["logits"],
+            dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}},
+            opset_version=17,
+            do_constant_folding=False,
+        )
+    return path

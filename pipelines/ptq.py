@@ -1,0 +1,181 @@
+"""The PTQ chain as a run: an ONNX float model in, one run in the store out.
+
+``run_ptq(onnx_path, spec, store_root)`` creates a run named after the model file's stem,
+runs :data:`stages.ptq.chain.STAGES` in order and records each like the QAT chain does:
+the manifest (stage_started / stage_finished / stage_failed), the ``stages`` and
+``metrics`` tables (pipelines.runs' row writers) and, at the end, the ``runs`` table.
+No stage cache: every stage is computed (the chain takes seconds on the bundled example).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import ValidationError
+
+from pipelines.runs import StageOutcome, record_stage, stage_row, versions
+from schemas.artifacts import combined_digest
+from schemas.errors import SpecError
+from schemas.fileio import json_digest
+from schemas.spec_sections import Dtype, Factory, PosInt, Section
+from schemas.store import Run, RunStore
+from schemas.tables import write_rows
+from simulator.march import MARCHES
+from stages.data import load_splits
+from stages.loader import import_object
+from stages.ptq.calibrate_onnx import QuantConfig
+from stages.ptq.chain import STAGES, PtqStage
+from stages.ptq.context import PtqContext, PtqModel
+from stages.registry import code_version
+from stages.registry_types import StageCall
+
+
+class PtqModelSpec(Section):
+    """Where the ONNX float model comes from."""
+
+    file: str
+    """Path of the ONNX float model (relative paths: to the working directory)."""
+    export: Factory | None = None
+    """Optional 'module:function' called with ``file`` that writes the ONNX model there
+    first (the bundled example exports its torch model this way)."""
+
+
+class PtqDataSpec(Section):
+    """The dataset (same convention as data.dataset of a pipeline spec)."""
+
+    dataset: Factory
+    """'module:function' returning {"train": (x, y), "evaluation": (x, y)}."""
+    calibration_samples: PosInt = 256
+    """Samples the activation ranges are calibrated on."""
+    evaluation_samples: PosInt = 1000
+    """Samples every stage's top-1 is measured on."""
+    batch_size: PosInt = 100
+    """Batch size of calibration and evaluation."""
+    probe_samples: PosInt = 4
+    """Samples the hbm is checked bit for bit against quantized on."""
+
+
+class PtqQuantSpec(Section):
+    """The quant config: dtypes and the target march."""
+
+    activation_dtype: Dtype = "int8"
+    """Activation dtype of every quantizer (all int8 or all int16)."""
+    overrides: dict[str, Dtype] = {}
+    """Per-node activation dtype, by node name of the ONNX model or by layer id."""
+    march: Literal["nash-e", "nash-m", "nash-p", "nash-h", "nash-b"] = "nash-e"
+    """The BPU march: weight dtypes, multiplier width, LUT shape, channel alignment."""
+
+
+class PtqSpec(Section):
+    """A PTQ chain spec (examples/digits_ptq/spec.yaml)."""
+
+    model: PtqModelSpec
+    """The ONNX float model."""
+    data: PtqDataSpec
+    """Calibration and evaluation data."""
+    quant: PtqQuantSpec = PtqQuantSpec()
+    """Dtypes and march."""
+    optimized_cosine: float = 0.999
+    """Per-layer cosine the optimized model must keep against the original."""
+    tags: dict[str, str] = {}
+    """Labels recorded with the run."""
+
+
+def load_ptq_spec(path: Path) -> tuple[PtqSpec, str]:
+    """(validated spec, its text); errors name the file and the field."""
+    try:
+        text = Path(path).read_text()
+        return PtqSpec.model_validate(yaml.safe_load(text)), text
+    except OSError as e:
+        raise SpecError(f"cannot read {path}: {e}", where=str(path)) from e
+    except (yaml.YAMLError, ValidationError) as e:
+        raise SpecError(f"invalid PTQ spec: {e}", where=str(path),
+                        hint="see examples/digits_ptq/spec.yaml") from e  # fmt: skip
+
+
+def model_path(spec: PtqSpec) -> Path:
+    """The ONNX file of the spec, written first by ``model.export`` when one is given."""
+    path = Path(spec.model.file)
+    if spec.model.export:
+        import_object(spec.model.export, field="model.export")(path)
+    return path
+
+
+def run_ptq(
+    onnx_path: Path,
+    spec: PtqSpec,
+    store_root: Path,
+    spec_text: str = "",
+    stop_after: str | None = None,
+) -> str:
+    """Run the PTQ chain on ``onnx_path`` (through ``stop_after`` when given); returns the
+    run id. A failing stage is recorded in the run, then its error is raised."""
+    names = [s.name for s in STAGES]
+    if stop_after is not None and stop_after not in names:
+        raise SpecError(f"unknown PTQ stage {stop_after!r}", hint=f"one of: {', '.join(names)}")
+    onnx_path = Path(onnx_path)
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", onnx_path.stem) or "model"
+    run = RunStore(store_root).create_run(
+        name, spec_text or yaml.safe_dump(spec.model_dump(mode="json")), json_digest(spec.model_dump(mode="json")),
+        code_version(), versions(), dict(spec.tags),
+    )  # fmt: skip
+    error = None
+    try:
+        ctx = _context(run, name, onnx_path, spec)
+        upstream = None
+        for stage in STAGES[: names.index(stop_after or names[-1]) + 1]:
+            upstream = _execute(ctx, stage, upstream, spec)
+    except BaseException as e:
+        error = f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        _finish(run, spec, onnx_path, error)
+    return run.run_id
+
+
+def _context(run: Run, name: str, path: Path, spec: PtqSpec) -> PtqContext:
+    d, q = spec.data, spec.quant
+    splits = load_splits(d.dataset, d.calibration_samples, d.evaluation_samples)
+    quant = QuantConfig(q.activation_dtype, dict(q.overrides))
+    return PtqContext(run, name, path, quant, MARCHES[q.march], splits, d.batch_size,
+                      d.probe_samples, spec.optimized_cosine)  # fmt: skip
+
+
+def _execute(ctx: PtqContext, stage: PtqStage, upstream: PtqModel | None, spec: PtqSpec):
+    """One stage: manifest record, artifact, stages and metrics rows."""
+    run, t0 = ctx.run, time.perf_counter()
+    run.stage_started(stage.name)
+    try:
+        digests = [upstream.digest] if upstream else [json_digest(str(ctx.source.resolve()))]
+        digests += [ctx.splits[s].digest for s in stage.reads]
+        config = json_digest(
+            [stage.name, spec.quant.model_dump(mode="json"), spec.optimized_cosine]
+        )
+        call = StageCall(stage.name, combined_digest(*digests), config, code_version(), versions())
+        art = stage.fn(upstream, ctx, call)
+        run.save_artifact(art)
+    except BaseException as e:  # interrupts too: never leave a stage marked running
+        m = run.stage_failed(stage.name, f"{type(e).__name__}: {e}")
+        stage_row(run, m.stages[stage.name], time.perf_counter() - t0, None, False)
+        raise
+    record_stage(run, stage.name, StageOutcome(art, False, time.perf_counter() - t0))
+    return art
+
+
+def _finish(run: Run, spec: PtqSpec, path: Path, error: str | None) -> None:
+    """Mark the run complete or failed; its row of the runs table."""
+    m = run.finish("failed" if error else "complete", error)
+    settings = {"chain": "ptq", **spec.quant.model_dump(mode="json")}
+    row = {
+        "run_id": run.run_id, "started_at": m.started_at, "finished_at": m.finished_at,
+        "status": m.status, "spec_digest": m.spec_digest, "model": str(path),
+        "march": spec.quant.march, "consistency_level": "ptq",
+        "settings": json.dumps(settings, sort_keys=True), "code_version": m.code_version,
+        "tags": json.dumps(m.tags, sort_keys=True),
+    }  # fmt: skip
+    write_rows(run, "runs", [row], part="run")

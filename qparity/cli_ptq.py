@@ -1,0 +1,70 @@
+"""``qparity ptq SPEC``: the PTQ chain from an ONNX float model (the vendor's PTQ flow)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+out = Console()
+
+
+def ptq_command(
+    spec: Annotated[
+        Path, typer.Argument(help="PTQ spec (YAML), e.g. examples/digits_ptq/spec.yaml.")
+    ],
+    runs: Annotated[
+        Path | None,
+        typer.Option("--runs", help="Run store folder (default: $QPARITY_RUNS or ./runs)."),
+    ] = None,
+):
+    """Run the PTQ chain (original, optimized, calibrated, ptq, quantized, hbm, board) on an
+    ONNX float model; prints each stage's status, time and top-1.
+
+    Example: qparity ptq examples/digits_ptq/spec.yaml
+    """
+    from pipelines.ptq import load_ptq_spec, model_path, run_ptq
+    from pipelines.runs import default_store_root
+    from schemas.store import RunStore
+
+    root = runs or default_store_root()
+    cfg, text = load_ptq_spec(spec)
+    path = model_path(cfg)
+    before = {m.run_id for m in RunStore(root).list_runs()}
+    try:
+        run_id = run_ptq(path, cfg, root, text)
+    finally:  # a failed run is shown too, then its error printed by the CLI
+        new = [m.run_id for m in RunStore(root).list_runs() if m.run_id not in before]
+        if new:
+            _show(RunStore(root).open(new[-1]))
+    out.print(f"run {run_id} complete; artifacts in {root / run_id / 'artifacts'}", highlight=False)
+
+
+def _show(run) -> None:
+    """One row per stage: status, duration, top-1 (and the optimized min layer cosine)."""
+    from schemas.tables import read_run_table
+    from stages.ptq.chain import STAGES
+
+    m = run.manifest()
+    metrics = {(r["stage"], r["metric"]): r["value"] for r in read_run_table(run, "metrics")}
+    table = Table("stage", "status", "duration_s", "top1", "note", title=f"PTQ run {m.run_id}")
+    for stage in STAGES:
+        rec = m.stages.get(stage.name)
+        if rec is None:
+            continue
+        top1 = metrics.get((stage.name, "top1"))
+        note = {
+            "optimized": f"min layer cosine {metrics.get(('optimized', 'min_layer_cosine'), 0):.6f}",
+            "hbm": f"{metrics.get(('hbm', 'bit_exact_layers'), 0):.0f} layers bit-exact vs quantized",
+        }.get(stage.name, "")
+        table.add_row(
+            stage.name,
+            rec.status,
+            f"{rec.duration_s:.2f}" if rec.duration_s is not None else "-",
+            f"{top1:.4f}" if top1 is not None else "-",
+            note if rec.status == "complete" else (rec.error or "")[:80],
+        )
+    out.print(table)

@@ -1,0 +1,200 @@
+"""The PTQ chain's stages: one function each, ``fn(upstream, ctx, call) -> PtqModel``.
+
+:data:`STAGES` lists them in chain order; ``pipelines.ptq`` runs them and records each in
+the run's manifest and tables. Every stage writes its vendor-named file (VENDOR_FILES) and
+top-1 on the evaluation split; quantized and hbm reuse convert's Converter and compile's
+Compiler unchanged, and hbm must equal quantized bit for bit on the probe samples.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from schemas.artifacts import Metric
+from schemas.errors import StageError
+from simulator import hbm
+from simulator.executor import Executor
+from stages.compile import tensor_shapes
+from stages.compile_graph import Compiler
+from stages.convert import layer_json, run_integer
+from stages.convert_graph import Converter, ConvertSettings
+from stages.onnx_export import render_graph_text
+from stages.onnx_runner import OnnxRunner
+from stages.ptq import calibrate_onnx as cal
+from stages.ptq import equivalence, original, ptq
+from stages.ptq.context import PtqContext, PtqModel
+from stages.ptq.graph import layer_of, save_model
+from stages.ptq.optimize import optimize
+from stages.registry_types import StageCall
+
+
+def _save(ctx: PtqContext, stage: str, model: onnx.ModelProto) -> str:
+    rel = ctx.file(stage)
+    save_model(model, ctx.run.path(rel))
+    return rel
+
+
+def _onnx_top1(ctx: PtqContext, stage: str, rel: str) -> Metric:
+    runner = OnnxRunner(ctx.run.path(rel))
+    return ctx.top1(stage, lambda x: runner.run(x)[0])
+
+
+def _load(ctx: PtqContext, art: PtqModel) -> onnx.ModelProto:
+    return onnx.load(str(ctx.run.path(art.onnx_file)))
+
+
+def original_stage(_: None, ctx: PtqContext, call: StageCall) -> PtqModel:
+    """Load, check, assign layer ids; refuse unsupported ops after writing the report."""
+    model = original.check_model(original.load_model(ctx.source), ctx.source)
+    original.assign_layer_ids(model)
+    bad = original.unsupported(model)
+    ctx.write_debug("model_check_result.txt", original.render_check(model, ctx.source, bad))
+    if bad:
+        raise original.refuse(bad, ctx.source)
+    rel = _save(ctx, "original", model)
+    metric = _onnx_top1(ctx, "original", rel)
+    return call.make(PtqModel, ctx.run, [rel], onnx_file=rel, metrics=[metric])
+
+
+def optimized_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
+    """Equivalent rewrites, then every layer compared with the original (cosine)."""
+    source = _load(ctx, up)
+    model, removed = optimize(_load(ctx, up))
+    rel = _save(ctx, "optimized", model)
+    x = ctx.calibration.x[: max(ctx.probe_samples, 8)]
+    rows = equivalence.compare_layers(source, model, x, removed)
+    ctx.write_debug("optimize_equivalence.txt", equivalence.render_rows(rows, ctx.cosine))
+    worst = equivalence.check_rows(rows, ctx.cosine)
+    ctx.append_check(["", "## optimized: layers removed or folded"]
+                     + ([f"{k}: {v}" for k, v in removed.items()] or ["none"]))  # fmt: skip
+    metrics = [
+        _onnx_top1(ctx, "optimized", rel),
+        Metric(stage="optimized", metric="min_layer_cosine", value=worst, n_samples=len(x)),
+    ]
+    return call.make(PtqModel, ctx.run, [rel], onnx_file=rel, removed=removed, metrics=metrics)
+
+
+def calibrated_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
+    """QDQ per the quant config, scales from the calibration samples (minmax)."""
+    model = _load(ctx, up)
+    names = {n.name: layer_of(n) for n in model.graph.node}
+    cal.name_by_layer(model)
+    plan = cal.plan(model, ctx.quant, names)
+    x = model.graph.input[0].name
+    amax = cal.observe(model, [x, *plan.outputs], ctx.calibration.x, ctx.batch_size)
+    model, table = cal.insert_qdq(model, plan, amax, ctx.quant)
+    rel = _save(ctx, "calibrated", model)
+    ctx.write_debug("ptq_quantizers.txt", cal.render_quantizers(table))
+    ctx.write_debug("calibrated_onnx.txt", render_graph_text(model))
+    return call.make(PtqModel, ctx.run, [rel], onnx_file=rel,
+                     metrics=[_onnx_top1(ctx, "calibrated", rel)])  # fmt: skip
+
+
+def ptq_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
+    """Table ops to lookup tables; the rest stay float and are reported."""
+    model, fixed, islands = ptq.fix_tables(_load(ctx, up), ctx.march)
+    rel = _save(ctx, "ptq", model)
+    ctx.append_check(ptq.render_tables(fixed, islands))
+    ctx.write_debug("ptq_onnx.txt", render_graph_text(model))
+    return call.make(PtqModel, ctx.run, [rel], onnx_file=rel, fixed_point=fixed,
+                     float_ops=islands, metrics=[_onnx_top1(ctx, "ptq", rel)])  # fmt: skip
+
+
+def quantized_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
+    """The QAT chain's Converter, unchanged, with the march's multiplier width."""
+    settings = ConvertSettings(multiplier_bits=ctx.march.multiplier_bits)
+    source = _load(ctx, up)
+    converter = Converter(source, settings)
+    model, layers = converter.run()
+    carry_types(source, model)
+    rel = _save(ctx, "quantized", model)
+    layers_rel = "artifacts/quantized/layers.json"
+    ctx.run.write_text(layers_rel, json.dumps(layer_json(layers), indent=1))
+    ctx.write_debug("quantized_onnx.txt", render_graph_text(model))
+    islands = {lid: "float island in the integer graph" for lid in sorted(converter.islands)}
+    return call.make(PtqModel, ctx.run, [rel, layers_rel], onnx_file=rel, layers_file=layers_rel,
+                     float_ops=islands, metrics=[_onnx_top1(ctx, "quantized", rel)])  # fmt: skip
+
+
+def carry_types(source: onnx.ModelProto, model: onnx.ModelProto) -> None:
+    """Declared types of custom-op outputs (value_info) that Converter.model() drops: the
+    reference evaluator casts a Lut's result to them, so a DequantizeLinear emitted on a
+    table op feeding a graph output sees int8/int16, not int64."""
+    made = {o for n in model.graph.node for o in n.output}
+    have = {v.name for v in model.graph.value_info}
+    for v in source.graph.value_info:
+        if v.name in made and v.name not in have:
+            model.graph.value_info.append(v)
+
+
+def hbm_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
+    """The QAT chain's Compiler, unchanged; the program must equal quantized bit for bit."""
+    path = ctx.run.path(up.onnx_file)
+    model = onnx.load(str(path))
+    layers = json.loads(ctx.run.path(up.layers_file).read_text())
+    shapes = tensor_shapes(path, model, ctx.evaluation.x[:2])
+    program = Compiler(model, ctx.march.name, ctx.march.channel_alignment, shapes).run(
+        {lid: v["tensor"] for lid, v in layers.items()}
+    )
+    rel = ctx.file("hbm")
+    hbm.save(program, ctx.run.path(rel))
+    executor = Executor(hbm.load(ctx.run.path(rel)))
+    checked = bit_exact(ctx, up, executor)
+    name = next(iter(executor.program.inputs))
+    metrics = [
+        ctx.top1("hbm", lambda x: next(iter(executor.run({name: x})[0].values()))),
+        Metric(stage="hbm", metric="bit_exact_layers", value=checked, n_samples=ctx.probe_samples),
+    ]
+    return call.make(PtqModel, ctx.run, [rel], hbm_file=rel, layers_file=up.layers_file,
+                     onnx_file=up.onnx_file, metrics=metrics)  # fmt: skip
+
+
+def bit_exact(ctx: PtqContext, up: PtqModel, executor: Executor) -> int:
+    """Layers the program holds, compared with quantized on the probe samples: all equal
+    (their count), else a StageError naming the first that differs."""
+    x = ctx.evaluation.x[: max(ctx.probe_samples, 2)]
+    ref_out, ref = run_integer(ctx.run.root, up, x)
+    name = next(iter(executor.program.inputs))
+    outs, got = executor.run({name: x}, capture=True)
+    for lid, ints in got.items():
+        if lid in ref and not np.array_equal(np.asarray(ints), ref[lid][0]):
+            raise StageError(f"the .hbm differs from quantized at layer {lid}", where="hbm",
+                             hint="this is a compiler bug: keep the run and report it")  # fmt: skip
+    if not np.array_equal(next(iter(outs.values())), ref_out[0]):
+        raise StageError("the .hbm output differs from quantized", where="hbm",
+                         hint="this is a compiler bug: keep the run and report it")  # fmt: skip
+    return sum(lid in ref for lid in got)
+
+
+def board_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
+    """The .hbm loaded fresh and run by the simulated BPU on the evaluation inputs."""
+    executor = Executor(hbm.load(ctx.run.path(up.hbm_file)))
+    name = next(iter(executor.program.inputs))
+    metric = ctx.top1("board", lambda x: next(iter(executor.run({name: x})[0].values())))
+    return call.make(PtqModel, ctx.run, [], hbm_file=up.hbm_file, metrics=[metric])
+
+
+@dataclass(frozen=True)
+class PtqStage:
+    """One row of the PTQ stage table."""
+
+    name: str
+    fn: Callable[[PtqModel | None, PtqContext, StageCall], PtqModel]
+    reads: tuple[str, ...]  # data splits whose digest enters the inputs digest
+
+
+STAGES: tuple[PtqStage, ...] = (
+    PtqStage("original", original_stage, ("evaluation",)),
+    PtqStage("optimized", optimized_stage, ("calibration", "evaluation")),
+    PtqStage("calibrated", calibrated_stage, ("calibration", "evaluation")),
+    PtqStage("ptq", ptq_stage, ("evaluation",)),
+    PtqStage("quantized", quantized_stage, ("evaluation",)),
+    PtqStage("hbm", hbm_stage, ("evaluation",)),
+    PtqStage("board", board_stage, ("evaluation",)),
+)
+"""The PTQ chain in order."""

@@ -1,0 +1,94 @@
+"""What every PTQ stage gets: the run, the model name, the quant config, the data; and the
+artifact every PTQ stage hands to the next."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from schemas.artifacts import Artifact, Metric
+from schemas.store import Run
+from simulator.march import March
+from stages.data import Split
+from stages.evaluate import top1
+from stages.ptq.calibrate_onnx import QuantConfig
+
+VENDOR_FILES = {
+    "original": "{name}_original_float_model.onnx",
+    "optimized": "{name}_optimized_float_model.onnx",
+    "calibrated": "{name}_calibrated_model.onnx",
+    "ptq": "{name}_ptq_model.onnx",
+    "quantized": "{name}_quantized_model.onnx",
+    "hbm": "{name}.hbm",
+}
+"""The vendor's artifact file names (seeds/consistency-ptq.md); ``board`` writes none."""
+
+
+class PtqModel(Artifact):
+    """One PTQ stage's model (or board run): its file, layer table and findings."""
+
+    kind: Literal["ptq_model"] = "ptq_model"
+    onnx_file: str | None = None
+    """The stage's ONNX model (run-relative); None for hbm and board."""
+    hbm_file: str | None = None
+    """The .hbm program (hbm stage; carried on by board)."""
+    layers_file: str | None = None
+    """quantized: layer id -> integer tensor, scale(s), dtype, axis (as convert writes it)."""
+    removed: dict[str, str] = {}
+    """optimized: layer ids folded or removed, with what happened to each."""
+    fixed_point: list[str] = []
+    """ptq: layer ids whose table op became a lookup table."""
+    float_ops: dict[str, str] = {}
+    """Layer ids left in float, with the reason."""
+    metrics: list[Metric] = []
+    """Dataset metrics of the stage's model."""
+
+
+@dataclass
+class PtqContext:
+    """The run and everything the stages read besides their input artifact."""
+
+    run: Run
+    name: str
+    source: Path
+    quant: QuantConfig
+    march: March
+    splits: dict[str, Split]
+    batch_size: int = 100
+    probe_samples: int = 4
+    cosine: float = 0.999
+
+    def file(self, stage: str) -> str:
+        """Run-relative path of the stage's vendor-named file."""
+        return f"artifacts/{stage}/{VENDOR_FILES[stage].format(name=self.name)}"
+
+    def write_debug(self, name: str, text: str) -> None:
+        self.run.write_text(f"debug/{name}", text)
+
+    def append_check(self, lines: list[str]) -> None:
+        """Add a section to debug/model_check_result.txt (the original stage starts it)."""
+        path = self.run.path("debug/model_check_result.txt")
+        old = path.read_text() if path.is_file() else ""
+        self.write_debug("model_check_result.txt", old + "\n".join(lines) + "\n")
+
+    @property
+    def evaluation(self) -> Split:
+        return self.splits["evaluation"]
+
+    @property
+    def calibration(self) -> Split:
+        return self.splits["calibration"]
+
+    def top1(self, stage: str, fn) -> Metric:
+        """top-1 of ``fn`` (numpy batch -> logits) on the evaluation split."""
+        acc = top1(
+            lambda x: torch.from_numpy(np.asarray(fn(x.numpy()))),
+            self.evaluation,
+            self.batch_size,
+            task=f"{stage} top-1",
+        )
+        return Metric(stage=stage, metric="top1", value=acc, n_samples=len(self.evaluation))

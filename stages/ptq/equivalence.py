@@ -1,0 +1,65 @@
+"""The optimized stage's promise: every layer of the original model still computes the
+same tensor (cosine >= the threshold, 0.999 by default), checked on probe samples."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from schemas.errors import StageError
+from stages.onnx_runner import OnnxRunner
+from stages.ptq.graph import layer_of
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """FORMULA: ``sum(a*b) / (|a| |b|)`` in float64; 1.0 when both are zero, 0.0 when one is."""
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    if na == 0 or nb == 0:
+        return 1.0 if na == nb else 0.0
+    return float(np.dot(a, b) / (na * nb))
+
+
+def compare_layers(
+    original: onnx.ModelProto, optimized: onnx.ModelProto, x: np.ndarray, removed: dict[str, str]
+) -> list[tuple[str, str, float | None, str]]:
+    """One row per layer of the original model: (layer, op, cosine or None, note)."""
+    kept = {o for n in optimized.graph.node for o in n.output}
+    now = {layer_of(n): n.output[0] for n in optimized.graph.node}
+    pairs = [(n, n.output[0]) for n in original.graph.node]
+    common = sorted({t for _, t in pairs if t in kept})
+    _, ref = OnnxRunner(original).run_capture(x, common)
+    _, got = OnnxRunner(optimized).run_capture(x, common)
+    rows = []
+    for node, t in pairs:
+        lid = layer_of(node)
+        if t in kept:
+            rows.append((lid, node.op_type, cosine(ref[t], got[t]), ""))
+        elif lid in removed:
+            rows.append((lid, node.op_type, None, removed[lid]))
+        else:
+            note = f"fused: its output is now {now.get(lid, '?')} (compared there)"
+            rows.append((lid, node.op_type, None, note))
+    return rows
+
+
+def check_rows(rows, threshold: float) -> float:
+    """The smallest cosine; a StageError naming the first layer below ``threshold``."""
+    values = [(lid, c) for lid, _, c, _ in rows if c is not None]
+    for lid, c in values:
+        if c < threshold:
+            raise StageError(
+                f"the optimized model changed layer {lid}: cosine {c:.6f} < {threshold}",
+                where="optimized",
+                hint="this is an optimizer bug: see debug/optimize_equivalence.txt, keep the run",
+            )
+    return min((c for _, c in values), default=1.0)
+
+
+def render_rows(rows, threshold: float) -> str:
+    """debug/optimize_equivalence.txt."""
+    lines = [f"# original vs optimized, per layer (threshold cosine >= {threshold})"]
+    lines.append("# layer_id | op | cosine | note")
+    for lid, op, c, note in rows:
+        lines.append(f"{lid} | {op} | {'-' if c is None else f'{c:.6f}'} | {note}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,151 @@
+"""original: load the user's ONNX float model, check it, give every node its layer id.
+
+What the vendor's ``xxx_original_float_model.onnx`` is: the model with shapes inferred and
+its ops and tensors checked, the baseline every later stage is compared with. Here also:
+- a file that is not ONNX, truncated or empty is a :class:`StageError` naming the file;
+- every op outside :data:`stages.ptq.graph.SUPPORTED_OPS` (or in another domain) is listed
+  by op and node in debug/model_check_result.txt, then refused with a StageError naming
+  them, before any later stage runs;
+- every node gets a canonical layer id in ``metadata_props["qparity.layer_id"]``: the
+  module path of torch's scoped names (``/block1/conv1/Conv`` -> ``block1.conv1``), else
+  the node name (``<op_type>_<k>`` when it has none), made unique.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import onnx
+
+from schemas.errors import StageError
+from stages.ptq.graph import SUPPORTED_OPS, layer_of, set_layer
+
+_HINT = "pass an ONNX model file (a ModelProto saved with onnx.save or torch.onnx.export)"
+
+
+def load_model(path: Path) -> onnx.ModelProto:
+    """Parse ``path`` as ONNX; anything else is a StageError naming the file and the fix."""
+    path = Path(path)
+    if not path.is_file():
+        raise StageError(f"model file {path} does not exist", where=str(path), hint=_HINT)
+    data = path.read_bytes()
+    try:
+        model = onnx.load_from_string(data)
+    except Exception as e:  # protobuf DecodeError and friends: not ONNX or truncated
+        raise StageError(
+            f"{path} is not a readable ONNX model ({type(e).__name__}; {len(data)} bytes)",
+            where=str(path),
+            hint=f"the file is truncated or not ONNX: export it again; {_HINT}",
+        ) from e
+    if not model.graph.node or not model.graph.output:
+        raise StageError(
+            f"{path} parses but holds no ONNX graph ({len(data)} bytes)",
+            where=str(path),
+            hint=f"the file is truncated or not ONNX: export it again; {_HINT}",
+        )
+    return model
+
+
+def check_model(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
+    """onnx.checker plus strict shape inference; the inferred model (initializers no longer
+    listed as graph inputs)."""
+    inits = {i.name for i in model.graph.initializer}
+    real = [i for i in model.graph.input if i.name not in inits]
+    del model.graph.input[:]
+    model.graph.input.extend(real)
+    try:
+        onnx.checker.check_model(model)
+        model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        raise StageError(
+            f"the model fails ONNX checks: {str(e)[:300]}",
+            where=str(path),
+            hint="fix the model (onnx.checker.check_model must pass) and export it again",
+        ) from e
+    if len(real) != 1:
+        raise StageError(
+            f"the model has {len(real)} inputs {[i.name for i in real]}",
+            where=str(path),
+            hint="the PTQ chain takes models with exactly one (image/featuremap) input",
+        )
+    return model
+
+
+def unsupported(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """Nodes whose op the chain cannot model (another domain, or not in SUPPORTED_OPS)."""
+    return [
+        n
+        for n in model.graph.node
+        if n.domain not in ("", "ai.onnx") or n.op_type not in SUPPORTED_OPS
+    ]
+
+
+def assign_layer_ids(model: onnx.ModelProto) -> dict[str, str]:
+    """Name every node and tag it with a unique layer id; returns node name -> layer id."""
+    taken = {i.name for i in model.graph.input} | {i.name for i in model.graph.initializer}
+    mapping = {}
+    for k, node in enumerate(model.graph.node):
+        if not node.name:
+            node.name = f"{node.op_type}_{k}"
+        lid, j = _scoped_id(node), 1
+        base = lid
+        while lid in taken:
+            lid, j = f"{base}_{j}", j + 1
+        taken.add(lid)
+        set_layer(node, lid)
+        mapping[node.name] = lid
+    return mapping
+
+
+def _scoped_id(node: onnx.NodeProto) -> str:
+    """``/a/b/Conv_3`` -> ``a.b``; other names unchanged."""
+    if not node.name.startswith("/"):
+        return node.name
+    parts = [p for p in node.name.split("/") if p]
+    if len(parts) > 1 and re.fullmatch(rf"{re.escape(node.op_type)}(_\d+)?", parts[-1]):
+        parts = parts[:-1]
+    return ".".join(parts) or node.name
+
+
+def render_check(model: onnx.ModelProto, path: Path, bad: list[onnx.NodeProto]) -> str:
+    """debug/model_check_result.txt of the original stage."""
+    out = [f"# model_check_result (PTQ chain: {path.name})", "", "## model"]
+    out.append(f"opset {_opset(model)}, ir_version {model.ir_version}, "
+               f"producer {model.producer_name or '-'} {model.producer_version}")  # fmt: skip
+    out += [f"input {i.name}: {_shape(i)}" for i in model.graph.input]
+    out += [f"output {o.name}: {_shape(o)}" for o in model.graph.output]
+    out += ["", "## ops found (op_type: count)"]
+    counts = Counter(f"{n.domain + '::' if n.domain else ''}{n.op_type}" for n in model.graph.node)
+    out += [f"{op}: {k}" for op, k in sorted(counts.items())]
+    out += ["", f"## unsupported ops ({len(bad)})"]
+    out += [f"{n.op_type} | node {n.name} | layer {layer_of(n)}" for n in bad] or ["none"]
+    if bad:
+        out.append(f"supported: {', '.join(sorted(SUPPORTED_OPS))}")
+    out += ["", "## layer ids (node name -> layer id)"]
+    out += [f"{n.name} -> {layer_of(n)}" for n in model.graph.node]
+    return "\n".join(out) + "\n"
+
+
+def refuse(bad: list[onnx.NodeProto], path: Path) -> StageError:
+    """The StageError for unsupported ops: each op type with its nodes."""
+    by_op: dict[str, list[str]] = {}
+    for n in bad:
+        by_op.setdefault(n.op_type, []).append(n.name)
+    what = "; ".join(f"{op} (node {', '.join(names)})" for op, names in by_op.items())
+    return StageError(
+        f"unsupported ops: {what}",
+        where=str(path),
+        hint="see debug/model_check_result.txt; replace these ops in the model "
+        "(DESIGN.md 'Op coverage') or export it without them",
+    )
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def _shape(v: onnx.ValueInfoProto) -> str:
+    dims = [d.dim_param or str(d.dim_value) for d in v.type.tensor_type.shape.dim]
+    return f"[{', '.join(dims)}] elem_type {v.type.tensor_type.elem_type}"

@@ -1,0 +1,111 @@
+"""The PTQ chain end to end on the exported tiny model: files, tables, bit-exact hbm."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from pipelines.ptq import run_ptq
+from schemas.store import RunStore
+from schemas.tables import read_run_table
+from simulator import hbm
+from simulator.executor import Executor
+from stages.onnx_runner import OnnxRunner
+from stages.ptq import equivalence
+from stages.ptq.chain import STAGES
+from tests.models import data
+from tests.stages.ptq.conftest import spec
+
+VENDOR = [
+    "original/tiny_original_float_model.onnx",
+    "optimized/tiny_optimized_float_model.onnx",
+    "calibrated/tiny_calibrated_model.onnx",
+    "ptq/tiny_ptq_model.onnx",
+    "quantized/tiny_quantized_model.onnx",
+    "hbm/tiny.hbm",
+]
+
+
+@pytest.fixture(scope="module")
+def int8_run(tiny_onnx, tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    run_id = run_ptq(tiny_onnx, spec(), root)
+    return RunStore(root).open(run_id)
+
+
+def _dtypes(run, stage="calibrated") -> dict[str, str]:
+    """Quantizer name -> dtype of its zero point, in the stage's model."""
+    model = onnx.load(str(run.root / "artifacts" / stage / f"tiny_{stage}_model.onnx"))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    return {
+        n.name.removesuffix("/q"): str(inits[n.input[2]].dtype)
+        for n in model.graph.node
+        if n.op_type == "QuantizeLinear" and n.name.endswith("/q") and "[" in n.name
+    }
+
+
+def test_every_stage_writes_its_vendor_file_and_top1(int8_run):
+    assert int8_run.manifest().status == "complete"
+    for rel in VENDOR:
+        assert (int8_run.root / "artifacts" / rel).is_file(), rel
+    metrics = read_run_table(int8_run, "metrics")
+    top1 = {m["stage"]: m["value"] for m in metrics if m["metric"] == "top1"}
+    assert set(top1) == {s.name for s in STAGES}
+    assert top1["optimized"] == top1["original"]
+    stages = {r["stage"]: r["status"] for r in read_run_table(int8_run, "stages")}
+    assert stages == {s.name: "complete" for s in STAGES}
+    assert read_run_table(int8_run, "runs")[0]["status"] == "complete"
+
+
+def test_optimized_is_equivalent_and_bn_is_fused(int8_run):
+    art = lambda s: onnx.load(str(int8_run.root / "artifacts" / s / f"tiny_{s}_float_model.onnx"))  # noqa: E731
+    original, optimized = art("original"), art("optimized")
+    assert "BatchNormalization" not in {n.op_type for n in optimized.graph.node}
+    removed = json.loads((int8_run.root / "artifacts/optimized.json").read_text())["removed"]
+    assert removed["bn"] == "BN folded into conv"
+    x = data()["evaluation"][0][:8]
+    rows = equivalence.compare_layers(original, optimized, x, removed)
+    cosines = [c for _, _, c, _ in rows if c is not None]
+    assert len(cosines) >= 8 and min(cosines) >= 0.999
+
+
+def test_quantized_and_hbm_agree_bit_for_bit(int8_run):
+    x = data()["evaluation"][0][:4]
+    quantized = OnnxRunner(int8_run.root / "artifacts" / VENDOR[4])
+    layers = json.loads((int8_run.root / "artifacts/quantized/layers.json").read_text())
+    ref_out, ref = quantized.run_capture(x, [v["tensor"] for v in layers.values()])
+    out, got = Executor(hbm.load(int8_run.root / "artifacts" / VENDOR[5])).run({"x": x}, True)
+    assert np.array_equal(next(iter(out.values())), ref_out[0])
+    assert len(got) >= 5
+    for lid, ints in got.items():
+        assert np.array_equal(ints, ref[layers[lid]["tensor"]]), lid
+
+
+def test_sigmoid_becomes_a_lookup_table(int8_run):
+    ptq = onnx.load(str(int8_run.root / "artifacts" / VENDOR[3]))
+    assert [n.name for n in ptq.graph.node if n.op_type == "Lut"] == ["Sigmoid"]
+    assert "Sigmoid" not in {n.op_type for n in ptq.graph.node}
+    report = (int8_run.root / "debug/model_check_result.txt").read_text()
+    assert "table ops left in float (float islands) (0)" in report
+
+
+def test_int8_default_dtypes(int8_run):
+    got = _dtypes(int8_run)
+    assert got["input:x[input]"] == "int8" and got["conv[weight]"] == "int8"
+    assert {v for k, v in got.items() if k.endswith("[output]")} == {"int8"}
+
+
+def test_int16_and_per_node_overrides(tiny_onnx, tmp_path):
+    run_id = run_ptq(tiny_onnx, spec(activation_dtype="int16"), tmp_path, stop_after="calibrated")
+    got = _dtypes(RunStore(tmp_path).open(run_id))
+    assert {v for k, v in got.items() if not k.endswith("[weight]")} == {"int16"}
+    assert {v for k, v in got.items() if k.endswith("[weight]")} == {"int8"}
+    overrides = {"/conv/Conv": "int16", "Mul": "int16"}  # a node name and a layer id
+    run_id = run_ptq(tiny_onnx, spec(overrides=overrides), tmp_path, stop_after="calibrated")
+    got = _dtypes(RunStore(tmp_path).open(run_id))
+    assert got["conv[output]"] == got["Mul[output]"] == "int16"
+    assert got["Sigmoid[output]"] == got["input:x[input]"] == "int8"
