@@ -59,21 +59,25 @@ def rerun(
 
 
 def localization_side_by_side(store_root: Path, parent_id: str, child_id: str) -> list[dict]:
-    """The stage/layer/triage findings of the parent and the rerun, keyed by (kind, rank)."""
+    """The findings of the parent and the rerun side by side: per stage pair its verdict
+    and largest own error, then the first divergent layer, triage and sensitive ops."""
     store = RunStore(store_root)
     rows: dict[tuple, dict] = {}
     for side, rid in (("parent", parent_id), ("rerun", child_id)):
         for r in read_run_table(store.open(rid), "localization"):
-            if r["kind"] == "stage" and r["rank"] == 0:
-                continue  # pairs within thresholds: not findings
-            key = (r["kind"], r["rank"])
-            text = " ".join(str(r[k]) for k in ("stage", "layer_id") if r[k]) or "-"
-            if r["kind"] == "triage":
-                text = r["detail"]
-            rows.setdefault(key, {"kind": r["kind"], "rank": r["rank"]})[side] = text
-    return [
-        rows[k]
-        for k in sorted(
-            rows, key=lambda k: (["stage", "layer", "triage", "sensitive"].index(k[0]), k[1])
+            key, text = _finding(r)
+            rows.setdefault(key, {"kind": r["kind"], "rank": key[1]})[side] = text
+    order = ["stage", "layer", "triage", "sensitive"]
+    return [rows[k] for k in sorted(rows, key=lambda k: (order.index(k[0]), str(k[1])))]
+
+
+def _finding(r: dict) -> tuple[tuple, str]:
+    """(row key, text) of one localization row."""
+    if r["kind"] == "stage":
+        verdict = "DIVERGES" if r["rank"] else "ok"
+        return ("stage", f"{r['base_stage']}->{r['stage']}"), (
+            f"{verdict}, max own error {r['value']:.3g} steps"
         )
-    ]
+    if r["kind"] == "triage":
+        return ("triage", r["rank"]), r["detail"]
+    return (r["kind"], r["rank"]), f"{r['stage']} {r['layer_id']} ({r['value']:.3g})"

@@ -155,7 +155,7 @@ def rerun_view(out: Console, store_root: Path, run_id: str, stage: str, sets, do
         ),
     )  # fmt: skip
     _finish_view(out, store_root, result)
-    table = Table("finding", "rank", f"parent {run_id}", f"rerun {result.run_id}")
+    table = Table("finding", "pair / rank", f"parent {run_id}", f"rerun {result.run_id}")
     for r in localization_side_by_side(store_root, run_id, result.run_id):
         table.add_row(r["kind"], str(r["rank"]), r.get("parent", "-"), r.get("rerun", "-"))
     out.print(table)

@@ -31,7 +31,10 @@ def test_rerun_reuses_upstream_and_recomputes_the_stage(faulted):
     assert RunStore(root).open(child.run_id).manifest().parent_run == parent.run_id
     assert parent.analysis.first.analysis == "convert" and child.analysis.first is None
     rows = localization_side_by_side(root, parent.run_id, child.run_id)
-    assert rows[0] == {"kind": "stage", "rank": 1, "parent": "convert"}
+    convert = next(r for r in rows if r["rank"] == "export->convert")
+    assert convert["parent"].startswith("DIVERGES") and convert["rerun"].startswith("ok")
+    layer = next(r for r in rows if r["kind"] == "layer")
+    assert layer["parent"].startswith("convert conv2") and "rerun" not in layer
 
 
 def test_rerun_with_downstream_runs_the_rest_and_recomputes_even_when_cached(faulted):
