@@ -1,4 +1,4 @@
-"""Four runs writing into one store at once, read through DuckDB while they write."""
+"""Four runs and a sweep writing into one store at once, read through DuckDB meanwhile."""
 
 from __future__ import annotations
 
@@ -18,15 +18,26 @@ from tests.conftest import tiny_spec_dict
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_four_concurrent_runs_and_a_reader(tmp_path):
+def test_four_concurrent_runs_a_sweep_and_a_reader(tmp_path):
     spec = tmp_path / "spec.yaml"
     data = tiny_spec_dict(stages={"stop_after": "pre_export"}, compare={"enabled": False})
     spec.write_text(yaml.safe_dump(data))
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(
+        yaml.safe_dump(
+            {
+                "name": "conc",
+                "spec": "spec.yaml",
+                "matrix": {"quant.rounding": ["half_even", "bpu_round"]},
+            }
+        )
+    )
     store = tmp_path / "runs"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "qparity.cli", "run", str(spec), "--runs", str(store),
-           "--no-prefect", "--quiet"]  # fmt: skip
-    procs = [subprocess.Popen(cmd, env=env, cwd=ROOT, stderr=subprocess.PIPE) for _ in range(4)]
+    cli = [sys.executable, "-m", "qparity.cli"]
+    run = [*cli, "run", str(spec), "--runs", str(store), "--no-prefect", "--quiet"]
+    cmds = [run] * 4 + [[*cli, "sweep", str(sweep), "--runs", str(store), "--no-prefect"]]
+    procs = [subprocess.Popen(c, env=env, cwd=ROOT, stderr=subprocess.PIPE) for c in cmds]
     reads = 0
     while any(p.poll() is None for p in procs):
         if store.exists():
@@ -36,7 +47,8 @@ def test_four_concurrent_runs_and_a_reader(tmp_path):
     errors = [p.stderr.read().decode()[-500:] for p in procs if p.returncode != 0]
     assert not errors, errors
     runs = RunStore(store).list_runs()
-    assert len(runs) == 4 and all(m.status == "complete" for m in runs)
+    assert len(runs) == 6 and all(m.status == "complete" for m in runs)
+    assert sum("sweep" in m.tags for m in runs) == 2
     rows = read_table(store, "stages").to_pylist()
     assert sorted((r["run_id"], r["stage"]) for r in rows) == sorted(
         (m.run_id, s) for m in runs for s in ("prepare", "calibrate", "pre_export")
