@@ -119,6 +119,7 @@ def task_runner(runner: LocalRunner | DaskRunner):
         return ThreadPoolTaskRunner(max_workers=1)  # torch stages share one process: serial
     from prefect_dask import DaskTaskRunner
 
+    logging.getLogger("distributed").setLevel(logging.WARNING)  # its INFO lines drown the table
     if runner.address:
         return DaskTaskRunner(address=runner.address)
     return DaskTaskRunner(
@@ -129,6 +130,7 @@ def task_runner(runner: LocalRunner | DaskRunner):
             "processes": True,
             "host": "127.0.0.1",
             "dashboard_address": None,
+            "silence_logs": logging.WARNING,  # the cluster's INFO lines drown the summary
         },
     )
 
