@@ -94,8 +94,11 @@ def analyze(ctx: RunContext) -> Analysis:
 
 
 def comparable_stages(ctx: RunContext) -> list[str]:
-    """The run's completed stages that have a model to compare, in chain order."""
+    """The run's completed stages that have a model to compare, in chain order, from the
+    QAT model on (calibrate's, or qat's when QAT fine-tuning ran)."""
     done = {s for s, rec in ctx.run.manifest().stages.items() if rec.status == "complete"}
+    if "qat" in done:  # fine-tuning changes the model on purpose: the QAT model is qat's
+        done.discard("calibrate")
     chain = [s for s in STAGE_NAMES if s in done and s in LOADERS]
     if len(chain) < 2:
         raise QueryError(

@@ -88,3 +88,9 @@ def test_a_fault_at_the_wrong_stage_is_refused():
         parse_spec(
             tiny_spec_dict(faults=[{"kind": "bias_drop", "stage": "compile", "layer": "conv"}]), "t"
         )
+
+
+def test_with_qat_fine_tuning_the_qat_model_is_the_reference(store):
+    result = _run(store, stages={"qat": {"enabled": True, "steps": 2}})
+    assert result.analysis.chain[0] == "qat" and "calibrate" not in result.analysis.chain
+    assert result.analysis.first is None
