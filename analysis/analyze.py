@@ -61,19 +61,38 @@ class Analysis:
 
 
 def analyze(ctx: RunContext) -> Analysis:
-    """Run every analysis of the run and write its tables and debug files."""
+    """Run every analysis of a QAT-chain run and write its tables and debug files."""
     chain = comparable_stages(ctx)
     models = {s: open_stage_model(ctx, s) for s in chain}
+    layers = load_layers(ctx.run, _inputs(models, ctx))
+    return analyze_models(ctx, chain, models, layers, _integer_layers(ctx))
+
+
+def analyze_models(ctx, chain: list[str], models: dict, layers: dict, integer: dict) -> Analysis:
+    """The analysis of any chain of stage models (QAT or PTQ): ``ctx`` gives the run, the
+    evaluation split, ``spec.data.batch_size``, ``spec.compare`` and ``write_debug``."""
     pairs = list(zip(chain, chain[1:], strict=False))
     pairs += [(chain[0], s) for s in chain[2:]]
-    layers = load_layers(ctx.run, _inputs(models, ctx))
-    integer = _integer_layers(ctx)
     dtypes = {k: v["dtype"] for k, v in integer.items()}
     scales = {k: max(v["scale"]) for k, v in integer.items()}
     results = compare_stages(ctx, models, pairs, layers, dtypes, scales)
     top1 = {
         m["stage"]: m["value"] for m in read_run_table(ctx.run, "metrics") if m["metric"] == "top1"
     }
+    verdicts, bad_rows = _judge(ctx, chain, models, results, top1, dtypes)
+    first = first_divergence(verdicts)
+    write_rows(ctx.run, "badcases", bad_rows, "all")
+    ctx.write_debug("badcase.txt", badcases.render(bad_rows))
+    rows = localization_rows(ctx.run.run_id, verdicts, first, layers)
+    write_rows(ctx.run, "localization", rows, "all")
+    write_rows(ctx.run, "sensitivity", sensitivity_rows(ctx.run.run_id, verdicts, layers), "all")
+    write_tensors(ctx, models, results, first, layers)
+    files = _write_files(ctx, results, verdicts, first, layers, dtypes)
+    return Analysis(ctx.run.run_id, chain, verdicts, first, files)
+
+
+def _judge(ctx, chain, models, results, top1, dtypes) -> tuple[list[PairVerdict], list[dict]]:
+    """Each chain pair's bad cases and verdict."""
     metric = ctx.spec.compare.badcase_metric
     verdicts, bad_rows = [], []
     for base, ana in zip(chain, chain[1:], strict=False):
@@ -81,16 +100,7 @@ def analyze(ctx: RunContext) -> Analysis:
         bad_rows += badcases.rows(results[(base, ana)], picked, metric)
         samples = np.asarray([s for s, _ in picked])
         verdicts.append(judge_pair(ctx, models, results[(base, ana)], top1, samples, dtypes))
-    first = first_divergence(verdicts)
-    write_rows(ctx.run, "badcases", bad_rows, "all")
-    ctx.write_debug("badcase.txt", badcases.render(bad_rows))
-    write_rows(
-        ctx.run, "localization", localization_rows(ctx.run.run_id, verdicts, first, layers), "all"
-    )
-    write_rows(ctx.run, "sensitivity", sensitivity_rows(ctx.run.run_id, verdicts, layers), "all")
-    write_tensors(ctx, models, results, first, layers)
-    files = _write_files(ctx, results, verdicts, first, layers, dtypes)
-    return Analysis(ctx.run.run_id, chain, verdicts, first, files)
+    return verdicts, bad_rows
 
 
 def comparable_stages(ctx: RunContext) -> list[str]:

@@ -24,7 +24,8 @@ from analysis.own_error import OwnErrors, own_errors, sensitivity
 from stages.context import RunContext
 from stages.stage_models import StageModel
 
-EXACT_PAIRS = {("convert", "compile"), ("compile", "board_sim")}
+EXACT_PAIRS = {("convert", "compile"), ("compile", "board_sim"), ("quantized", "hbm"),
+               ("hbm", "board")}  # fmt: skip
 TOP_SENSITIVE = 10
 EPS = 1e-2
 """Float slack on own errors in steps (float32 values of int16 layers are not exact)."""

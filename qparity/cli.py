@@ -132,12 +132,18 @@ def localize(
     Example: qparity localize digits-cnn-20261129T120000-ab12cd
     """
     from analysis.analyze import analyze
+    from analysis.ptq_analysis import analyze_ptq, is_ptq_run
+    from pipelines.ptq import load_ptq_spec
     from qparity.views import print_analysis
     from schemas.spec import load_spec
     from schemas.store import RunStore
     from stages.context import RunContext
 
     run = RunStore(_store_root(runs)).open(run_id)
+    if is_ptq_run(run):
+        spec, _ = load_ptq_spec(run.path("spec.yaml"))
+        print_analysis(out, analyze_ptq(run, spec))
+        return
     ctx = RunContext(spec=load_spec(run.path("spec.yaml")), run=run, code_version="")
     print_analysis(out, analyze(ctx))
 

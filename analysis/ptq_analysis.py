@@ -1,0 +1,110 @@
+"""Localization of a PTQ run: the QAT chain's analysis on calibrated -> ptq -> quantized
+-> hbm -> board (the stages from calibrate on, which the chains share).
+
+original -> optimized is checked by the optimized stage itself (every layer's cosine
+against the original >= the spec's bound, debug/optimize_equivalence.txt): BN folding
+changes which tensor a layer id names there, so the pair is not compared here. The
+analysis reads the run's PTQ spec (spec.yaml) for the data and batch size and uses the
+default compare thresholds of a pipeline spec.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import onnx
+
+from analysis.analyze import Analysis, analyze_models
+from analysis.layer_graph import Layer
+from schemas.errors import QueryError
+from schemas.spec_sections import CompareSpec
+from schemas.store import Run
+from stages.data import Split, load_splits
+from stages.ptq import runners
+from stages.ptq.context import PtqModel
+
+CHAIN = ("calibrated", "ptq", "quantized", "hbm", "board")
+LOADERS = {
+    "calibrated": runners.qdq_model,
+    "ptq": runners.qdq_model,
+    "quantized": runners.integer_model,
+    "hbm": runners.hbm_model,
+}
+
+
+@dataclass
+class PtqAnalysisContext:
+    """What analysis.analyze_models reads, for a PTQ run."""
+
+    run: Run
+    evaluation: Split
+    spec: SimpleNamespace
+
+    def write_debug(self, name: str, text: str) -> None:
+        self.run.write_text(f"debug/{name}", text)
+
+
+def is_ptq_run(run: Run) -> bool:
+    return "calibrated" in run.manifest().stages
+
+
+def analyze_ptq(run: Run, spec) -> Analysis:
+    """Compare, bad cases, localization of a PTQ run (``spec``: its PtqSpec)."""
+    done = [s for s in CHAIN if run.manifest().stages.get(s) and
+            run.manifest().stages[s].status == "complete"]  # fmt: skip
+    if len(done) < 2:
+        raise QueryError(
+            f"PTQ run {run.run_id} has {len(done)} comparable stage(s)",
+            where="localize",
+            hint="run the PTQ chain at least to ptq",
+        )
+    d = spec.data
+    evaluation = load_splits(d.dataset, d.calibration_samples, d.evaluation_samples)["evaluation"]
+    ctx = PtqAnalysisContext(run, evaluation, _spec(d))
+    arts = {s: run.load_artifact(s, PtqModel) for s in done}
+    integer = _integer(run, arts)
+    models = {s: _model(run, s, arts, evaluation.x, integer) for s in done}
+    calibrated = onnx.load(str(run.path(arts[done[0]].onnx_file)))
+    return analyze_models(ctx, done, models, layer_graph(calibrated), integer)
+
+
+def _spec(data) -> SimpleNamespace:
+    return SimpleNamespace(
+        data=SimpleNamespace(batch_size=data.batch_size),
+        compare=CompareSpec(probe_samples=data.probe_samples),
+        stages=SimpleNamespace(board_sim=SimpleNamespace(runtime_format="featuremap")),
+    )
+
+
+def _integer(run: Run, arts: dict) -> dict:
+    art = arts.get("quantized")
+    return json.loads(run.path(art.layers_file).read_text()) if art else {}
+
+
+def _model(run: Run, stage: str, arts: dict, x, integer: dict):
+    if stage == "board":  # the board runs the hbm stage's program
+        return runners.hbm_model(stage, run.path(arts["hbm"].hbm_file), x, integer)
+    art = arts[stage]
+    path = run.path(art.hbm_file if stage == "hbm" else art.onnx_file)
+    return LOADERS[stage](stage, path, x, integer)
+
+
+def layer_graph(model: onnx.ModelProto) -> dict[str, Layer]:
+    """Layers of a QDQ graph in node order: op type of each layer's compute node, and the
+    layers whose tensors its nodes read."""
+    tensors = runners.layer_tensors(model)
+    owner = {t: lid for lid, t in tensors.items()}
+    layers: dict[str, Layer] = {}
+    for node in model.graph.node:
+        lid = {p.key: p.value for p in node.metadata_props}.get(runners.LAYER_KEY)
+        if not lid or "[weight]" in node.name:
+            continue
+        prev = layers.get(lid)
+        op = prev.op_type if prev and node.op_type in ("QuantizeLinear", "DequantizeLinear") \
+            else node.op_type.lower()  # fmt: skip
+        producers = [owner[i] for i in node.input if i in owner and owner[i] != lid]
+        merged = tuple(dict.fromkeys([*(prev.producers if prev else ()), *producers]))
+        layers[lid] = Layer(lid, op, prev.topo_index if prev else len(layers), merged)
+    return layers
