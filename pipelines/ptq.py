@@ -18,10 +18,10 @@ from typing import Literal
 import yaml
 from pydantic import ValidationError
 
-from pipelines.runs import StageOutcome, record_stage, stage_row, versions
+from pipelines.runs import StageOutcome, from_cache, record_stage, stage_row, versions
 from schemas.artifacts import combined_digest
 from schemas.errors import SpecError
-from schemas.fileio import json_digest
+from schemas.fileio import json_digest, sha256_file
 from schemas.spec_sections import Dtype, Factory, PosInt, Section
 from schemas.store import Run, RunStore
 from schemas.tables import write_rows
@@ -151,20 +151,32 @@ def _execute(ctx: PtqContext, stage: PtqStage, upstream: PtqModel | None, spec: 
     run, t0 = ctx.run, time.perf_counter()
     run.stage_started(stage.name)
     try:
-        digests = [upstream.digest] if upstream else [json_digest(str(ctx.source.resolve()))]
+        digests = [upstream.digest] if upstream else [_source_digest(ctx.source)]
         digests += [ctx.splits[s].digest for s in stage.reads]
         config = json_digest(
             [stage.name, spec.quant.model_dump(mode="json"), spec.optimized_cosine]
         )
         call = StageCall(stage.name, combined_digest(*digests), config, code_version(), versions())
-        art = stage.fn(upstream, ctx, call)
-        run.save_artifact(art)
+        key = json_digest([stage.name, call.inputs_digest, call.config_digest, call.code_version])
+        store = RunStore(run.root.parent)
+        cached = from_cache(store, run, key, stage.name, PtqModel)
+        art = cached[0] if cached else stage.fn(upstream, ctx, call)
+        if cached is None:
+            run.save_artifact(art)
+            store.cache_record(key, {"run_id": run.run_id, "stage": stage.name})
     except BaseException as e:  # interrupts too: never leave a stage marked running
         m = run.stage_failed(stage.name, f"{type(e).__name__}: {e}")
         stage_row(run, m.stages[stage.name], time.perf_counter() - t0, None, False)
         raise
-    record_stage(run, stage.name, StageOutcome(art, False, time.perf_counter() - t0))
+    outcome = StageOutcome(art, cached is not None, time.perf_counter() - t0,
+                           cached[1] if cached else None)  # fmt: skip
+    record_stage(run, stage.name, outcome)
     return art
+
+
+def _source_digest(path: Path) -> str:
+    """The ONNX file's content digest (a missing file: its path; the stage says what's wrong)."""
+    return sha256_file(path) if path.is_file() else json_digest(str(path))
 
 
 def _finish(run: Run, spec: PtqSpec, path: Path, error: str | None) -> None:

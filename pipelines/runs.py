@@ -98,7 +98,9 @@ def execute_stage(
     try:
         call = _stage_call(ctx, stage, upstream)
         key = json_digest([stage.name, call.inputs_digest, call.config_digest, call.code_version])
-        cached = None if stage.name in ctx.recompute else _from_cache(store, run, key, stage)
+        cached = None
+        if stage.name not in ctx.recompute:
+            cached = from_cache(store, run, key, stage.name, stage.output)
         if cached:
             art = cached[0]
         else:
@@ -131,10 +133,11 @@ def _stage_call(ctx: RunContext, stage: StageDef, upstream: Artifact | None) -> 
     )
 
 
-def _from_cache(
-    store: RunStore, run: Run, key: str, stage: StageDef
+def from_cache(
+    store: RunStore, run: Run, key: str, stage: str, cls: type[Artifact]
 ) -> tuple[Artifact, str] | None:
-    """The cached artifact linked into ``run``, or None if absent or no longer valid."""
+    """The cached artifact of ``stage`` linked into ``run``, or None if absent or no
+    longer valid (a file missing or failing its digest: recompute, never a wrong hit)."""
     try:
         hit = store.cache_lookup(key)
     except ArtifactError:
@@ -142,7 +145,7 @@ def _from_cache(
     if not hit or hit.get("run_id") == run.run_id:
         return None
     try:
-        art = store.open(hit["run_id"]).load_artifact(stage.name, stage.output)
+        art = store.open(hit["run_id"]).load_artifact(stage, cls)
     except ArtifactError:
         return None  # deleted or tampered: recompute
     src = store.open(hit["run_id"])

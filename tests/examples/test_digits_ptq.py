@@ -36,3 +36,12 @@ def test_a_ptq_run_is_localized_from_calibrated_on(tmp_path):
         ("calibrated", "ptq"), ("ptq", "quantized"), ("quantized", "hbm"), ("hbm", "board")
     ]  # fmt: skip
     assert [r["value"] for r in stages][2:] == [0.0, 0.0]  # hbm and board are bit-exact
+
+
+def test_a_second_ptq_run_takes_every_stage_from_the_cache(tmp_path):
+    spec, text = load_ptq_spec(SPEC)
+    first = run_ptq(model_path(spec), spec, tmp_path, text)
+    second = RunStore(tmp_path).open(run_ptq(model_path(spec), spec, tmp_path, text))
+    stages = second.manifest().stages
+    assert all(rec.cache_hit and rec.cache_source_run == first for rec in stages.values())
+    assert second.manifest().status == "complete"
