@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 from typing import Literal
 
 import yaml
 from pydantic import ValidationError
 
-from pipelines.runs import StageOutcome, from_cache, record_stage, stage_row, versions
+from pipelines.runs import run_recorded, versions
 from schemas.artifacts import combined_digest
 from schemas.errors import SpecError
 from schemas.fileio import json_digest, sha256_file
@@ -147,31 +146,21 @@ def _context(run: Run, name: str, path: Path, spec: PtqSpec) -> PtqContext:
 
 
 def _execute(ctx: PtqContext, stage: PtqStage, upstream: PtqModel | None, spec: PtqSpec):
-    """One stage: manifest record, artifact, stages and metrics rows."""
-    run, t0 = ctx.run, time.perf_counter()
-    run.stage_started(stage.name)
-    try:
+    """One stage through the run store's one stage runner (cache, manifest, tables)."""
+
+    def make_call() -> StageCall:
         digests = [upstream.digest] if upstream else [_source_digest(ctx.source)]
         digests += [ctx.splits[s].digest for s in stage.reads]
         config = json_digest(
             [stage.name, spec.quant.model_dump(mode="json"), spec.optimized_cosine]
         )
-        call = StageCall(stage.name, combined_digest(*digests), config, code_version(), versions())
-        key = json_digest([stage.name, call.inputs_digest, call.config_digest, call.code_version])
-        store = RunStore(run.root.parent)
-        cached = from_cache(store, run, key, stage.name, PtqModel)
-        art = cached[0] if cached else stage.fn(upstream, ctx, call)
-        if cached is None:
-            run.save_artifact(art)
-            store.cache_record(key, {"run_id": run.run_id, "stage": stage.name})
-    except BaseException as e:  # interrupts too: never leave a stage marked running
-        m = run.stage_failed(stage.name, f"{type(e).__name__}: {e}")
-        stage_row(run, m.stages[stage.name], time.perf_counter() - t0, None, False)
-        raise
-    outcome = StageOutcome(art, cached is not None, time.perf_counter() - t0,
-                           cached[1] if cached else None)  # fmt: skip
-    record_stage(run, stage.name, outcome)
-    return art
+        return StageCall(stage.name, combined_digest(*digests), config, code_version(), versions())
+
+    store = RunStore(ctx.run.root.parent)
+    outcome = run_recorded(
+        store, ctx.run, (stage.name, PtqModel), make_call, lambda c: stage.fn(upstream, ctx, c)
+    )
+    return outcome.artifact
 
 
 def _source_digest(path: Path) -> str:

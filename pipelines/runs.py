@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -93,31 +94,52 @@ def execute_stage(
     store: RunStore, ctx: RunContext, stage: StageDef, upstream: Artifact | None
 ) -> StageOutcome:
     """Run one stage (or take it from the cache), record it in the manifest and tables."""
-    run, t0 = ctx.run, time.perf_counter()
-    run.stage_started(stage.name)
+    lim = ctx.spec.limits
+
+    def compute(call: StageCall) -> Artifact:
+        with guard(stage.name, lim.stage_seconds, lim.stage_memory_mb):
+            return stage.fn(upstream, ctx, call)
+
+    return run_recorded(
+        store,
+        ctx.run,
+        (stage.name, stage.output),
+        lambda: _stage_call(ctx, stage, upstream),
+        compute,
+        use_cache=stage.name not in ctx.recompute,
+    )
+
+
+def run_recorded(
+    store: RunStore,
+    run: Run,
+    stage: tuple[str, type[Artifact]],
+    make_call: Callable[[], StageCall],
+    compute: Callable[[StageCall], Artifact],
+    use_cache: bool = True,
+) -> StageOutcome:
+    """The one way a stage runs (QAT or PTQ chain): the cached artifact when its key
+    (stage, inputs, config, code version) hits, else ``compute``; saved, indexed and
+    recorded in the manifest and the stages/metrics tables; a failure is recorded too."""
+    name, cls = stage
+    t0 = time.perf_counter()
+    run.stage_started(name)
     try:
-        call = _stage_call(ctx, stage, upstream)
-        key = json_digest([stage.name, call.inputs_digest, call.config_digest, call.code_version])
-        cached = None
-        if stage.name not in ctx.recompute:
-            cached = from_cache(store, run, key, stage.name, stage.output)
-        if cached:
-            art = cached[0]
-        else:
-            lim = ctx.spec.limits
-            with guard(stage.name, lim.stage_seconds, lim.stage_memory_mb):
-                art = stage.fn(upstream, ctx, call)
+        call = make_call()
+        key = json_digest([name, call.inputs_digest, call.config_digest, call.code_version])
+        cached = from_cache(store, run, key, name, cls) if use_cache else None
+        art = cached[0] if cached else compute(call)
         if cached is None:
             run.save_artifact(art)
-            store.cache_record(key, {"run_id": run.run_id, "stage": stage.name})
+            store.cache_record(key, {"run_id": run.run_id, "stage": name})
     except BaseException as e:  # interrupts too: never leave a stage marked running
-        m = run.stage_failed(stage.name, f"{type(e).__name__}: {e}")
-        stage_row(run, m.stages[stage.name], time.perf_counter() - t0, None, False)
+        m = run.stage_failed(name, f"{type(e).__name__}: {e}")
+        stage_row(run, m.stages[name], time.perf_counter() - t0, None, False)
         raise
     outcome = StageOutcome(
         art, cached is not None, time.perf_counter() - t0, cached[1] if cached else None
     )
-    record_stage(run, stage.name, outcome)
+    record_stage(run, name, outcome)
     return outcome
 
 

@@ -17,13 +17,14 @@ from simulator import hbm
 from simulator.executor import Executor
 from stages.board_program import camera_inputs
 from stages.context import RunContext
-from stages.faults import inject_board
+from stages.faults import inject_board, record_board
 from stages.registry_types import StageCall
 
 
 def board_sim(upstream: HbmModel, ctx: RunContext, call: StageCall) -> BoardRun:
     """Evaluate top-1 on the simulated board."""
     cfg = ctx.spec.stages.board_sim
+    record_board(ctx)
     if cfg.runtime_format == "featuremap":
         executor, split = Executor(hbm.load(ctx.run.path(upstream.hbm_file))), ctx.evaluation
     else:

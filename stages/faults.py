@@ -118,40 +118,46 @@ def op_types(ctx: RunContext, ids) -> dict[str, str]:
     return {lid: ops.get(lid, "unknown") for lid in ids}
 
 
-def inject_convert(ctx: RunContext, model: onnx.ModelProto, layer_ids) -> onnx.ModelProto:
-    """convert's faults, applied to quantized.onnx before it is saved."""
-    faults = faults_of(ctx, "convert")
+def _inject(ctx: RunContext, stage: str, ids, apply) -> None:
+    """Apply each of ``stage``'s faults to the layers it hits (``apply(fault, layer id)``)
+    and record them."""
+    faults = faults_of(ctx, stage)
     if not faults:
-        return model
-    ops, applied = op_types(ctx, layer_ids), []
+        return
+    types, applied = op_types(ctx, ids), []
     for fault in faults:
-        for lid in targets(fault, ops):
-            model = corrupt_integer_graph(model, lid, fault)
-            applied.append((fault, lid, ops[lid]))
-    record(ctx, "convert", applied)
+        for lid in targets(fault, types):
+            apply(fault, lid)
+            applied.append((fault, lid, types[lid]))
+    record(ctx, stage, applied)
+
+
+def inject_convert(ctx: RunContext, model: onnx.ModelProto, layer_ids) -> onnx.ModelProto:
+    """convert's faults, applied (in place) to quantized.onnx before it is saved."""
+    _inject(ctx, "convert", layer_ids, lambda f, lid: corrupt_integer_graph(model, lid, f))
     return model
 
 
 def inject_pre_export(ctx: RunContext, ops: dict) -> dict:
     """pre_export's faults: coarsen the tables of the fixed-point ops they name."""
-    faults = faults_of(ctx, "pre_export")
-    if not faults:
-        return ops
-    types, applied = op_types(ctx, ops), []
-    for fault in faults:
-        for lid in targets(fault, types):
-            ops[lid].initializers = coarsen_tables(ops[lid].initializers, fault.amount)
-            applied.append((fault, lid, types[lid]))
-    record(ctx, "pre_export", applied)
+
+    def coarsen(fault, lid):
+        ops[lid].initializers = coarsen_tables(ops[lid].initializers, fault.amount)
+
+    _inject(ctx, "pre_export", ops, coarsen)
     return ops
+
+
+def record_board(ctx: RunContext) -> None:
+    """board_sim's faults in tables/faults (once per stage run; they hit the input)."""
+    faults = faults_of(ctx, "board_sim")
+    if faults:
+        record(ctx, "board_sim", [(f, "input", "input") for f in faults])
 
 
 def inject_board(ctx: RunContext, frames: np.ndarray, color: str) -> tuple[np.ndarray, str]:
     """board_sim's faults: the camera delivers BGR for RGB, or the other BT.601 range."""
-    faults = faults_of(ctx, "board_sim")
-    if faults:
-        record(ctx, "board_sim", [(f, "input", "input") for f in faults])
-    for fault in faults:
+    for fault in faults_of(ctx, "board_sim"):
         if fault.amount == 0:
             frames = np.ascontiguousarray(frames[..., ::-1])
         else:
