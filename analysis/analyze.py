@@ -22,7 +22,7 @@ from schemas.errors import QueryError
 from schemas.spec import STAGE_NAMES
 from schemas.tables import read_run_table, write_rows
 from stages.context import RunContext
-from stages.stage_models import open_stage_model
+from stages.stage_models import integer_layers, open_stage_model
 from stages.stage_runners import LOADERS
 
 BADCASES = 10
@@ -65,7 +65,7 @@ def analyze(ctx: RunContext) -> Analysis:
     chain = comparable_stages(ctx)
     models = {s: open_stage_model(ctx, s) for s in chain}
     layers = load_layers(ctx.run, _inputs(models, ctx))
-    return analyze_models(ctx, chain, models, layers, _integer_layers(ctx))
+    return analyze_models(ctx, chain, models, layers, integer_layers(ctx, required=False))
 
 
 def analyze_models(ctx, chain: list[str], models: dict, layers: dict, integer: dict) -> Analysis:
@@ -123,15 +123,6 @@ def _inputs(models, ctx) -> tuple[str, ...]:
     first = next(iter(models.values()))
     _, values = first.run(np.arange(min(1, len(ctx.evaluation))))
     return tuple(k.split(":", 1)[1] for k in values if k.startswith("input:"))
-
-
-def _integer_layers(ctx: RunContext) -> dict[str, dict]:
-    """convert's layer table when convert ran, else none."""
-    if "convert" not in ctx.run.manifest().stages:
-        return {}
-    from stages.stage_models import integer_layers
-
-    return integer_layers(ctx)
 
 
 def _write_files(

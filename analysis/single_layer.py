@@ -12,10 +12,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from simulator import fixedpoint as fp
 from simulator.custom_ops import CUSTOM_OPS, DOMAIN
-
-NP = {"int8": np.int8, "int16": np.int16, "int32": np.int32}
+from stages.stage_models import quantize_like
 
 
 def _attrs(node: onnx.NodeProto) -> dict:
@@ -24,16 +22,6 @@ def _attrs(node: onnx.NodeProto) -> dict:
         v = helper.get_attribute_value(a)
         out[a.name] = v.decode() if isinstance(v, bytes) else v
     return out
-
-
-def _as_ints(values: np.ndarray, info: dict) -> np.ndarray:
-    """Reference floats as integers at a layer's scale (per channel along its axis)."""
-    scale = np.asarray(info["scale"], dtype=np.float64)
-    if scale.size > 1:
-        scale = scale.reshape([-1] + [1] * (-(info["axis"] or -1) - 1))
-    q = fp.round_by(values.astype(np.float64) / scale, "half_even")
-    lo, hi = fp.qrange(info["dtype"])
-    return np.clip(q, lo, hi).astype(NP[info["dtype"]])
 
 
 def own_error_steps(
@@ -52,7 +40,7 @@ def own_error_steps(
         if inputs is None or out[0] not in ref:
             continue
         got = np.asarray(CUSTOM_OPS[node.op_type].evaluate(inputs, _attrs(node)))
-        want = _as_ints(ref[out[0]], out[1]).astype(np.int64)
+        want = quantize_like(ref[out[0]], out[1]).astype(np.int64)
         diff = np.abs(got.astype(np.int64) - want)
         steps[out[0]] = (float(diff.max()), float((diff > 0).mean()))
     return steps
@@ -65,7 +53,7 @@ def _inputs(node, inits, by_tensor, ref) -> list[np.ndarray] | None:
             inputs.append(inits[name])
         elif name in by_tensor and by_tensor[name][0] in ref:
             lid, info = by_tensor[name]
-            inputs.append(_as_ints(ref[lid], info))
+            inputs.append(quantize_like(ref[lid], info))
         else:
             return None  # an intermediate without a reference: not a layer boundary
     return inputs

@@ -60,35 +60,39 @@ def load_stage_artifact(ctx: RunContext, stage: str) -> Artifact:
     return ctx.run.load_artifact(stage, get(stage).output)
 
 
-def integer_layers(ctx: RunContext) -> dict[str, dict]:
-    """convert's layers.json: layer id -> tensor name, scale list, dtype, axis."""
+def integer_layers(ctx: RunContext, required: bool = True) -> dict[str, dict]:
+    """convert's layers.json: layer id -> tensor name, scale list, dtype, axis (empty when
+    convert has not run and the layers are not ``required``)."""
+    rec = ctx.run.manifest().stages.get("convert")
+    if not required and (rec is None or rec.status != "complete"):
+        return {}
     art = ctx.run.load_artifact("convert", QuantizedModel)
     return json.loads(ctx.run.path(art.layers_file).read_text())
 
 
+def _scale(info: dict, ndim: int) -> np.ndarray:
+    """A layer's scale, shaped to broadcast along its channel axis (default 1, NCHW)."""
+    scale = np.asarray(info["scale"], dtype=np.float64)
+    if scale.size > 1:
+        shape = [1] * ndim
+        shape[info["axis"] if info["axis"] is not None else 1] = -1
+        scale = scale.reshape(shape)
+    return scale
+
+
 def dequantize(q: np.ndarray, info: dict) -> np.ndarray:
     """x = q * scale, per channel along ``info['axis']`` (NCHW: channels on axis 1)."""
-    scale = np.asarray(info["scale"], dtype=np.float64)
     q = np.asarray(q)
-    if scale.size > 1:
-        axis = info["axis"] if info["axis"] is not None else 1
-        shape = [1] * q.ndim
-        shape[axis] = -1
-        scale = scale.reshape(shape)
-    return (q.astype(np.float64) * scale).astype(np.float32)
+    return (q.astype(np.float64) * _scale(info, q.ndim)).astype(np.float32)
 
 
 def quantize_like(x: np.ndarray, info: dict) -> np.ndarray:
-    """The integers of float ``x`` at a layer's scale (round half to even, saturated)."""
+    """The integers of float ``x`` at a layer's scale (round half to even, saturated):
+    ``q = clamp(round_half_even(x / scale), qmin, qmax)``."""
     from simulator import fixedpoint as fp
 
-    scale = np.asarray(info["scale"], dtype=np.float64)
-    if scale.size > 1:
-        axis = info["axis"] if info["axis"] is not None else 1
-        shape = [1] * x.ndim
-        shape[axis] = -1
-        scale = scale.reshape(shape)
-    q = fp.round_by(np.asarray(x, dtype=np.float64) / scale, "half_even")
+    x = np.asarray(x, dtype=np.float64)
+    q = fp.round_by(x / _scale(info, x.ndim), "half_even")
     lo, hi = fp.qrange(info["dtype"])
     return np.clip(q, lo, hi).astype(np.dtype(info["dtype"]))
 

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -17,6 +19,7 @@ from simulator.executor import Executor
 from stages.board_sim import camera_feed
 from stages.capture import capture
 from stages.context import RunContext
+from stages.evaluate import first_output
 from stages.fake_quant import quantizers
 from stages.modelio import load_qat, name_quantizers
 from stages.onnx_runner import COMPUTED, OnnxRunner
@@ -49,40 +52,91 @@ def torch_model(ctx: RunContext, art: Artifact) -> StageModel:
         x = as_torch_input(ctx.evaluation.x[idx])
         subs = {k: torch.from_numpy(np.asarray(v)) for k, v in (replace or {}).items()}
         out, values = capture(gm, x, subs)
-        return _first(out), {k: v.detach().numpy() for k, v in values.items()}
+        return first_output(out).detach().numpy(), {
+            k: v.detach().numpy() for k, v in values.items()
+        }
 
     return StageModel(art.stage, run, scales)
 
 
 def onnx_model(ctx: RunContext, art: Artifact) -> StageModel:
     """export: qat.onnx, every layer's float tensor named by its layer id."""
-    runner = OnnxRunner(ctx.run.path(art.onnx_file))
-    ids = [i for i in art.layer_ids if i in runner.tensor_names]
-    scales = {lid: max(v["scale"]) for lid, v in _maybe_integer_layers(ctx).items()}
-
-    def run(idx, replace):
-        feeds = {k: np.asarray(v, dtype=np.float32) for k, v in (replace or {}).items()}
-        return _run_fed(runner, ctx.evaluation.x[idx], {i: i for i in ids}, feeds)
-
-    return StageModel(art.stage, run, scales)
+    path = ctx.run.path(art.onnx_file)
+    tensors = {i: i for i in art.layer_ids}
+    return float_graph(art.stage, path, _evaluation(ctx), tensors, integer_layers(ctx, False))
 
 
 def integer_model(ctx: RunContext, art: Artifact) -> StageModel:
     """convert: quantized.onnx; each layer's integers dequantized at its scale."""
-    runner = OnnxRunner(ctx.run.path(art.onnx_file))
-    layers = integer_layers(ctx)
+    path = ctx.run.path(art.onnx_file)
+    return integer_graph(art.stage, path, _evaluation(ctx), integer_layers(ctx))
+
+
+def hbm_model(ctx: RunContext, art: Artifact) -> StageModel:
+    """compile: model.hbm on the simulator; board_sim: board.hbm fed camera frames."""
+    board = art.stage == "board_sim" and art.runtime_format != "featuremap"
+    if art.stage == "board_sim":
+        compiled = ctx.run.load_artifact("compile", HbmModel)
+        path = compiled.board_file if board else compiled.hbm_file
+    else:
+        path = art.hbm_file
+    if board:
+        return program(art.stage, ctx.run.path(path),
+                       lambda idx: camera_feed(ctx, ctx.splits["camera"].x[idx]),
+                       integer_layers(ctx))  # fmt: skip
+    return program(art.stage, ctx.run.path(path), _evaluation(ctx), integer_layers(ctx))
+
+
+def _evaluation(ctx: RunContext) -> Callable[[np.ndarray], np.ndarray]:
+    """The evaluation samples ``idx`` (read when the model runs)."""
+    return lambda idx: ctx.evaluation.x[idx]
+
+
+def float_graph(stage: str, path, inputs, tensors: dict[str, str], layers: dict) -> StageModel:
+    """A float/QDQ ONNX graph whose layer values are the ``tensors`` (layer id -> name);
+    substituted values are fed as floats."""
+    runner = OnnxRunner(path)
+    tensors = {lid: t for lid, t in tensors.items() if t in runner.tensor_names}
 
     def run(idx, replace):
-        feeds = {
-            layers[k]["tensor"]: quantize_like(v, layers[k])
-            for k, v in (replace or {}).items()
-            if k in layers
-        }
-        tensors = {lid: v["tensor"] for lid, v in layers.items()}
-        out, values = _run_fed(runner, ctx.evaluation.x[idx], tensors, feeds)
+        feeds = {tensors[k]: np.asarray(v, np.float32) for k, v in (replace or {}).items()}
+        return _run_fed(runner, inputs(idx), tensors, feeds)
+
+    return StageModel(stage, run, _scales(layers))
+
+
+def integer_graph(stage: str, path, inputs, layers: dict) -> StageModel:
+    """An integer ONNX graph (layers.json as convert writes it), dequantized per layer;
+    substituted values are quantized at the layer's scale and fed as integers."""
+    runner = OnnxRunner(path)
+    tensors = {lid: v["tensor"] for lid, v in layers.items()}
+
+    def run(idx, replace):
+        feeds = {layers[k]["tensor"]: quantize_like(v, layers[k])
+                 for k, v in (replace or {}).items() if k in layers}  # fmt: skip
+        out, values = _run_fed(runner, inputs(idx), tensors, feeds)
         return out, {lid: dequantize(v, layers[lid]) for lid, v in values.items()}
 
-    return StageModel(art.stage, run, {k: max(v["scale"]) for k, v in layers.items()})
+    return StageModel(stage, run, _scales(layers))
+
+
+def program(stage: str, path, feed, layers: dict) -> StageModel:
+    """A .hbm on the simulator (outputs and captured layers, dequantized); ``feed(idx)``
+    gives the program's inputs, an array for its only input or a dict by name."""
+    executor = Executor(hbm.load(path))
+    name = next(iter(executor.program.inputs))
+
+    def run(idx, replace):
+        got = feed(idx)
+        outs, values = executor.run(got if isinstance(got, dict) else {name: got}, capture=True)
+        out = np.asarray(next(iter(outs.values())), dtype=np.float32)
+        return out, {lid: dequantize(v, layers[lid]) for lid, v in values.items() if lid in layers}
+
+    return StageModel(stage, run, _scales(layers), substitutable=False)
+
+
+def _scales(layers: dict) -> dict[str, float]:
+    return {k: max(v["scale"]) for k, v in layers.items()}
 
 
 def _run_fed(runner: OnnxRunner, x, tensors: dict[str, str], feeds: dict) -> Captured:
@@ -92,42 +146,6 @@ def _run_fed(runner: OnnxRunner, x, tensors: dict[str, str], feeds: dict) -> Cap
     names = {lid: t + COMPUTED if t in feeds else t for lid, t in tensors.items()}
     outs, values = r.run_capture(x, list(dict.fromkeys(names.values())), feeds)
     return np.asarray(outs[0]), {lid: np.asarray(values[n]) for lid, n in names.items()}
-
-
-def hbm_model(ctx: RunContext, art: Artifact) -> StageModel:
-    """compile: model.hbm on the simulator; board_sim: board.hbm fed camera frames."""
-    layers = integer_layers(ctx)
-    if art.stage == "board_sim":
-        compiled = ctx.run.load_artifact("compile", HbmModel)
-        board = art.runtime_format != "featuremap"
-        path = compiled.board_file if board else compiled.hbm_file
-    else:
-        board, path = False, art.hbm_file
-    executor = Executor(hbm.load(ctx.run.path(path)))
-
-    def run(idx, replace):
-        if board:
-            feed = camera_feed(ctx, ctx.splits["camera"].x[idx])
-        else:
-            feed = {next(iter(executor.program.inputs)): ctx.evaluation.x[idx]}
-        outs, values = executor.run(feed, capture=True)
-        out = np.asarray(next(iter(outs.values())), dtype=np.float32)
-        return out, {lid: dequantize(v, layers[lid]) for lid, v in values.items() if lid in layers}
-
-    return StageModel(art.stage, run, {k: max(v["scale"]) for k, v in layers.items()}, False)
-
-
-def _maybe_integer_layers(ctx: RunContext) -> dict[str, dict]:
-    """convert's layers when convert has run in this run, else none."""
-    if not ctx.run.path("artifacts/convert/layers.json").exists():
-        return {}
-    return integer_layers(ctx)
-
-
-def _first(out) -> np.ndarray:
-    while isinstance(out, (tuple, list)):
-        out = out[0]
-    return out.detach().numpy()
 
 
 LOADERS = {

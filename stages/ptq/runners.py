@@ -1,4 +1,5 @@
-"""The PTQ chain's models behind the StageModel interface (stages/stage_models.py).
+"""The PTQ chain's models behind the StageModel interface (stages/stage_models.py), built
+by the same builders as the QAT chain's (stages/stage_runners.py).
 
 calibrated and ptq are QDQ graphs: a layer's value is the output of the last node carrying
 its layer id (its output DequantizeLinear, a float on the layer's grid); weight QDQ nodes
@@ -11,12 +12,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from simulator import hbm
-from simulator.executor import Executor
 from stages.onnx_export import LAYER_KEY
-from stages.onnx_runner import OnnxRunner
-from stages.stage_models import StageModel, dequantize
-from stages.stage_runners import _run_fed
+from stages.stage_models import StageModel
+from stages.stage_runners import float_graph, integer_graph, program
 
 
 def layer_tensors(model: onnx.ModelProto) -> dict[str, str]:
@@ -31,40 +29,15 @@ def layer_tensors(model: onnx.ModelProto) -> dict[str, str]:
 
 def qdq_model(stage: str, path, x: np.ndarray, integer: dict) -> StageModel:
     """A QDQ ONNX stage (calibrated, ptq)."""
-    runner = OnnxRunner(path)
-    tensors = layer_tensors(runner.model)
-
-    def run(idx, replace):
-        feeds = {tensors[k]: np.asarray(v, np.float32) for k, v in (replace or {}).items()}
-        return _run_fed(runner, x[idx], tensors, feeds)
-
-    return StageModel(stage, run, {k: max(v["scale"]) for k, v in integer.items()})
+    tensors = layer_tensors(onnx.load(str(path)))
+    return float_graph(stage, path, lambda idx: x[idx], tensors, integer)
 
 
 def integer_model(stage: str, path, x: np.ndarray, integer: dict) -> StageModel:
     """The integer graph (quantized), dequantized per layer."""
-    from stages.stage_models import quantize_like
-
-    runner = OnnxRunner(path)
-    tensors = {lid: v["tensor"] for lid, v in integer.items()}
-
-    def run(idx, replace):
-        feeds = {integer[k]["tensor"]: quantize_like(v, integer[k])
-                 for k, v in (replace or {}).items() if k in integer}  # fmt: skip
-        out, values = _run_fed(runner, x[idx], tensors, feeds)
-        return out, {lid: dequantize(v, integer[lid]) for lid, v in values.items()}
-
-    return StageModel(stage, run, {k: max(v["scale"]) for k, v in integer.items()})
+    return integer_graph(stage, path, lambda idx: x[idx], integer)
 
 
 def hbm_model(stage: str, path, x: np.ndarray, integer: dict) -> StageModel:
     """The .hbm on the simulator (outputs and captured layers, dequantized)."""
-    executor = Executor(hbm.load(path))
-    name = next(iter(executor.program.inputs))
-
-    def run(idx, replace):
-        outs, values = executor.run({name: x[idx]}, capture=True)
-        out = np.asarray(next(iter(outs.values())), dtype=np.float32)
-        return out, {k: dequantize(v, integer[k]) for k, v in values.items() if k in integer}
-
-    return StageModel(stage, run, {k: max(v["scale"]) for k, v in integer.items()}, False)
+    return program(stage, path, lambda idx: x[idx], integer)
