@@ -17,6 +17,7 @@ import re
 import numpy as np
 import onnx
 
+from analysis.verify import cosine
 from schemas.errors import SpecError
 
 QDQ = ("QuantizeLinear", "DequantizeLinear")
@@ -89,6 +90,5 @@ def remove_fake_quant(model: onnx.ModelProto, numbers: list[int]) -> tuple[onnx.
 
 def agreement(qat_out: np.ndarray, int_out: np.ndarray) -> dict[str, float]:
     """Output L1 and cosine of an integer graph against its qat.onnx."""
-    a, b = np.asarray(qat_out, np.float64).ravel(), np.asarray(int_out, np.float64).ravel()
-    norm = np.linalg.norm(a) * np.linalg.norm(b)
-    return {"l1": float(np.mean(np.abs(a - b))), "cosine": float(a @ b / norm) if norm else 1.0}
+    a, b = np.asarray(qat_out, np.float64), np.asarray(int_out, np.float64)
+    return {"l1": float(np.mean(np.abs(a - b))), "cosine": cosine(a, b)}

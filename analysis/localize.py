@@ -48,6 +48,12 @@ class PairVerdict:
     samples: list[int] = field(default_factory=list)
 
 
+def limit(tolerance: float, dtype: str | None) -> float:
+    """Steps a layer of ``dtype`` may be off: the tolerance in int8 steps, times
+    ``WIDE[dtype]`` for a wider layer, plus the float slack ``EPS``."""
+    return tolerance * WIDE.get(dtype, 1.0) + EPS
+
+
 def tolerance(ctx: RunContext, base: str, analysis: str) -> float:
     """Own error (steps) a layer may add in this pair; 0 where the pair must be exact."""
     camera = ctx.spec.stages.board_sim.runtime_format != "featuremap"
@@ -79,7 +85,7 @@ def judge_pair(
     ids = [i for i in result.layer_ids if not i.startswith("input:")]
     base, ana = models[result.base], models[result.analysis]
     v.own = own_errors(base, ana, samples, ids, result.steps)
-    over = [i for i in ids if v.own.steps[i] > v.tolerance * WIDE.get(dtypes.get(i), 1.0) + EPS]
+    over = [i for i in ids if v.own.steps[i] > limit(v.tolerance, dtypes.get(i))]
     if over:
         v.reasons.append(
             f"{len(over)} layer(s) add more than {v.tolerance:g} step(s) of their own, "
@@ -99,7 +105,7 @@ def triage(result: PairResult, v: PairVerdict, dtypes: dict[str, str]) -> str:
     off = [
         lid
         for lid in result.layer_ids
-        if result.aggregates[lid]["max_qscale_diff"] > tol * WIDE.get(dtypes.get(lid), 1.0) + EPS
+        if result.aggregates[lid]["max_qscale_diff"] > limit(tol, dtypes.get(lid))
     ]
     if not off:
         return "output only: check post-processing of the model output"

@@ -147,13 +147,11 @@ def rerun_view(out: Console, store_root: Path, run_id: str, stage: str, sets, do
     from pipelines.rerun import localization_side_by_side, rerun
 
     out.print(f"[bold]rerun[/] of {run_id}: stage {stage}", highlight=False)
-    result = rerun(
-        store_root, run_id, stage, sets, downstream=downstream, use_prefect=prefect,
-        on_stage=lambda n, o: out.print(
-            f"  {n:<10} {o.duration_s:7.2f} s  {'cache hit' if o.cache_hit else 'computed'}",
-            highlight=False,
-        ),
-    )  # fmt: skip
+    with progress(out, quiet=False) as on_stage:
+        result = rerun(
+            store_root, run_id, stage, sets, downstream=downstream, use_prefect=prefect,
+            on_stage=on_stage,
+        )  # fmt: skip
     _finish_view(out, store_root, result)
     table = Table("finding", "pair / rank", f"parent {run_id}", f"rerun {result.run_id}")
     for r in localization_side_by_side(store_root, run_id, result.run_id):
