@@ -30,7 +30,7 @@ class Fallback:
     gain: float
 
 
-def edit_run(store_root: Path, run_id: str, numbers_text: str) -> tuple[dict, list[Fallback]]:
+def edit_run(store_root: str | Path, run_id: str, numbers_text: str) -> tuple[dict, list[Fallback]]:
     """(unedited agreement, fallbacks best first) for the numbered nodes of a run's qat.onnx."""
     run = RunStore(store_root).open(run_id)
     ctx = RunContext(spec=load_spec(run.path("spec.yaml")), run=run, code_version="")

@@ -26,6 +26,7 @@ import pyarrow.dataset as ds
 
 from schemas.errors import QueryError
 from schemas.spec_sections import STAGE_NAMES
+from schemas.store import RunStore
 from schemas.table_schemas import SCHEMAS
 
 CHAIN_VIEW = "chain"
@@ -52,7 +53,7 @@ def store_files(root: str | Path) -> dict[str, list[str]]:
     and other bookkeeping live there).
     """
     files: dict[str, list[str]] = {table: [] for table in SCHEMAS}
-    root = Path(root)
+    root = RunStore(root).local_copy()
     if not root.is_dir():
         return files
     with os.scandir(root) as entries:

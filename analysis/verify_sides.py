@@ -10,7 +10,7 @@ from analysis.verify import Side
 from schemas.errors import SpecError
 
 
-def side(ref: str, store_root: Path) -> Side:
+def side(ref: str, store_root: str | Path) -> Side:
     """``RUN_ID:stage``, or a path to an .onnx or .hbm file."""
     path = Path(ref)
     if path.suffix == ".onnx":
@@ -61,7 +61,7 @@ def _hbm(path: Path) -> Side:
     return Side(str(path), run, False)
 
 
-def _stage(run_id: str, stage: str, store_root: Path) -> Side:
+def _stage(run_id: str, stage: str, store_root: str | Path) -> Side:
     from schemas.spec import load_spec
     from schemas.store import RunStore
     from stages.context import RunContext

@@ -113,7 +113,7 @@ def _run_plan(store, ctx, on_stage, run_one) -> dict[str, StageOutcome]:
 def run_chain(
     spec: PipelineSpec,
     spec_text: str,
-    store_root: Path,
+    store_root: str | Path,
     *,
     use_prefect: bool = True,
     on_stage: StageHook | None = None,

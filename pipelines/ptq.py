@@ -108,7 +108,7 @@ def model_path(spec: PtqSpec) -> Path:
 def run_ptq(
     onnx_path: Path,
     spec: PtqSpec,
-    store_root: Path,
+    store_root: str | Path,
     spec_text: str = "",
     stop_after: str | None = None,
 ) -> str:
@@ -180,3 +180,4 @@ def _finish(run: Run, spec: PtqSpec, path: Path, error: str | None) -> None:
         "tags": json.dumps(m.tags, sort_keys=True),
     }  # fmt: skip
     write_rows(run, "runs", [row], part="run")
+    run.publish()

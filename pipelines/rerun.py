@@ -21,7 +21,7 @@ from stages.registry import get, plan
 
 
 def rerun(
-    store_root: Path,
+    store_root: str | Path,
     run_id: str,
     stage: str,
     overrides: list[str],
@@ -58,7 +58,7 @@ def rerun(
     )
 
 
-def localization_side_by_side(store_root: Path, parent_id: str, child_id: str) -> list[dict]:
+def localization_side_by_side(store_root: str | Path, parent_id: str, child_id: str) -> list[dict]:
     """The findings of the parent and the rerun side by side: per stage pair its verdict
     and largest own error, then the first divergent layer, triage and sensitive ops."""
     store = RunStore(store_root)

@@ -21,6 +21,7 @@ from pipelines.limits import guard
 from schemas.artifacts import Artifact, combined_digest
 from schemas.errors import ArtifactError, SpecError
 from schemas.fileio import atomic_copy, json_digest
+from schemas.remote import is_url
 from schemas.spec import PipelineSpec, spec_digest, stage_config_digest
 from schemas.store import Run, RunStore
 from schemas.tables import write_rows
@@ -31,9 +32,10 @@ from stages.registry_types import StageCall
 PACKAGES = ("torch", "torchao", "numpy", "onnx", "onnxruntime", "prefect", "pydantic")
 
 
-def default_store_root() -> Path:
-    """The run store: $QPARITY_RUNS, else ./runs."""
-    return Path(os.environ.get("QPARITY_RUNS", "runs"))
+def default_store_root() -> str | Path:
+    """The run store: $QPARITY_RUNS (a folder or an fsspec URL), else ./runs."""
+    env = os.environ.get("QPARITY_RUNS")
+    return (env if is_url(env) else Path(env)) if env else Path("runs")
 
 
 def versions() -> dict[str, str]:
@@ -237,3 +239,4 @@ def finish_run(run: Run, spec: PipelineSpec, error: str | None = None) -> None:
         ],
         part="run",
     )
+    run.publish()

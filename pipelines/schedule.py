@@ -22,6 +22,7 @@ from prefect import flow
 
 # isort: on
 from schemas.errors import QparityError, SpecError
+from schemas.remote import absolute_root
 
 FLOW_NAME = "qparity-scheduled-sweep"
 POOL = "qparity"
@@ -39,7 +40,7 @@ def scheduled_sweep(sweep_path: str, store_root: str) -> list[dict]:
 
     from pipelines.sweep import run_sweep
 
-    result = run_sweep(Path(sweep_path), Path(store_root))
+    result = run_sweep(Path(sweep_path), store_root)
     if result.failed:
         labels = ", ".join(f"{r.label} ({r.run_id or 'no run'})" for r in result.failed)
         raise QparityError(
@@ -78,12 +79,12 @@ def schedule(
     _check_cron(cron)
     api_url = _server()
     _ensure_pool(pool)
-    root = Path(store_root or default_store_root()).resolve()
+    root = absolute_root(store_root or default_store_root())
     deployment_id = _deploy(sweep.name, sweep_path, root, cron, pool)
     return Deployment(str(deployment_id), f"{FLOW_NAME}/{sweep.name}", pool, cron, api_url)
 
 
-def _deploy(name: str, sweep_path: Path, root: Path, cron: str, pool: str):
+def _deploy(name: str, sweep_path: Path, root: str | Path, cron: str, pool: str):
     from prefect.deployments.runner import EntrypointType
 
     deployment = scheduled_sweep.to_deployment(

@@ -34,6 +34,7 @@ from pydantic import AfterValidator, Field, ValidationError, field_validator, mo
 from rich.table import Table
 
 from schemas.errors import SpecError
+from schemas.remote import absolute_root
 from schemas.spec import PipelineSpec, load_spec, parse_spec, with_overrides
 from schemas.spec_sections import Section, check_name
 
@@ -257,7 +258,7 @@ def run_sweep(
 
     sweep = load_sweep(sweep_path)
     sweep_id = new_sweep_id(sweep.name)
-    runs, root, t0 = expand(sweep, sweep_id), Path(store_root).resolve(), time.perf_counter()
+    runs, root, t0 = expand(sweep, sweep_id), absolute_root(store_root), time.perf_counter()
     if use_prefect:
         records, runner = run_flow(runs, root, sweep_id, sweep.file.runner), _runner_name(sweep)
     else:

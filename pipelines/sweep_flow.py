@@ -42,10 +42,10 @@ def execute_run(label: str, spec: PipelineSpec, store_root: str) -> RunRecord:
     """Run one chain; any error becomes a failed record (one bad run must not stop a sweep)."""
     t0 = time.perf_counter()
     try:
-        result = run_chain(spec, "", Path(store_root), use_prefect=False)
+        result = run_chain(spec, "", store_root, use_prefect=False)
     except Exception as e:  # QparityError and anything unexpected alike: record, go on
         error = e.message if isinstance(e, QparityError) else f"{type(e).__name__}: {e}"
-        run_id = _run_with_tags(Path(store_root), dict(spec.tags))
+        run_id = _run_with_tags(store_root, dict(spec.tags))
         wall = time.perf_counter() - t0
         return RunRecord(label, run_id, "failed", None, None, None, wall, error, _where())
     last, top1 = _last_top1(result.outcomes)
@@ -76,7 +76,7 @@ def _last_top1(outcomes: dict) -> tuple[str | None, float | None]:
     return stage, (top1[-1] if top1 else None)
 
 
-def _run_with_tags(root: Path, tags: dict[str, str]) -> str | None:
+def _run_with_tags(root: str | Path, tags: dict[str, str]) -> str | None:
     """The id of the run carrying exactly ``tags`` (unique within a sweep), if it was made.
 
     run_chain raises without the id of the run it created; the sweep tags find it."""
@@ -136,7 +136,7 @@ def task_runner(runner: LocalRunner | DaskRunner):
 
 
 def run_flow(
-    runs: list[tuple[str, PipelineSpec]], root: Path, sweep_id: str, runner
+    runs: list[tuple[str, PipelineSpec]], root: str | Path, sweep_id: str, runner
 ) -> list[RunRecord]:
     """Run the sweep flow (flow run named by the sweep id) on ``runner``."""
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from qparity.cli_options import RunsOpt, store_root
 from schemas.errors import QparityError
 
 app = typer.Typer(
@@ -31,20 +32,11 @@ DEMO_SPEC = REPO / "examples" / "digits" / "spec.yaml"
 QuietOpt = Annotated[
     bool, typer.Option("--quiet", "-q", help="One line per run, no progress (for cron).")
 ]
-RunsOpt = Annotated[
-    Path | None, typer.Option("--runs", help="Run store folder (default: $QPARITY_RUNS or ./runs).")
-]
 
 
 @app.callback()
 def _main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False):
     STATE["debug"] = debug
-
-
-def _store_root(runs: Path | None) -> Path:
-    from pipelines.runs import default_store_root
-
-    return runs or default_store_root()
 
 
 @app.command()
@@ -66,7 +58,7 @@ def run(
     """
     from qparity.views import run_spec
 
-    run_spec(out, spec, set_ or [], _store_root(runs), use_prefect=not no_prefect, quiet=quiet)
+    run_spec(out, spec, set_ or [], store_root(runs), use_prefect=not no_prefect, quiet=quiet)
 
 
 @app.command()
@@ -81,7 +73,7 @@ def demo(
     """
     from qparity.views import run_spec
 
-    run_spec(out, DEMO_SPEC, [], _store_root(runs), use_prefect=not no_prefect, quiet=quiet)
+    run_spec(out, DEMO_SPEC, [], store_root(runs), use_prefect=not no_prefect, quiet=quiet)
 
 
 @app.command("runs")
@@ -93,7 +85,7 @@ def list_runs(runs: RunsOpt = None):
     from schemas.store import RunStore
 
     table = Table("run_id", "status", "started_at", "stages", "tags")
-    for m in RunStore(_store_root(runs)).list_runs():
+    for m in RunStore(store_root(runs)).list_runs():
         done = sum(s.status == "complete" for s in m.stages.values())
         table.add_row(
             m.run_id,
@@ -116,7 +108,7 @@ def show(
     """
     from qparity.views import show_run
 
-    show_run(out, _store_root(runs), run_id)
+    show_run(out, store_root(runs), run_id)
 
 
 @app.command()
@@ -139,7 +131,7 @@ def localize(
     from schemas.store import RunStore
     from stages.context import RunContext
 
-    run = RunStore(_store_root(runs)).open(run_id)
+    run = RunStore(store_root(runs)).open(run_id)
     if is_ptq_run(run):
         spec, _ = load_ptq_spec(run.path("spec.yaml"))
         print_analysis(out, analyze_ptq(run, spec))
@@ -170,7 +162,7 @@ def rerun(
     """
     from qparity.views import rerun_view
 
-    rerun_view(out, _store_root(runs), run_id, stage, set_ or [], downstream, not no_prefect)
+    rerun_view(out, store_root(runs), run_id, stage, set_ or [], downstream, not no_prefect)
 
 
 from qparity.cli_sql import diff_command, sql_command  # noqa: E402

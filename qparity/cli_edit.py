@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from qparity.cli_options import RunsOpt, store_root
 
 out = Console()
 
@@ -18,16 +19,15 @@ def edit_command(
         str,
         typer.Option("--remove-fake-quant", help="Node numbers of debug/qat_onnx.txt: 1-100,102"),
     ],
-    runs: Annotated[Path | None, typer.Option("--runs", help="Run store folder.")] = None,
+    runs: RunsOpt = None,
 ):
     """Remove fake quant from numbered ops, reconvert, rank the fallbacks by consistency gain.
 
     Example: qparity edit my-run --remove-fake-quant 14-25,40
     """
     from analysis.edit_run import SAMPLES, edit_run
-    from pipelines.runs import default_store_root
 
-    base, fallbacks = edit_run(runs or default_store_root(), run_id, remove_fake_quant)
+    base, fallbacks = edit_run(store_root(runs), run_id, remove_fake_quant)
     out.print(
         f"unedited: quantized vs qat.onnx output L1 {base['l1']:.6g}, cosine "
         f"{base['cosine']:.6f} ({SAMPLES} samples at most)",

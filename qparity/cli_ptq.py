@@ -9,6 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from qparity.cli_options import RunsOpt, store_root
+
 out = Console()
 
 
@@ -16,10 +18,7 @@ def ptq_command(
     spec: Annotated[
         Path, typer.Argument(help="PTQ spec (YAML), e.g. examples/digits_ptq/spec.yaml.")
     ],
-    runs: Annotated[
-        Path | None,
-        typer.Option("--runs", help="Run store folder (default: $QPARITY_RUNS or ./runs)."),
-    ] = None,
+    runs: RunsOpt = None,
 ):
     """Run the PTQ chain (original, optimized, calibrated, ptq, quantized, hbm, board) on an
     ONNX float model; prints each stage's status, time and top-1.
@@ -27,10 +26,9 @@ def ptq_command(
     Example: qparity ptq examples/digits_ptq/spec.yaml
     """
     from pipelines.ptq import load_ptq_spec, model_path, run_ptq
-    from pipelines.runs import default_store_root
     from schemas.store import RunStore
 
-    root = runs or default_store_root()
+    root = store_root(runs)
     cfg, text = load_ptq_spec(spec)
     path = model_path(cfg)
     before = {m.run_id for m in RunStore(root).list_runs()}

@@ -16,13 +16,11 @@ import typer
 from rich.console import Console
 
 from analysis.report import write_report
+from qparity.cli_options import RunsOpt, store_root
 from schemas.store import RunStore
 
 console = Console()
 
-RunsOpt = Annotated[
-    Path | None, typer.Option("--runs", help="Run store folder (default: $QPARITY_RUNS or ./runs).")
-]
 OutOpt = Annotated[
     Path | None,
     typer.Option("--out", "-o", help="Where to write the HTML (default: <run>/report.html)."),
@@ -41,7 +39,8 @@ def report_command(
 
     Example: qparity report RUN
     """
-    from pipelines.runs import default_store_root
-
-    run = RunStore(runs or default_store_root()).open(run_id)
-    console.print(str(write_report(run, out)), highlight=False, soft_wrap=True)
+    run = RunStore(store_root(runs)).open(run_id)
+    path = write_report(run, out)
+    if out is None:
+        run.publish()  # the report lives in the run: upload it when the store is a URL
+    console.print(str(path), highlight=False, soft_wrap=True)

@@ -14,7 +14,6 @@ import json
 import sys
 from datetime import date, datetime
 from enum import StrEnum
-from pathlib import Path
 from typing import Annotated, Any
 
 import pyarrow as pa
@@ -24,6 +23,7 @@ from rich.console import Console
 
 from analysis.diff import diff_runs, render_diff, rich_table
 from analysis.query import run_sql
+from qparity.cli_options import RunsOpt, store_root
 
 out = Console()
 
@@ -34,17 +34,6 @@ class Format(StrEnum):
     table = "table"
     csv = "csv"
     json = "json"
-
-
-RunsOpt = Annotated[
-    Path | None, typer.Option("--runs", help="Run store folder (default: $QPARITY_RUNS or ./runs).")
-]
-
-
-def _root(root: Path | None) -> Path:
-    from pipelines.runs import default_store_root
-
-    return root or default_store_root()
 
 
 def _json_value(value: Any) -> Any:
@@ -83,7 +72,7 @@ def sql_command(
 
     Example: qparity sql "SELECT run_id, stage FROM localization WHERE kind = 'stage' AND rank = 1"
     """
-    result = run_sql(_root(root), query)
+    result = run_sql(store_root(root), query)
     write_result(result, fmt.value if isinstance(fmt, Format) else fmt)
 
 
@@ -99,4 +88,4 @@ def diff_command(
 
     Example: qparity diff digits-cnn-20261129T120000-ab12cd digits-cnn-20261130T090000-ef34ab
     """
-    out.print(render_diff(diff_runs(_root(root), a, b), a, b, show_all=show_all))
+    out.print(render_diff(diff_runs(store_root(root), a, b), a, b, show_all=show_all))

@@ -17,17 +17,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from qparity.cli_options import RunsOpt, store_root
+
 out = Console()
-
-RunsOpt = Annotated[
-    Path | None, typer.Option("--runs", help="Run store folder (default: $QPARITY_RUNS or ./runs).")
-]
-
-
-def _root(root: Path | None) -> Path:
-    from pipelines.runs import default_store_root
-
-    return root or default_store_root()
 
 
 def sweep_command(
@@ -49,8 +41,8 @@ def sweep_command(
     from pipelines.sweep import expand, load_sweep, run_sweep
 
     n = len(expand(load_sweep(sweep), "preview"))
-    out.print(f"[bold]{sweep}[/]: {n} runs into {_root(runs)}/", highlight=False)
-    result = run_sweep(sweep, _root(runs), use_prefect=not no_prefect)
+    out.print(f"[bold]{sweep}[/]: {n} runs into {store_root(runs)}/", highlight=False)
+    result = run_sweep(sweep, store_root(runs), use_prefect=not no_prefect)
     out.print(result.table())
     if result.failed:
         out.print(
@@ -74,7 +66,7 @@ def schedule_command(
     """
     from pipelines.schedule import schedule
 
-    d = schedule(sweep, cron, _root(runs))
+    d = schedule(sweep, cron, store_root(runs))
     ui = d.api_url.removesuffix("/api")
     out.print(
         f"deployment [bold]{d.name}[/] ({d.id}) scheduled {d.cron!r} in work pool {d.work_pool}\n"

@@ -9,6 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from qparity.cli_options import RunsOpt, store_root
+
 out = Console()
 
 
@@ -17,7 +19,7 @@ def verify_command(
     model_b: Annotated[str, typer.Argument(help="The other model, same forms.")],
     input_npy: Annotated[Path, typer.Option("-i", "--input", help="Input batch (.npy).")],
     digits: Annotated[int, typer.Option(help="Outputs agree when |a-b| <= 10**-digits.")] = 5,
-    runs: Annotated[Path | None, typer.Option("--runs", help="Run store folder.")] = None,
+    runs: RunsOpt = None,
 ):
     """Per-node cosine similarity and output consistency of two models, with advice.
 
@@ -25,9 +27,8 @@ def verify_command(
     """
     from analysis.verify import load_input, verify
     from analysis.verify_sides import side
-    from pipelines.runs import default_store_root
 
-    root = runs or default_store_root()
+    root = store_root(runs)
     a, b = side(model_a, root), side(model_b, root)
     result = verify(a, b, load_input(input_npy), digits)
     if result.nodes:

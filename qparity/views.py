@@ -18,7 +18,7 @@ def run_spec(
     out: Console,
     spec_path: Path,
     overrides: list[str],
-    store_root: Path,
+    store_root: str | Path,
     *,
     use_prefect: bool = True,
     quiet: bool = False,
@@ -76,7 +76,7 @@ def progress(out: Console, quiet: bool):
         yield on_stage
 
 
-def _finish_view(out: Console, store_root: Path, result) -> None:
+def _finish_view(out: Console, store_root: str | Path, result) -> None:
     out.print(stage_table(store_root, result.run_id))
     if result.analysis is not None:
         print_analysis(out, result.analysis)
@@ -92,7 +92,7 @@ def _finish_view(out: Console, store_root: Path, result) -> None:
     )
 
 
-def stage_table(store_root: Path, run_id: str) -> Table:
+def stage_table(store_root: str | Path, run_id: str) -> Table:
     """Stages of a run with duration, cache hit and top-1 (from the run's tables)."""
     run = RunStore(store_root).open(run_id)
     m = run.manifest()
@@ -115,7 +115,7 @@ def stage_table(store_root: Path, run_id: str) -> Table:
     return table
 
 
-def show_run(out: Console, store_root: Path, run_id: str) -> None:
+def show_run(out: Console, store_root: str | Path, run_id: str) -> None:
     """Print a run's header, stage table and every metric."""
     run = RunStore(store_root).open(run_id)
     m = run.manifest()
@@ -142,7 +142,7 @@ def print_analysis(out: Console, analysis) -> None:
         out.print(f"  {path}", highlight=False, soft_wrap=True)
 
 
-def rerun_view(out: Console, store_root: Path, run_id: str, stage: str, sets, downstream, prefect):
+def rerun_view(out: Console, store_root: str | Path, run_id: str, stage: str, sets, downstream, prefect):
     """Rerun a stage, print the new run, and its localization beside its parent's."""
     from pipelines.rerun import localization_side_by_side, rerun
 

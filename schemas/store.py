@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from schemas.errors import ArtifactError
 from schemas.fileio import (
@@ -35,6 +35,8 @@ from schemas.fileio import (
     utc_now,
     validate_run_id,
 )
+from schemas.manifest import Manifest, StageRecord
+from schemas.remote import Remote, is_url, local_root
 
 if TYPE_CHECKING:
     from schemas.artifacts import Artifact
@@ -44,68 +46,13 @@ A = TypeVar("A", bound="Artifact")
 _RERUN_HINT = "rerun the stage (qparity rerun) or delete the run"
 
 
-class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
-
-class StageRecord(_Record):
-    """One stage's entry in a run manifest."""
-
-    stage: str
-    """Stage name."""
-    status: Literal["running", "complete", "failed", "skipped"]
-    """Where the stage is."""
-    started_at: str
-    """ISO-8601 UTC start time."""
-    finished_at: str | None = None
-    """ISO-8601 UTC end time, once it ended."""
-    duration_s: float | None = None
-    """Wall time in seconds, once it ended."""
-    cache_hit: bool = False
-    """True if the artifact came from the cache instead of being computed."""
-    cache_source_run: str | None = None
-    """The run the cached artifact was first computed in."""
-    artifact_digest: str | None = None
-    """Digest of the stage's artifact, once complete."""
-    error: str | None = None
-    """The error message, if the stage failed."""
-
-
-class Manifest(_Record):
-    """A run's manifest.json: what ran, with what, and how it went."""
-
-    run_id: str
-    """The run's id (its folder name)."""
-    name: str
-    """The pipeline name from the spec."""
-    spec_digest: str
-    """Digest of the validated spec."""
-    status: Literal["running", "complete", "failed"]
-    """Where the run is."""
-    started_at: str
-    """ISO-8601 UTC start time."""
-    finished_at: str | None = None
-    """ISO-8601 UTC end time, once it ended."""
-    stages: dict[str, StageRecord] = {}
-    """Stage records by stage name."""
-    code_version: str
-    """Version of qparity's code that made the run."""
-    versions: dict[str, str] = {}
-    """Versions of the libraries involved."""
-    tags: dict[str, str] = {}
-    """Labels from the spec."""
-    parent_run: str | None = None
-    """The run this one was rerun from, if any."""
-    error: str | None = None
-    """The error message, if the run failed."""
-
-
 class Run:
     """One run folder: paths inside it, its manifest, its files and artifacts."""
 
-    def __init__(self, root: str | Path, run_id: str):
+    def __init__(self, root: str | Path, run_id: str, remote: Remote | None = None):
         self.run_id = validate_run_id(run_id)
         self.root = Path(root) / run_id
+        self.remote = remote
 
     def __repr__(self) -> str:
         return f"Run({str(self.root)!r})"
@@ -137,9 +84,17 @@ class Run:
             try:
                 new = fn(self.manifest())
                 atomic_write_json(self.root / "manifest.json", new.model_dump(mode="json"))
+                self.publish()
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
         return new
+
+    def publish(self) -> None:
+        """For a store at a URL: upload what changed in the run, manifest last (no-op locally).
+
+        Manifest writes call this; call it after writing files outside a manifest update."""
+        if self.remote is not None:
+            self.remote.push(self.run_id)
 
     def _set_stage(self, stage: str, fresh: bool = False, **changes: Any) -> Manifest:
         """Create (``fresh``) or update the record of ``stage`` with ``changes``."""
@@ -245,10 +200,25 @@ class Run:
 
 
 class RunStore:
-    """The folder of all runs, plus the content-addressed stage cache index."""
+    """The folder of all runs, plus the content-addressed stage cache index.
+
+    ``root`` is a folder or an fsspec URL (``s3://bucket/runs``): then runs live in a local
+    mirror that is synced with the URL (:mod:`schemas.remote`).
+    """
 
     def __init__(self, root: str | Path):
-        self.root = Path(root)
+        self.remote = Remote(str(root)) if is_url(root) else None
+        self.root = self.remote.mirror if self.remote else local_root(root)
+        self.location = self.remote.url if self.remote else str(self.root)
+
+    def __repr__(self) -> str:
+        return f"RunStore({self.location!r})"
+
+    def local_copy(self) -> Path:
+        """The store as a local folder, every run synced first when it lives at a URL."""
+        if self.remote is not None:
+            self.remote.pull_all()
+        return self.root
 
     def create_run(
         self,
@@ -261,7 +231,7 @@ class RunStore:
         parent_run: str | None = None,
     ) -> Run:
         """Make a new run folder with spec.yaml and a 'running' manifest (written last)."""
-        run = Run(self.root, new_run_id(name))
+        run = Run(self.root, new_run_id(name), self.remote)
         for sub in ("artifacts", "debug", "tables"):
             (run.root / sub).mkdir(parents=True)
         atomic_write_text(run.root / "spec.yaml", spec_text)
@@ -277,19 +247,33 @@ class RunStore:
             parent_run=parent_run,
         )
         atomic_write_json(run.root / "manifest.json", manifest.model_dump(mode="json"))
+        run.publish()
         return run
 
     def open(self, run_id: str) -> Run:
         """Open an existing run; :class:`ArtifactError` if there is none of that id."""
-        run = Run(self.root, run_id)
+        run = Run(self.root, run_id, self.remote)
+        if self.remote is not None:
+            self.remote.pull(run.run_id)
         if not (run.root / "manifest.json").is_file():
             raise ArtifactError(
-                f"no run {run_id!r}", where=str(self.root), hint="`qparity runs` lists runs"
+                f"no run {run_id!r}", where=self.location, hint="`qparity runs` lists runs"
             )
         return run
 
     def list_runs(self) -> list[Manifest]:
         """Manifests of every run, oldest first; folders without a valid one are skipped."""
+        found = []
+        for raw in self._raw_manifests():
+            try:
+                found.append(Manifest.model_validate_json(raw))
+            except ValidationError:
+                continue  # not (yet) a run: created mid-way or foreign
+        return sorted(found, key=lambda m: (m.started_at, m.run_id))
+
+    def _raw_manifests(self) -> list[bytes]:
+        if self.remote is not None:
+            return list(self.remote.manifests(self.remote.run_ids()).values())
         if not self.root.is_dir():
             return []
         found = []
@@ -297,10 +281,10 @@ class RunStore:
             if folder.name[0] in "._" or not folder.is_dir():
                 continue
             try:
-                found.append(Manifest.model_validate_json((folder / "manifest.json").read_bytes()))
-            except (OSError, ValidationError):
-                continue  # not (yet) a run: created mid-way or foreign
-        return sorted(found, key=lambda m: (m.started_at, m.run_id))
+                found.append((folder / "manifest.json").read_bytes())
+            except OSError:
+                continue
+        return found
 
     def _cache_path(self, key: str) -> Path:
         if not isinstance(key, str) or not HEX_KEY_RE.match(key):
@@ -311,7 +295,13 @@ class RunStore:
         """The payload recorded under ``key``, or None (a miss)."""
         path = self._cache_path(key)
         try:
-            payload = json.loads(path.read_bytes())
+            if self.remote is not None:
+                raw = self.remote.read(path.relative_to(self.root).as_posix())
+                if raw is None:
+                    return None
+            else:
+                raw = path.read_bytes()
+            payload = json.loads(raw)
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:
@@ -320,4 +310,9 @@ class RunStore:
 
     def cache_record(self, key: str, payload: dict[str, Any]) -> None:
         """Record ``payload`` under ``key`` (atomic; replaces an earlier entry)."""
-        atomic_write_json(self._cache_path(key), payload)
+        path = self._cache_path(key)
+        if self.remote is not None:
+            data = (json.dumps(payload, sort_keys=True, indent=2) + "\n").encode()
+            self.remote.write(path.relative_to(self.root).as_posix(), data)
+        else:
+            atomic_write_json(path, payload)

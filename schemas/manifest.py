@@ -1,0 +1,63 @@
+"""A run's manifest.json: what ran, with what, and how each stage went."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class StageRecord(_Record):
+    """One stage's entry in a run manifest."""
+
+    stage: str
+    """Stage name."""
+    status: Literal["running", "complete", "failed", "skipped"]
+    """Where the stage is."""
+    started_at: str
+    """ISO-8601 UTC start time."""
+    finished_at: str | None = None
+    """ISO-8601 UTC end time, once it ended."""
+    duration_s: float | None = None
+    """Wall time in seconds, once it ended."""
+    cache_hit: bool = False
+    """True if the artifact came from the cache instead of being computed."""
+    cache_source_run: str | None = None
+    """The run the cached artifact was first computed in."""
+    artifact_digest: str | None = None
+    """Digest of the stage's artifact, once complete."""
+    error: str | None = None
+    """The error message, if the stage failed."""
+
+
+class Manifest(_Record):
+    """A run's manifest.json: what ran, with what, and how it went."""
+
+    run_id: str
+    """The run's id (its folder name)."""
+    name: str
+    """The pipeline name from the spec."""
+    spec_digest: str
+    """Digest of the validated spec."""
+    status: Literal["running", "complete", "failed"]
+    """Where the run is."""
+    started_at: str
+    """ISO-8601 UTC start time."""
+    finished_at: str | None = None
+    """ISO-8601 UTC end time, once it ended."""
+    stages: dict[str, StageRecord] = {}
+    """Stage records by stage name."""
+    code_version: str
+    """Version of qparity's code that made the run."""
+    versions: dict[str, str] = {}
+    """Versions of the libraries involved."""
+    tags: dict[str, str] = {}
+    """Labels from the spec."""
+    parent_run: str | None = None
+    """The run this one was rerun from, if any."""
+    error: str | None = None
+    """The error message, if the run failed."""
