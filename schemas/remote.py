@@ -100,10 +100,11 @@ class Remote:
                 self._remember(run_id, folder, changed, state)
         return len(changed)
 
-    def pull(self, run_id: str) -> int:
-        """Download the run's files that changed remotely since the last sync."""
+    def pull(self, run_id: str) -> int | None:
+        """Download the run's files that changed remotely since the last sync; None when
+        the remote has no such run (a stale copy in the mirror does not count)."""
         listing = self._listing(f"{self.base}/{run_id}")
-        return self._pull_listing(run_id, {rel: tok for rel, tok in listing.items()})
+        return self._pull_listing(run_id, listing) if MANIFEST in listing else None
 
     def pull_all(self) -> int:
         """Download every run's changed files (one recursive listing of the store)."""

@@ -253,9 +253,8 @@ class RunStore:
     def open(self, run_id: str) -> Run:
         """Open an existing run; :class:`ArtifactError` if there is none of that id."""
         run = Run(self.root, run_id, self.remote)
-        if self.remote is not None:
-            self.remote.pull(run.run_id)
-        if not (run.root / "manifest.json").is_file():
+        missing = self.remote is not None and self.remote.pull(run.run_id) is None
+        if missing or not (run.root / "manifest.json").is_file():
             raise ArtifactError(
                 f"no run {run_id!r}", where=self.location, hint="`qparity runs` lists runs"
             )

@@ -178,6 +178,14 @@ def test_an_unreachable_store_names_the_url_and_what_to_check(tmp_path, monkeypa
     assert "memory://unreachable/runs" in str(e.value) and "endpoint" in str(e.value)
 
 
+def test_a_run_deleted_on_the_remote_is_gone_for_readers(url, machine):
+    store, run = new_run(url)
+    store.open(run.run_id)  # the mirror holds a copy
+    store.remote.fs.rm(f"{store.remote.base}/{run.run_id}", recursive=True)
+    with pytest.raises(ArtifactError, match=f"no run '{run.run_id}'"):
+        store.open(run.run_id)
+
+
 def test_an_empty_store_has_no_runs(url, machine):
     assert RunStore(url).list_runs() == []
     assert RunStore(url).local_copy().is_dir()
