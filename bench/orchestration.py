@@ -5,9 +5,13 @@ fully cached (every stage a cache hit), per-stage overhead = wall difference / s
 (b) the demo's wall time cold vs fully cached (both with Prefect); (c) an 8-run sweep
 (consistency level x march) on a LocalCluster of 1 vs 2 Dask workers, each into an empty
 store, against a Prefect server the bench starts on 127.0.0.1 (NOTES.md: without one every
-worker starts its own temporary server).
+worker starts its own temporary server); (d) the run store at an fsspec URL: the same chain
+(direct calls) into a local folder vs ``s3://`` on moto's S3 server on 127.0.0.1, cold and
+cached, interleaved. The server is local, so (d) is the mirror's sync cost (listing,
+uploading, downloading), not a real network's latency.
 
     python bench/orchestration.py [--spec examples/digits/spec.yaml] [--rounds 3] [--no-dask]
+                                  [--no-s3]
 """
 
 from __future__ import annotations
@@ -97,13 +101,50 @@ def bench_dask(spec_path: Path) -> list[tuple[str, float, str]]:
     return rows
 
 
+def bench_store(spec_path: Path, rounds: int) -> list[tuple[str, float, str]]:
+    """Rows of (d): local folder vs s3:// (moto on 127.0.0.1), cold then cached, per round
+    a fresh store and a fresh mirror."""
+    import logging
+    import os
+
+    import fsspec.config
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench")
+    fsspec.config.conf.setdefault("s3", {})["endpoint_url"] = f"http://{host}:{port}"
+    fs, _ = fsspec.core.url_to_fs("s3://bench")
+    fs.mkdir("bench")
+    tmp, times = Path(tempfile.mkdtemp(prefix="bench-store-")), {}
+    try:
+        for r in range(rounds):
+            os.environ["QPARITY_MIRROR"] = str(tmp / f"mirror{r}")
+            for kind, root in (("local", tmp / f"local{r}"), ("s3", f"s3://bench/runs{r}")):
+                for phase in ("cold", "cached"):
+                    times.setdefault((kind, phase), []).append(_chain(spec_path, root, False)[0])
+    finally:
+        server.stop()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return [(f"{phase}, {kind} store, direct calls (s)", med[(kind, phase)], f"median of {rounds}")
+            for phase in ("cold", "cached") for kind in ("local", "s3")] + [
+        ("s3 / local, cold", med[("s3", "cold")] / med[("local", "cold")], "ratio"),
+        ("s3 / local, cached", med[("s3", "cached")] / med[("local", "cached")], "ratio"),
+    ]  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spec", type=Path, default=REPO / "examples" / "digits" / "spec.yaml")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-dask", action="store_true")
+    ap.add_argument("--no-s3", action="store_true")
     args = ap.parse_args()
     rows = bench_chain(args.spec, args.rounds)
+    if not args.no_s3:
+        rows += bench_store(args.spec, args.rounds)
     if not args.no_dask:
         rows += bench_dask(args.spec)
     print(f"\norchestration bench, spec {args.spec}")
