@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pipelines.limits import guard
 from schemas.artifacts import Artifact, combined_digest
-from schemas.errors import ArtifactError, SpecError
+from schemas.errors import ArtifactError, SpecError, StageError
 from schemas.fileio import atomic_copy, json_digest
 from schemas.remote import is_url
 from schemas.spec import PipelineSpec, spec_digest, stage_config_digest
@@ -99,6 +99,13 @@ def execute_stage(
     lim = ctx.spec.limits
 
     def compute(call: StageCall) -> Artifact:
+        if ctx.spec.stages.cached_only:
+            raise StageError(
+                f"stage {stage.name} is not in the stage cache and stages.cached_only is set",
+                where=f"stage {stage.name}",
+                hint="run the chain once without pipeline: analysis_only "
+                "(stages.cached_only: false), then analyse again",
+            )
         with guard(stage.name, lim.stage_seconds, lim.stage_memory_mb):
             return stage.fn(upstream, ctx, call)
 

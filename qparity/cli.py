@@ -51,14 +51,25 @@ def run(
         bool, typer.Option("--no-prefect", help="Run the stages directly, without a Prefect flow.")
     ] = False,
     quiet: QuietOpt = False,
+    pipeline: Annotated[
+        str | None,
+        typer.Option(
+            "--pipeline",
+            help="Start from a named pipeline of pipelines/named/ (qat_chain, to_convert, "
+            "stages_only, analysis_only, ...), as the spec's `pipeline:` key would.",
+        ),
+    ] = None,
 ):
     """Run a pipeline spec; prints stages, times, cache hits and top-1.
 
     Example: qparity run examples/digits/spec.yaml --set quant.consistency_level=1
+    Re-analyse the cached chain with new thresholds, computing no stage:
+      qparity run examples/digits/spec.yaml --pipeline analysis_only --set compare.thresholds.cosine=0.9999
     """
     from qparity.views import run_spec
 
-    run_spec(out, spec, set_ or [], store_root(runs), use_prefect=not no_prefect, quiet=quiet)
+    run_spec(out, spec, set_ or [], store_root(runs), use_prefect=not no_prefect, quiet=quiet,
+             pipeline=pipeline)  # fmt: skip
 
 
 @app.command()

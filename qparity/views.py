@@ -22,11 +22,14 @@ def run_spec(
     *,
     use_prefect: bool = True,
     quiet: bool = False,
+    pipeline: str | None = None,
 ) -> str:
-    """Load, run and summarise a spec; returns the run id. ``quiet``: one line (for cron)."""
+    """Load, run and summarise a spec (starting from the named ``pipeline`` when given);
+    returns the run id. ``quiet``: one line (for cron)."""
     from pipelines.flow import run_chain
 
-    spec = with_overrides(load_spec(spec_path), overrides) if overrides else load_spec(spec_path)
+    spec = load_spec(spec_path, pipeline)
+    spec = with_overrides(spec, overrides) if overrides else spec
     if not quiet:
         out.print(f"[bold]{spec.name}[/]: run store {store_root}/", highlight=False)
     with progress(out, quiet) as on_stage:

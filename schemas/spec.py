@@ -87,8 +87,11 @@ class PipelineSpec(Section):
     """Faults to inject (schemas.spec_faults): proof that localization works."""
 
 
-def load_spec(path: str | Path) -> PipelineSpec:
-    """Read and validate a YAML spec file; any problem is a :class:`SpecError`."""
+def load_spec(path: str | Path, pipeline: str | None = None) -> PipelineSpec:
+    """Read and validate a YAML spec file; any problem is a :class:`SpecError`.
+
+    ``pipeline`` names a named pipeline the spec starts from (as its ``pipeline:`` key
+    would; the spec's own values still win)."""
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -100,6 +103,8 @@ def load_spec(path: str | Path) -> PipelineSpec:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise SpecError(_yaml_problem(e), where=source, hint="fix the YAML syntax") from e
+    if pipeline is not None and isinstance(data, dict):
+        data = {**data, "pipeline": pipeline}
     return parse_spec(data, source)
 
 

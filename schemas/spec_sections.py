@@ -215,6 +215,9 @@ class StagesSpec(Section):
     run: list[Annotated[str, AfterValidator(_check_stage)]] | None = None
     """Run only these stages and what they need (their upstream, from the registry's
     dependencies; cached upstream is a cache hit); null runs every enabled stage."""
+    cached_only: bool = False
+    """Take every stage from the stage cache and never compute one: a stage that is not
+    cached fails the run (re-analysis of a finished chain: ``pipeline: analysis_only``)."""
 
 
 class Thresholds(Section):

@@ -82,3 +82,24 @@ def test_failed_stage_has_a_row_in_the_stages_table(tmp_path):
     (row,) = read_table(tmp_path, "stages").to_pylist()
     assert row["stage"] == "prepare" and row["status"] == "failed"
     assert row["artifact_digest"] is None and row["finished_at"] is not None
+
+
+def test_analysis_only_computes_nothing_and_fails_on_an_uncached_stage(tmp_path):
+    with pytest.raises(QparityError, match="prepare is not in the stage cache") as e:
+        _run(tmp_path, pipeline="analysis_only")
+    assert "without pipeline: analysis_only" in str(e.value)
+    (m,) = RunStore(tmp_path).list_runs()
+    assert m.status == "failed" and m.stages["prepare"].status == "failed"
+    assert not (RunStore(tmp_path).open(m.run_id).root / "artifacts" / "prepare.json").exists()
+
+
+def test_analysis_only_reanalyses_a_cached_chain_with_new_compare_settings(tmp_path):
+    first = _run(tmp_path, compare={"probe_samples": 2})
+    again = _run(tmp_path, pipeline="analysis_only", compare={"probe_samples": 3})
+    assert all(o.cache_hit and o.source_run == first.run_id for o in again.outcomes.values())
+    assert again.analysis is not None
+    probes: dict[str, set[int]] = {}
+    for r in read_table(tmp_path, "layer_tensors").to_pylist():
+        if r["reason"] == "probe":
+            probes.setdefault(r["run_id"], set()).add(r["sample_id"])
+    assert (len(probes[first.run_id]), len(probes[again.run_id])) == (2, 3)

@@ -201,3 +201,14 @@ def test_stage_digest_of_other_and_unknown_stages():
     assert len(stage_config_digest(minimal(), "convert")) == 64
     with pytest.raises(SpecError, match="unknown stage 'deploy'"):
         stage_config_digest(minimal(), "deploy")
+
+
+def test_load_spec_can_start_from_a_named_pipeline(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text(MINIMAL + "compare:\n  probe_samples: 3\n")
+    spec = load_spec(path, pipeline="analysis_only")
+    assert spec.stages.cached_only and spec.compare.enabled and spec.compare.probe_samples == 3
+    assert not load_spec(path).stages.cached_only
+    with pytest.raises(SpecError, match="unknown named pipeline 'nope'") as e:
+        load_spec(path, pipeline="nope")
+    assert "analysis_only" in str(e.value) and str(path) in str(e.value)
