@@ -51,14 +51,19 @@ class ChainResult:
 def stage_task(store: RunStore, ctx: RunContext, stage, upstream) -> StageOutcome:
     """One stage as a Prefect task; publishes its metrics as a Prefect table artifact."""
     outcome = execute_stage(store, ctx, stage, upstream)
-    rows = [m.model_dump() for m in getattr(outcome.artifact, "metrics", [])]
+    publish_metrics(stage.name, ctx.run.run_id, outcome.artifact)
+    return outcome
+
+
+def publish_metrics(stage: str, run_id: str, artifact) -> None:
+    """The artifact's metrics as a Prefect table artifact ``<stage>-metrics`` (if any)."""
+    rows = [m.model_dump() for m in getattr(artifact, "metrics", [])]
     if rows:
         create_table_artifact(
             rows,
-            key=f"{stage.name.replace('_', '-')}-metrics",
-            description=f"{stage.name} of run {ctx.run.run_id}",
+            key=f"{stage.replace('_', '-')}-metrics",
+            description=f"{stage} of run {run_id}",
         )
-    return outcome
 
 
 @task(cache_policy=NO_CACHE, persist_result=False, name="analyze")
@@ -84,6 +89,23 @@ def chain_flow(
         store, ctx, on_stage, lambda s, up: stage_task.with_options(name=s.name)(store, ctx, s, up)
     )
     return outcomes, analysis_task(ctx)
+
+
+@task(cache_policy=NO_CACHE, persist_result=False)
+def ptq_stage_task(run_one: Callable, stage, upstream, run_id: str):
+    """One PTQ stage (``run_one(stage, upstream) -> PtqModel``) as a Prefect task."""
+    art = run_one(stage, upstream)
+    publish_metrics(stage.name, run_id, art)
+    return art
+
+
+@flow(name="qparity-ptq-chain", validate_parameters=False, persist_result=False)
+def ptq_flow(run_one: Callable, stages, run_id: str):
+    """The PTQ chain (``stages`` in order, each fed the one before) as a Prefect flow."""
+    upstream = None
+    for stage in stages:
+        upstream = ptq_stage_task.with_options(name=stage.name)(run_one, stage, upstream, run_id)
+    return upstream
 
 
 def run_analysis(ctx: RunContext):
@@ -131,7 +153,7 @@ def run_chain(
     result, t0 = ChainResult(run.run_id, prefect_startup_s=startup), time.perf_counter()
     try:
         if use_prefect:
-            result.outcomes, result.analysis = _with_quiet_prefect(
+            result.outcomes, result.analysis = with_quiet_prefect(
                 lambda: chain_flow(store, ctx, on_stage)
             )
         else:
@@ -160,7 +182,7 @@ def prefect_ready() -> float:
     return time.perf_counter() - t0
 
 
-def _with_quiet_prefect(fn):
+def with_quiet_prefect(fn):
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
     with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):

@@ -12,15 +12,16 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import ValidationError
+from pydantic import AfterValidator, ValidationError
 
 from pipelines.runs import run_recorded, versions
 from schemas.artifacts import combined_digest
 from schemas.errors import SpecError
 from schemas.fileio import json_digest, sha256_file
+from schemas.spec import NAMED_PIPELINES, with_pipeline
 from schemas.spec_sections import Dtype, Factory, PosInt, Section
 from schemas.store import Run, RunStore
 from schemas.tables import write_rows
@@ -70,8 +71,23 @@ class PtqQuantSpec(Section):
     """The BPU march: weight dtypes, multiplier width, LUT shape, channel alignment."""
 
 
+def _check_ptq_stage(name: str | None) -> str | None:
+    names = [s.name for s in STAGES]
+    if name is not None and name not in names:
+        raise ValueError(f"unknown PTQ stage {name!r}: expected one of {', '.join(names)}")
+    return name
+
+
+class PtqStagesSpec(Section):
+    """Which PTQ stages run."""
+
+    stop_after: Annotated[str | None, AfterValidator(_check_ptq_stage)] = None
+    """Stop the chain after this stage; null runs every stage."""
+
+
 class PtqSpec(Section):
-    """A PTQ chain spec (examples/digits_ptq/spec.yaml)."""
+    """A PTQ chain spec (examples/digits_ptq/spec.yaml); ``pipeline:`` may name a fragment
+    of pipelines/named/ptq/ it starts from."""
 
     model: PtqModelSpec
     """The ONNX float model."""
@@ -79,6 +95,8 @@ class PtqSpec(Section):
     """Calibration and evaluation data."""
     quant: PtqQuantSpec = PtqQuantSpec()
     """Dtypes and march."""
+    stages: PtqStagesSpec = PtqStagesSpec()
+    """Which stages run."""
     optimized_cosine: float = 0.999
     """Per-layer cosine the optimized model must keep against the original."""
     tags: dict[str, str] = {}
@@ -89,7 +107,10 @@ def load_ptq_spec(path: Path) -> tuple[PtqSpec, str]:
     """(validated spec, its text); errors name the file and the field."""
     try:
         text = Path(path).read_text()
-        return PtqSpec.model_validate(yaml.safe_load(text)), text
+        data = yaml.safe_load(text)
+        if isinstance(data, dict) and "pipeline" in data:
+            data = with_pipeline(data, str(path), NAMED_PIPELINES / "ptq")
+        return PtqSpec.model_validate(data), text
     except OSError as e:
         raise SpecError(f"cannot read {path}: {e}", where=str(path)) from e
     except (yaml.YAMLError, ValidationError) as e:
@@ -111,24 +132,27 @@ def run_ptq(
     store_root: str | Path,
     spec_text: str = "",
     stop_after: str | None = None,
+    use_prefect: bool = False,
 ) -> str:
-    """Run the PTQ chain on ``onnx_path`` (through ``stop_after`` when given); returns the
-    run id. A failing stage is recorded in the run, then its error is raised."""
+    """Run the PTQ chain on ``onnx_path`` through ``stop_after`` (else the spec's
+    ``stages.stop_after``), as a Prefect flow with one task per stage when ``use_prefect``;
+    returns the run id. A failing stage is recorded in the run, then its error is raised."""
     names = [s.name for s in STAGES]
-    if stop_after is not None and stop_after not in names:
-        raise SpecError(f"unknown PTQ stage {stop_after!r}", hint=f"one of: {', '.join(names)}")
+    stop_after = _check_spec_stage(stop_after) or spec.stages.stop_after
     onnx_path = Path(onnx_path)
     name = re.sub(r"[^A-Za-z0-9._-]", "_", onnx_path.stem) or "model"
-    run = RunStore(store_root).create_run(
+    store = RunStore(store_root)
+    run = store.create_run(
         name, spec_text or yaml.safe_dump(spec.model_dump(mode="json")), json_digest(spec.model_dump(mode="json")),
         code_version(), versions(), dict(spec.tags),
     )  # fmt: skip
     error = None
     try:
         ctx = _context(run, name, onnx_path, spec)
-        upstream = None
-        for stage in STAGES[: names.index(stop_after or names[-1]) + 1]:
-            upstream = _execute(ctx, stage, upstream, spec)
+        stages = STAGES[: names.index(stop_after or names[-1]) + 1]
+        _run_stages(
+            lambda stage, up: _execute(store, ctx, stage, up, spec), stages, run, use_prefect
+        )
     except BaseException as e:
         error = f"{type(e).__name__}: {e}"
         raise
@@ -145,7 +169,28 @@ def _context(run: Run, name: str, path: Path, spec: PtqSpec) -> PtqContext:
                       d.probe_samples, spec.optimized_cosine)  # fmt: skip
 
 
-def _execute(ctx: PtqContext, stage: PtqStage, upstream: PtqModel | None, spec: PtqSpec):
+def _check_spec_stage(name: str | None) -> str | None:
+    try:
+        return _check_ptq_stage(name)
+    except ValueError as e:
+        raise SpecError(str(e), where="stop_after") from e
+
+
+def _run_stages(run_one, stages, run: Run, use_prefect: bool) -> None:
+    """The stages in order, each fed the one before: directly, or as a Prefect flow."""
+    if use_prefect:
+        from pipelines.flow import prefect_ready, ptq_flow, with_quiet_prefect
+
+        prefect_ready()
+        with_quiet_prefect(lambda: ptq_flow(run_one, stages, run.run_id))
+        return
+    upstream = None
+    for stage in stages:
+        upstream = run_one(stage, upstream)
+
+
+def _execute(store: RunStore, ctx: PtqContext, stage: PtqStage, upstream: PtqModel | None,
+             spec: PtqSpec):  # fmt: skip
     """One stage through the run store's one stage runner (cache, manifest, tables)."""
 
     def make_call() -> StageCall:
@@ -156,7 +201,6 @@ def _execute(ctx: PtqContext, stage: PtqStage, upstream: PtqModel | None, spec: 
         )
         return StageCall(stage.name, combined_digest(*digests), config, code_version(), versions())
 
-    store = RunStore(ctx.run.root.parent)
     outcome = run_recorded(
         store, ctx.run, (stage.name, PtqModel), make_call, lambda c: stage.fn(upstream, ctx, c)
     )

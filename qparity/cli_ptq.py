@@ -19,9 +19,15 @@ def ptq_command(
         Path, typer.Argument(help="PTQ spec (YAML), e.g. examples/digits_ptq/spec.yaml.")
     ],
     runs: RunsOpt = None,
+    no_prefect: Annotated[
+        bool, typer.Option("--no-prefect", help="Run the stages directly, without a Prefect flow.")
+    ] = False,
 ):
     """Run the PTQ chain (original, optimized, calibrated, ptq, quantized, hbm, board) on an
     ONNX float model; prints each stage's status, time and top-1.
+
+    Each stage is a Prefect task of the flow "qparity-ptq-chain" (unless --no-prefect).
+    The spec's `pipeline:` may name pipelines/named/ptq/ptq_chain or ptq_to_quantized.
 
     Example: qparity ptq examples/digits_ptq/spec.yaml
     """
@@ -33,12 +39,13 @@ def ptq_command(
     path = model_path(cfg)
     before = {m.run_id for m in RunStore(root).list_runs()}
     try:
-        run_id = run_ptq(path, cfg, root, text)
+        run_id = run_ptq(path, cfg, root, text, use_prefect=not no_prefect)
     finally:  # a failed run is shown too, then its error printed by the CLI
         new = [m.run_id for m in RunStore(root).list_runs() if m.run_id not in before]
         if new:
             _show(RunStore(root).open(new[-1]))
-    out.print(f"run {run_id} complete; artifacts in {root / run_id / 'artifacts'}", highlight=False)
+    where = RunStore(root).open(run_id).root / "artifacts"
+    out.print(f"run {run_id} complete; artifacts in {where}", highlight=False)
 
 
 def _show(run) -> None:

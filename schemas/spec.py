@@ -138,18 +138,19 @@ NAMED_PIPELINES = Path(__file__).resolve().parent.parent / "pipelines" / "named"
 """Named pipelines: spec fragments (stages to run, analysis on/off) a spec can start from."""
 
 
-def with_pipeline(data: dict, source: str) -> dict:
-    """``data`` over the fragment its ``pipeline`` key names (the spec's own values win)."""
+def with_pipeline(data: dict, source: str, folder: Path = NAMED_PIPELINES) -> dict:
+    """``data`` over the fragment its ``pipeline`` key names in ``folder`` (the spec's own
+    values win). PTQ specs use ``pipelines/named/ptq/``."""
     data = dict(data)
     name = data.pop("pipeline")
-    known = sorted(p.stem for p in NAMED_PIPELINES.glob("*.yaml"))
+    known = sorted(p.stem for p in folder.glob("*.yaml"))
     if not isinstance(name, str) or name not in known:
         raise SpecError(
             f"pipeline: unknown named pipeline {name!r}",
             where=source,
-            hint=f"use one of: {', '.join(known)} (pipelines/named/*.yaml)",
+            hint=f"use one of: {', '.join(known)} ({folder.relative_to(folder.parents[1])}/*.yaml)",
         )
-    fragment = yaml.safe_load((NAMED_PIPELINES / f"{name}.yaml").read_text()) or {}
+    fragment = yaml.safe_load((folder / f"{name}.yaml").read_text()) or {}
     return _merge(fragment, data)
 
 
