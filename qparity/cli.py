@@ -203,6 +203,16 @@ from qparity.cli_ptq import ptq_command  # noqa: E402
 app.command("ptq")(ptq_command)
 
 
+def _is_usage_error(e: Exception) -> bool:
+    """A click usage error (missing argument, bad option), from click or typer's own copy
+    of it (typer 0.29 raises ``typer._click`` exceptions, not ``click``'s)."""
+    import click
+
+    return isinstance(e, click.ClickException) or (
+        callable(getattr(e, "show", None)) and isinstance(getattr(e, "exit_code", None), int)
+    )
+
+
 def main() -> None:
     """Console entry point: our errors become one paragraph and exit code 1."""
     try:
@@ -215,9 +225,7 @@ def main() -> None:
     except (typer.Exit, SystemExit) as e:
         sys.exit(getattr(e, "exit_code", getattr(e, "code", 0)))
     except Exception as e:  # click usage errors and anything unexpected
-        import click
-
-        if isinstance(e, click.ClickException):
+        if _is_usage_error(e):
             e.show()
             sys.exit(e.exit_code)
         if STATE["debug"]:

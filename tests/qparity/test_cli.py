@@ -62,6 +62,12 @@ def test_run_then_runs_and_show(monkeypatch, capsys, tmp_path, write_spec):
     assert "top1" in out and "float" in out and "complete" in out
 
 
+def test_a_missing_argument_is_a_usage_error_not_an_internal_error(monkeypatch, capsys):
+    assert _cli(monkeypatch, "report") == 2
+    err = capsys.readouterr().err
+    assert "Missing argument 'run_id'" in err and "internal error" not in err
+
+
 def test_show_refuses_a_path_as_run_id(monkeypatch, capsys, tmp_path):
     assert _cli(monkeypatch, "show", "../etc", "--runs", tmp_path) == 1
     assert "invalid run id" in capsys.readouterr().err
