@@ -45,6 +45,18 @@ class ChainResult:
     prefect_startup_s: float = 0.0
     analysis: object | None = None
     """The run's :class:`analysis.analyze.Analysis` (None when compare is off or < 2 stages)."""
+    steps: dict[str, str] = field(default_factory=dict)
+    """What each analysis step of ``compare.steps`` wrote (step -> path)."""
+
+
+def _report(ctx: RunContext) -> Path:
+    from analysis.report import write_report
+
+    return write_report(ctx.run)
+
+
+ANALYSIS_STEPS: dict[str, Callable[[RunContext], Path]] = {"report": _report}
+"""The optional analysis steps a spec may add (``compare.steps``), by name."""
 
 
 @task(cache_policy=NO_CACHE, persist_result=False)
@@ -79,6 +91,14 @@ def analysis_task(ctx: RunContext):
     return result
 
 
+@task(cache_policy=NO_CACHE, persist_result=False)
+def step_task(ctx: RunContext, name: str) -> str:
+    """One analysis step of ``compare.steps``; links its output as a markdown artifact."""
+    path = str(ANALYSIS_STEPS[name](ctx))
+    create_markdown_artifact(f"`{path}`", key=name, description=f"{name} of run {ctx.run.run_id}")
+    return path
+
+
 @flow(name="qparity-chain", validate_parameters=False, persist_result=False)
 def chain_flow(
     store: RunStore, ctx: RunContext, on_stage: StageHook | None = None
@@ -89,6 +109,25 @@ def chain_flow(
         store, ctx, on_stage, lambda s, up: stage_task.with_options(name=s.name)(store, ctx, s, up)
     )
     return outcomes, analysis_task(ctx)
+
+
+@flow(name="qparity-analysis-steps", validate_parameters=False, persist_result=False)
+def steps_flow(ctx: RunContext) -> dict[str, str]:
+    """The spec's analysis steps of a finished run, one Prefect task each."""
+    return {n: step_task.with_options(name=n)(ctx, n) for n in ctx.spec.compare.steps}
+
+
+def run_steps(ctx: RunContext, analysis, use_prefect: bool) -> dict[str, str]:
+    """The spec's analysis steps once the run is finished (so a report shows it complete),
+    when an analysis ran: step -> what it wrote. The run is published again after them."""
+    if analysis is None or not ctx.spec.compare.steps:
+        return {}
+    if use_prefect:
+        done = with_quiet_prefect(lambda: steps_flow(ctx))
+    else:
+        done = {name: str(ANALYSIS_STEPS[name](ctx)) for name in ctx.spec.compare.steps}
+    ctx.run.publish()
+    return done
 
 
 @task(cache_policy=NO_CACHE, persist_result=False)
@@ -165,6 +204,7 @@ def run_chain(
         finish_run(run, spec, error=f"{type(e).__name__}: {e}")
         raise
     finish_run(run, spec)
+    result.steps = run_steps(ctx, result.analysis, use_prefect)
     result.wall_s = time.perf_counter() - t0
     return result
 

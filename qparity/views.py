@@ -83,6 +83,8 @@ def _finish_view(out: Console, store_root: str | Path, result) -> None:
     out.print(stage_table(store_root, result.run_id))
     if result.analysis is not None:
         print_analysis(out, result.analysis)
+    for step, path in result.steps.items():
+        out.print(f"{step}: {path}", highlight=False, soft_wrap=True)
     startup = (
         f" (+{result.prefect_startup_s:.1f} s Prefect API start-up)"
         if result.prefect_startup_s > 0.5

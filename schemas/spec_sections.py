@@ -252,6 +252,9 @@ class CompareSpec(Section):
     flip of the task's correctness."""
     enabled: bool = True
     """Run the analysis (compare, bad cases, localization) after the chain."""
+    steps: list[Literal["report"]] = []
+    """Analysis steps added after localization, each its own Prefect task: ``report``
+    writes the run's HTML report to <run>/report.html (as ``qparity report RUN``)."""
     samples: int | None = Field(default=None, ge=1)
     """Compare layers on the first N evaluation samples (null: all of them); top-1 is
     always measured on the whole split."""

@@ -1,5 +1,7 @@
 """The chain as a Prefect flow (ephemeral local server): the one flow test we keep."""
 
+from pathlib import Path
+
 import yaml
 
 from pipelines.flow import run_chain
@@ -13,7 +15,9 @@ def test_prefect_flow_runs_the_chain_and_reuses_the_cache(tmp_path):
     spec = parse_spec(data, "t")
     seen = []
     first = run_chain(spec, yaml.safe_dump(data), tmp_path, on_stage=lambda n, o: seen.append(n))
-    second = run_chain(spec, yaml.safe_dump(data), tmp_path)
+    with_report = parse_spec(tiny_spec_dict(compare={"steps": ["report"]}), "t")
+    second = run_chain(with_report, yaml.safe_dump(data), tmp_path)
     assert seen == [stage.name for stage, _ in plan(spec)] and len(seen) >= 5
     assert not any(o.cache_hit for o in first.outcomes.values())
     assert all(o.cache_hit for o in second.outcomes.values())
+    assert Path(second.steps["report"]).is_file()  # the steps flow ran after the chain

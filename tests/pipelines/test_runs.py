@@ -103,3 +103,29 @@ def test_analysis_only_reanalyses_a_cached_chain_with_new_compare_settings(tmp_p
         if r["reason"] == "probe":
             probes.setdefault(r["run_id"], set()).add(r["sample_id"])
     assert (len(probes[first.run_id]), len(probes[again.run_id])) == (2, 3)
+
+
+def test_the_report_step_writes_the_report_of_the_finished_run(tmp_path):
+    result = _run(tmp_path, compare={"probe_samples": 2, "steps": ["report"]})
+    run = RunStore(tmp_path).open(result.run_id)
+    assert result.steps == {"report": str(run.path("report.html"))}
+    html = run.path("report.html").read_text()
+    assert result.run_id in html and "complete" in html and "running" not in html
+
+
+def test_analysis_steps_need_an_analysis_and_known_names(tmp_path):
+    result = _run(tmp_path, compare={"enabled": False, "steps": ["report"]})
+    assert result.steps == {}
+    with pytest.raises(QparityError, match="compare.steps.0") as e:
+        _run(tmp_path, compare={"steps": ["sql"]})
+    assert "report" in str(e.value)
+
+
+def test_every_step_a_spec_may_name_has_an_implementation():
+    from typing import get_args
+
+    from pipelines.flow import ANALYSIS_STEPS
+    from schemas.spec_sections import CompareSpec
+
+    (item,) = get_args(CompareSpec.model_fields["steps"].annotation)
+    assert set(get_args(item)) == set(ANALYSIS_STEPS)
