@@ -86,17 +86,17 @@ def _conv_steps(ex, ins, bufs, repeats: int) -> dict[str, float]:
     whole = _median_time(lambda: KERNELS[ins.op](ins, bufs, ex.consts), repeats)
     key = ("conv_plan", ins.outputs[0], x.dtype, None if b is None else b.dtype)
     plan = ex.consts.derived.get(key)
-    if plan is None:  # the int64 path: no split
+    if plan is None or plan.w_f32 is not None:  # int64 path / one float32 conv: no split
         return {"whole": whole}
     strides, pads, dil = plan.geometry
-    o, k = plan.out_channels, plan.wmat.shape[0]
+    o = plan.out_channels
 
     def im2col():
         xp = ek.pad_axes(x[..., : plan.channels], (1, 2), pads, 0)
         cols = exec_conv.im2col_view(xp, plan.kernel, strides, dil)
         n, oh, ow = cols.shape[:3]
         bl = exec_conv.blocks(n, oh, ow, max(exec_conv.BLOCK_ELEMS // max(o, 1), 1))
-        return bl, [cols[n0:n1, h0:h1].reshape(-1, k) for n0, n1, h0, h1 in bl]
+        return bl, [exec_conv.im2col_rows(cols[n0:n1, h0:h1], x.dtype) for n0, n1, h0, h1 in bl]
 
     bl, cs = im2col()
     accs = [ek.gemm_int(c, plan.wmat) for c in cs]

@@ -11,6 +11,10 @@ once per program and input dtype:
   ``kh * kw * C_pad``: 147 instead of 784 for a 3-channel 7x7 stem). Padding channels hold
   0, so dropping them from both operands changes no sum. Output channels beyond the real
   ``O`` (multiplier 0 in the packing, so always 0) are written as 0 without computing.
+- Short im2col runs: a conv whose kernel rows are fewer than :data:`DIRECT_RUN_BYTES`
+  bytes (``kw * C``: a 1-channel stem) runs as one oneDNN float32 convolution when
+  ``acc_bound < 2**24`` proves it exact (:func:`direct_weight`); the blocks then only
+  slice its accumulator.
 - Blocks: output rows are processed in blocks of about :data:`BLOCK_ELEMS` accumulators
   (whole images, or bands of output rows of one image), so the im2col copy, the int32
   accumulator and the float64 epilogue of a block stay in cache.
@@ -30,7 +34,6 @@ import torch
 from schemas.errors import SimulatorError
 from simulator import exec_kernels as ek
 from simulator.exec_epilogue import (
-    FLOAT_EXACT,
     INT32,
     Epilogue,
     acc_bound,
@@ -38,6 +41,7 @@ from simulator.exec_epilogue import (
     epilogue,
     gemm_epilogue,
 )
+from simulator.exec_kernels import FLOAT32_EXACT, exact_limit
 from simulator.isa import Instruction
 
 BLOCK_ELEMS = 2**17
@@ -56,6 +60,7 @@ class ConvPlan:
     kernel: tuple[int, int]
     geometry: tuple[list[int], list[int], list[int]]  # strides, pads, dilations
     epi: Epilogue
+    w_f32: torch.Tensor | None = None  # set: run as one float32 conv (:func:`direct_weight`)
 
 
 def _real(n: int, layout) -> int:
@@ -68,8 +73,9 @@ def build_plan(instr: Instruction, consts, in_dtype: torch.dtype, b_dtype) -> Co
     cannot be proven exact (then the int64 path runs).
 
     FORMULA of the bounds: conv ``A = acc_bound(wmat, in_dtype, bias)``; plain conv needs
-    ``A * max|mult| < 2**53``; fused add needs ``A < 2**31`` (the int32 clamp is then a
-    no-op) and ``A * max|ma| + max|b| * max|mb| < 2**53``.
+    ``A * max|mult| < exact_limit``; fused add needs ``A < 2**31`` (the int32 clamp is then a
+    no-op) and ``A * max|ma| + max|b| * max|mb| < exact_limit`` (2**53 half_even, 2**52
+    bpu_round).
     """
     w, bias, mult, shift = (consts[c] if c else None for c in instr.consts[:4])
     c = _real(w.shape[3], consts.layouts.get(instr.inputs[0]))
@@ -85,11 +91,53 @@ def build_plan(instr: Instruction, consts, in_dtype: torch.dtype, b_dtype) -> Co
         ma, mb, add_shift = (_first(consts[n], o) for n in instr.consts[4:7])
         epi = epilogue(instr.attrs, bias, ma, add_shift, mb)
         top = a * int(ma.abs().max()) + dtype_bound(b_dtype) * int(mb.abs().max())
-        epi = epi if a <= INT32[1] and top < FLOAT_EXACT else None
+        epi = epi if a <= INT32[1] and top < exact_limit(instr.attrs["rounding"]) else None
     if epi is None:
         return None
     geometry = ek.geometry(2, instr.attrs)
-    return ConvPlan(wmat, c, o, w.shape[0], tuple(w.shape[1:3]), geometry, epi)
+    kernel = tuple(w.shape[1:3])
+    w_f32 = direct_weight(wmat, kernel, in_dtype)
+    return ConvPlan(wmat, c, o, w.shape[0], kernel, geometry, epi, w_f32)
+
+
+DIRECT_RUN_BYTES = 8
+"""im2col rows made of runs shorter than this (``kw * C`` bytes: a 1-channel stem) gather
+slowly; such convs run as one float32 convolution when that is exact."""
+
+
+def direct_weight(wmat: torch.Tensor, kernel, in_dtype: torch.dtype) -> torch.Tensor | None:
+    """float32 weights ``[O, C, kh, kw]`` (channels-last) for :func:`direct_acc`, or None.
+
+    Used when the im2col runs are short (``kw * C * itemsize <`` :data:`DIRECT_RUN_BYTES`)
+    and the float32 convolution is exact: every partial sum is an integer of magnitude at
+    most ``acc_bound(wmat, in_dtype) < 2**24`` (exact float32 integers in any order), with
+    oneDNN's direct algorithm and float32 math at full precision.
+    """
+    kh, kw = kernel
+    c = wmat.shape[0] // (kh * kw)
+    mkl = torch.backends.mkldnn
+    full = getattr(getattr(mkl, "conv", None), "fp32_precision", "none") in ("none", "ieee")
+    if kw * c * (torch.iinfo(in_dtype).bits // 8) >= DIRECT_RUN_BYTES or not full:
+        return None
+    if not mkl.is_available() or acc_bound(wmat, in_dtype, None) >= FLOAT32_EXACT:
+        return None
+    w = wmat.t().reshape(-1, kh, kw, c).permute(0, 3, 1, 2)
+    return w.float().contiguous(memory_format=torch.channels_last)
+
+
+def direct_acc(plan: ConvPlan, x: torch.Tensor) -> torch.Tensor:
+    """The exact accumulator ``[N, OH, OW, O]`` (float32) of ``x [N, H, W, C]`` (real
+    channels) as one oneDNN float32 convolution (:func:`direct_weight` proves exactness).
+
+    FORMULA: ``acc[n, p, o] = sum_{i, j, c} x_pad[n, p*stride + (i, j)*dilation, c]
+    * w[o, c, i, j]``; asymmetric pads are applied to the int8 input first.
+    """
+    strides, pads, dil = plan.geometry
+    if pads[:2] != pads[2:]:
+        x, pads = ek.pad_axes(x, (1, 2), pads, 0), [0, 0, 0, 0]
+    xf = x.float().permute(0, 3, 1, 2)  # a channels-last NCHW view
+    y = torch.mkldnn_convolution(xf, plan.w_f32, None, pads[:2], strides, dil, 1)
+    return y.permute(0, 2, 3, 1)
 
 
 def _first(v, o: int):
@@ -113,12 +161,15 @@ def im2col_view(xp: torch.Tensor, kernel, strides, dilations) -> torch.Tensor:
 
     With unit dilation along W the ``kw * C`` values of one kernel row are contiguous in
     NHWC, so the view is ``[N, OH, OW, kh, kw*C]`` and the block copy moves runs of
-    ``kw * C`` bytes (21 for a 3-channel 7x7 stem) instead of ``C``.
+    ``kw * C`` bytes (21 for a 3-channel 7x7 stem) instead of ``C``. When a pixel's bytes
+    allow it the view is of a wider integer dtype (:func:`_wide`): same bytes, 8 per
+    element for 16 int8 channels, so the copy moves 8x fewer elements; callers flatten a
+    block to rows and view it back as the input dtype (:func:`im2col_rows`).
     """
     if dilations[1] != 1:
         cols = ek.windows(xp, (1, 2), kernel, strides, dilations)  # [N, OH, OW, C, kh, kw]
         return cols.permute(0, 1, 2, 4, 5, 3)
-    xp = xp.contiguous()
+    xp = _wide(xp.contiguous())
     n, hp, wp, c = xp.shape
     (kh, kw), (sh, sw), dh = kernel, strides, dilations[0]
     oh, ow = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - kw) // sw + 1
@@ -126,6 +177,26 @@ def im2col_view(xp: torch.Tensor, kernel, strides, dilations) -> torch.Tensor:
         raise SimulatorError(f"window {kernel} larger than padded input {(hp, wp)}")
     size, row = (n, oh, ow, kh, kw * c), wp * c
     return xp.as_strided(size, (hp * row, sh * row, sw * c, dh * row, 1))
+
+
+def _wide(xp: torch.Tensor) -> torch.Tensor:
+    """``xp [N, H, W, C]`` (contiguous) viewed as the widest of int64 / int32 / int16 whose
+    size divides a pixel's ``C * itemsize`` bytes (itself when none is wider)."""
+    nbytes, offset = xp.shape[3] * xp.element_size(), xp.storage_offset() * xp.element_size()
+    for dt in (torch.int64, torch.int32, torch.int16):
+        size = torch.iinfo(dt).bits // 8
+        if size <= xp.element_size():
+            break
+        if nbytes % size == 0 and offset % size == 0:
+            return xp.view(dt)
+    return xp
+
+
+def im2col_rows(cols: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One block of an :func:`im2col_view` as the GEMM operand ``[rows, K]`` of ``dtype``
+    (one copy; a widened view is viewed back as the input dtype)."""
+    rows = cols.shape[0] * cols.shape[1] * cols.shape[2]
+    return cols.reshape(rows, -1).view(dtype)
 
 
 def run_conv(plan: ConvPlan, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -136,15 +207,21 @@ def run_conv(plan: ConvPlan, x: torch.Tensor, b: torch.Tensor | None = None) -> 
     """
     strides, pads, dil = plan.geometry
     x = x[..., : plan.channels] if plan.channels < x.shape[3] else x
-    cols = im2col_view(ek.pad_axes(x, (1, 2), pads, 0), plan.kernel, strides, dil)
+    if plan.w_f32 is not None:
+        cols = direct_acc(plan, x)  # the whole accumulator; blocks below only slice it
+    else:
+        cols = im2col_view(ek.pad_axes(x, (1, 2), pads, 0), plan.kernel, strides, dil)
     n, oh, ow = cols.shape[:3]
-    o, k = plan.out_channels, plan.wmat.shape[0]
+    o = plan.out_channels
     out = torch.empty((n, oh, ow, plan.out_padded), dtype=plan.epi.dtype)
     if o < plan.out_padded:
         out[..., o:] = 0
     target = max(BLOCK_ELEMS // max(o, 1), 1)
     for n0, n1, h0, h1 in blocks(n, oh, ow, target):
-        acc = ek.gemm_int(cols[n0:n1, h0:h1].reshape(-1, k), plan.wmat)
+        if plan.w_f32 is not None:
+            acc = cols[n0:n1, h0:h1].reshape(-1, o)
+        else:
+            acc = ek.gemm_int(im2col_rows(cols[n0:n1, h0:h1], x.dtype), plan.wmat)
         bb = None if b is None else b[n0:n1, h0:h1, :, :o].reshape(-1, o)
         plan.epi.apply(acc, bb, out=out[n0:n1, h0:h1, :, :o])
     return out

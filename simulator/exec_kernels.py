@@ -44,11 +44,13 @@ FLOAT32_EXACT = 2**24
 def float_gemm_type(a: torch.Tensor, b: torch.Tensor, k: int, where: str) -> torch.dtype:
     """float32 when every partial sum is provably an exact float32 integer (dtype bound
     ``max|a| max|b| k < 2**24``, and torch's float32 matmul precision is "highest", no
-    bf16/tf32 shortcuts), else float64 under :func:`simulator.kernels.check_exact`."""
+    bf16/tf32 shortcuts), else float64: exact by the same dtype bound below 2**53, else
+    under :func:`simulator.kernels.check_exact` on the data."""
     bound = -torch.iinfo(a.dtype).min * -torch.iinfo(b.dtype).min * k
     if bound < FLOAT32_EXACT and torch.get_float32_matmul_precision() == "highest":
         return torch.float32
-    check_exact(where, a, b, k)
+    if bound >= 2**53:  # the dtypes alone do not prove it: check the data (4 reductions)
+        check_exact(where, a, b, k)
     return torch.float64
 
 
@@ -182,17 +184,33 @@ def round_shift(v: torch.Tensor, s: torch.Tensor, mode: str) -> torch.Tensor:
     return (v >> s).bitwise_and_(z).add_(v).add_(h - z).bitwise_right_shift_(s)
 
 
-FLOAT_EXACT = 2**53
+FLOAT_EXACT = 2**52
+"""``|v * m|`` below this: a float64 requantize is exact in both rounding modes."""
+
+
+def exact_limit(mode: str, ftype: torch.dtype = torch.float64) -> int:
+    """``|v * m|`` below this: ``round(v * m * 2**-s)`` computed in ``ftype`` is exact.
+
+    FORMULA: ``2**p`` for half_even (``round`` of an exact value; ``p`` = 53 float64,
+    24 float32 mantissa bits), ``2**(p - 1)`` for bpu_round (its ``|y| + 0.5`` needs the
+    spare bit: :func:`simulator.exec_epilogue.round_`).
+    """
+    bits = 53 if ftype == torch.float64 else 24
+    return 2 ** (bits - (mode != "half_even"))
 
 
 def _requant_float(acc: torch.Tensor, m: torch.Tensor, s: torch.Tensor, mode: str):
-    """:func:`round_shift` of ``acc * m`` computed in float64, while ``|acc * m| < 2**53``.
+    """:func:`round_shift` of ``acc * m`` computed in float64, while ``|acc * m|`` is below
+    :func:`exact_limit` (2**53 half_even, 2**52 bpu_round).
 
     Exact: ``acc * m`` is then an exact float64 integer, scaling by ``2**-s`` only moves the
     exponent, and rounding an exact value is exact: half_even ``round(y)``; bpu_round
-    ``sign(y) * floor(|y| + 0.5)`` (``|y| < 2**52`` when ``s > 0``, so adding 0.5 is exact;
-    ``s = 0`` leaves an integer). About 4x faster than the int64 bit arithmetic (measured
-    on a 200k x 64 int32 accumulator: 2.2 ms vs 8.8 ms).
+    ``sign(y) * floor(|y| + 0.5)`` below 2**52: ``|y| + 0.5 = (|acc m| + 2**(s-1)) 2**-s``
+    has a numerator below 2**53 for ``1 <= s <= 53`` (``s = 0``: ``|acc m| + 0.5``, exact
+    below 2**52), and for ``s > 53`` ``|y| < 1/4``. At ``2**53`` it fails:
+    ``(2**53 - 1) 2**-54`` would round to 1 (:func:`simulator.exec_epilogue.round_`).
+    About 4x faster than the int64 bit arithmetic (measured on a 200k x 64 int32
+    accumulator: 2.2 ms vs 8.8 ms).
     """
     y = acc.double().mul_(m.double() * torch.pow(2.0, -s.double()))
     if mode == "half_even":
@@ -216,7 +234,7 @@ def requant(acc, mult, shift, out_dtype: str, rounding: str, axis: int | None) -
         raise SimulatorError(f"shift outside [0, {MAX_SHIFT}]", where="requantize")
     if mult is not None:
         m = _along(mult.long(), acc, axis, "mult")
-        if max_abs(acc) * max_abs(m) < FLOAT_EXACT:
+        if max_abs(acc) * max_abs(m) < exact_limit(rounding):
             return _requant_float(acc, m, s, rounding).clamp_(qmin, qmax).long()
         if max_abs(acc) * max_abs(m) >= PRODUCT_LIMIT:
             raise SimulatorError("|acc * mult| may reach 2**62", where="requantize",
@@ -225,6 +243,25 @@ def requant(acc, mult, shift, out_dtype: str, rounding: str, axis: int | None) -
     elif max_abs(acc) >= PRODUCT_LIMIT:
         raise SimulatorError("|acc| may reach 2**62", where="requantize")
     return round_shift(acc, s, rounding).clamp_(qmin, qmax)
+
+
+def sum_exact(x: torch.Tensor, axes: tuple[int, ...], keepdim: bool) -> torch.Tensor:
+    """``sum(x)`` over ``axes`` of an integer tensor as exact float64 integers
+    (``n max|x| < 2**53``, the caller's bound; n = elements per sum).
+
+    FORMULA: trailing axes of a contiguous int8 ``x``: ``x.reshape(-1, n) @ ones[n, 8]`` (one
+    :func:`gemm_int`, int32 sums while ``n < 2**17``); else one float32 sum while
+    ``n max|x| < 2**24`` (exact in any order), else float64. One dtype per op: torch's
+    mixed-dtype reductions are 2-3x slower.
+    """
+    n = numel(x.shape[a] for a in axes)
+    trailing = axes == tuple(range(x.ndim - len(axes), x.ndim)) and x.is_contiguous()
+    if x.dtype == torch.int8 and trailing and n > 1:  # a strided view: the sum reads it as is
+        keep = x.shape[: x.ndim - len(axes)]
+        y = gemm_int(x.reshape(-1, n), torch.ones(n, 8, dtype=torch.int8))[:, 0].double()
+        return y.reshape(*keep, *([1] * len(axes))) if keepdim else y.reshape(keep)
+    ft = torch.float32 if n * -torch.iinfo(x.dtype).min < FLOAT32_EXACT else torch.float64
+    return x.to(ft).sum(dim=axes, keepdim=keepdim).double()
 
 
 def sum_pool(x: torch.Tensor, axes, kernel, strides, pads) -> tuple[torch.Tensor, torch.Tensor]:

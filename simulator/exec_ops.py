@@ -3,8 +3,8 @@
 Holds :class:`ConstPool` (a program's constants as torch tensors, with a cache of derived
 objects), :func:`operands` / :func:`is_nhwc` (an instruction's operand list and layout),
 and the kernels ``fn(instr, bufs, consts) -> [tensors]`` of CONV, LINEAR, MATMUL, ADD, MUL,
-REQUANT, AVGPOOL, REDUCE_MEAN, REDUCE_SUM, MAXPOOL and CLIP, each bit-identical to its
-reference in :mod:`simulator.int_ops`. Operand order, the nhwc layout and the machine
+REQUANT and CLIP, each bit-identical to its reference in :mod:`simulator.int_ops` (pools
+and reductions: :mod:`simulator.exec_pool`). Operand order, the nhwc layout and the machine
 state are documented in :mod:`simulator.executor`; the tensor kernels they call are
 :mod:`simulator.exec_kernels`.
 """
@@ -20,8 +20,13 @@ from schemas.errors import SimulatorError
 from simulator import exec_kernels as ek
 from simulator import fixedpoint as fp
 from simulator.exec_conv import build_plan, run_conv
-from simulator.exec_epilogue import add_epilogue, dtype_bound, gemm_epilogue, scaled_epilogue
-from simulator.intmath import MAX_SHIFT, PRODUCT_LIMIT, max_abs, round_div
+from simulator.exec_epilogue import (
+    add_epilogue,
+    dtype_bound,
+    gemm_epilogue,
+    scaled_epilogue,
+)
+from simulator.intmath import PRODUCT_LIMIT, max_abs
 from simulator.isa import Instruction
 
 _NCHW_TO_NHWC = {0: 0, 1: 3, 2: 1, 3: 2}
@@ -182,13 +187,14 @@ def k_add(instr, bufs, consts):
 
 def k_mul(instr, bufs, consts):
     """MUL = QMul. FORMULA: ``y = req(a * b, mult, shift)`` (broadcasting); the product and
-    requantize in float64 when ``max|a| max|b| max|mult| < 2**53`` (dtype bounds)."""
+    requantize in float when ``max|a| max|b| max|mult|`` is below ``exact_limit`` (dtype
+    bounds; float32 below its limit, :func:`exec_epilogue.scaled_epilogue`)."""
     a, b, mult, shift = operands(instr, bufs, consts, 4)
     bound = dtype_bound(a.dtype) * dtype_bound(b.dtype)
     key = ("mul", instr.outputs[0], a.dtype, b.dtype)
     epi = consts.cached(key, lambda: scaled_epilogue(instr.attrs, bound, mult, shift, _scalar))
     if epi is not None:
-        return [epi.apply(torch.mul(a.double(), b))]
+        return [epi.apply(torch.mul(a.to(epi.ftype), b.to(epi.ftype)))]  # one dtype per op
     if max_abs(a) * max_abs(b) >= PRODUCT_LIMIT:
         raise SimulatorError("QMul products may overflow int64")
     return [_req(a.long() * b.long(), mult, shift, instr.attrs, None)]
@@ -213,66 +219,6 @@ def k_requant(instr, bufs, consts):
 def _shaper(x: torch.Tensor, axis: int | None) -> Callable:
     """Shape of a scalar or per-channel constant along ``axis`` of x (as ek.requant)."""
     return lambda v: tuple(ek._along(v, x, axis, "mult").shape)
-
-
-def _divide(total, n, mult, shift, attrs: dict) -> torch.Tensor:
-    """``clamp(round_div(total * mult, n << shift))`` (int_ops._divide), same refusals."""
-    m, s = int(mult.reshape(())), int(shift.reshape(()))
-    d = torch.as_tensor(n, dtype=torch.int64)
-    bad = not 0 <= s <= MAX_SHIFT or (max_abs(d) << s) >= PRODUCT_LIMIT
-    if bad or max_abs(total) * abs(m) >= PRODUCT_LIMIT:
-        raise SimulatorError(f"shift {s} / mult {m} overflow int64")
-    y = round_div(total * m, d << s, attrs["rounding"])
-    return _finish(y.clamp_(*fp.qrange(attrs["out_dtype"])), attrs)
-
-
-def _pool_axes(instr, x, nd: int) -> tuple[int, ...]:
-    return (1, 2) if is_nhwc(instr) else tuple(range(x.ndim - nd, x.ndim))
-
-
-def k_avgpool(instr, bufs, consts):
-    """AVGPOOL = QAvgPool. FORMULA: ``y = clamp(round_div(sums * mult, counts << shift))``."""
-    x, mult, shift = operands(instr, bufs, consts, 3)
-    a = instr.attrs
-    kernel = [int(k) for k in a["kernel_shape"]]
-    strides, pads, _ = ek.geometry(len(kernel), {**a, "dilations": None})
-    sums, counts = ek.sum_pool(x, _pool_axes(instr, x, len(kernel)), kernel, strides, pads)
-    if int(a.get("count_include_pad") or 0):
-        counts = ek.numel(kernel)
-    return [_divide(sums, counts, mult, shift, a)]
-
-
-def _reduce(instr, bufs, consts) -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]:
-    """(int64 sum over ``axes``, elements per output, mult, shift)."""
-    x, mult, shift = operands(instr, bufs, consts, 3)
-    axes = instr.attrs.get("axes")
-    axes = range(x.ndim) if axes is None else [_axis(instr, int(a), x.ndim) for a in axes]
-    axes = tuple(sorted({a % x.ndim for a in axes}))
-    if is_nhwc(instr) and x.ndim == 4 and 3 in axes:
-        raise SimulatorError("reduction over padded channels", hint="reduce in plain layout")
-    keep = bool(int(instr.attrs.get("keepdims", 1)))
-    total = x.sum(dim=axes, keepdim=keep, dtype=torch.int64)  # no int64 copy of x
-    return total, ek.numel(x.shape[a] for a in axes), mult, shift
-
-
-def k_reduce_mean(instr, bufs, consts):
-    """REDUCE_MEAN. FORMULA: ``y = clamp(round_div(sum(x) * mult, n << shift))``."""
-    total, n, mult, shift = _reduce(instr, bufs, consts)
-    return [_divide(total, n, mult, shift, instr.attrs)]
-
-
-def k_reduce_sum(instr, bufs, consts):
-    """REDUCE_SUM. FORMULA: ``y = clamp(round_div(sum(x) * mult, 2**shift))``."""
-    total, _, mult, shift = _reduce(instr, bufs, consts)
-    return [_divide(total, 1, mult, shift, instr.attrs)]
-
-
-def k_maxpool(instr, bufs, consts):
-    """MAXPOOL = QMaxPool. FORMULA: ``y[p] = max_k x_pad[p*stride + k*dilation]``."""
-    (x,) = operands(instr, bufs, consts, 1)
-    kernel = [int(k) for k in instr.attrs["kernel_shape"]]
-    strides, pads, dil = ek.geometry(len(kernel), instr.attrs)
-    return [ek.max_pool(x, _pool_axes(instr, x, len(kernel)), kernel, strides, pads, dil)]
 
 
 def k_clip(instr, bufs, consts):

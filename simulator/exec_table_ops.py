@@ -22,7 +22,7 @@ from simulator import exec_kernels as ek
 from simulator import fixedpoint as fp
 from simulator.composite import LayerNormTables, SoftmaxTables
 from simulator.custom_ops import decode
-from simulator.exec_dense import Dense, dense, int_layernorm, int_softmax
+from simulator.exec_dense import Dense, dense, exp_of_gap, int_layernorm, int_softmax, ln_affine
 from simulator.exec_ops import ConstPool, operands
 from simulator.lut import LutTable
 
@@ -48,11 +48,12 @@ def k_lut(instr, bufs, consts):
 
 def k_softmax(instr, bufs, consts):
     """SOFTMAX. FORMULA: :func:`simulator.composite.int_softmax` along ``axis``
-    (:func:`simulator.exec_dense.int_softmax`: dense exp / reciprocal tables)."""
+    (:func:`simulator.exec_dense.int_softmax`: gap-indexed exp, dense reciprocal)."""
     t = _table(instr, consts, SoftmaxTables)
-    exp = _dense(instr, consts, t.exp, "exp", torch.float64)
+    q = bufs[instr.inputs[0]]
+    exp = consts.cached(("exp_gap", instr.consts, q.dtype), lambda: exp_of_gap(t, q.dtype))
     recip = _dense(instr, consts, t.recip, "recip", torch.float64)
-    y = int_softmax(bufs[instr.inputs[0]], int(instr.attrs["axis"]), t, exp, recip)
+    y = int_softmax(q, int(instr.attrs["axis"]), t, exp, recip)
     return [y.to(ek.TORCH_DTYPES[t.out_dtype])]
 
 
@@ -62,7 +63,7 @@ def k_layernorm(instr, bufs, consts):
     t = _table(instr, consts, LayerNormTables)
     rsqrt = _dense(instr, consts, t.rsqrt, "rsqrt", torch.float64)
     x = bufs[instr.inputs[0]]
-    y = int_layernorm(x, t, rsqrt)
+    y = int_layernorm(x, t, rsqrt, consts.cached(("ln_affine", instr.consts), lambda: ln_affine(t)))
     y = composite.int_layernorm(x, t) if y is None else y  # a bound failed: the reference
     return [y.to(ek.TORCH_DTYPES[t.out_dtype])]
 

@@ -12,7 +12,8 @@ Machine state:
   program's constants as torch tensors, plus derived objects decoded once (LUT / softmax
   / layernorm tables).
 - :data:`KERNELS`: the one table ``Op -> fn(instr, bufs, consts) -> [tensors]``. The
-  kernels live in :mod:`simulator.exec_ops` (integer arithmetic),
+  kernels live in :mod:`simulator.exec_ops` (integer arithmetic), :mod:`simulator.exec_pool`
+  (pools and reductions),
   :mod:`simulator.exec_table_ops` (tables, QUANTIZE / DEQUANTIZE, CPU, PREPROCESS) and
   :mod:`simulator.exec_layout` (LAYOUT); this module holds the table, the
   :class:`Executor` that runs a program, and the program checks.
@@ -26,9 +27,12 @@ b)``, see :mod:`simulator.exec_conv`.
 
 Speed without changing a number: nhwc convs run blocked with only the real channels and a
 float64 epilogue (:mod:`simulator.exec_conv`, :mod:`simulator.exec_epilogue`), used only
-where a static bound proves ``|v * m| < 2**53``; table ops gather from dense tables of
-every input integer (:mod:`simulator.exec_dense`). Everything else, and every case the
-bounds do not cover, keeps the int64 kernels.
+where a static bound proves ``|v * m|`` below :func:`simulator.exec_kernels.exact_limit`
+(2**53 half_even, 2**52 bpu_round; float32: 2**24 / 2**23); table ops
+gather from dense tables of every input integer, LayerNorm and softmax run on row
+statistics (:mod:`simulator.exec_dense`); reductions sum exactly in float
+(:mod:`simulator.exec_pool`). Everything else, and every case the bounds do not cover,
+keeps the int64 kernels.
 
 Layouts: ``attrs["layout"] == "nhwc"`` on CONV/ADD/REQUANT/CLIP/MAXPOOL/AVGPOOL/LUT means
 its 4-D buffers are ``[N, H, W, C_pad]``; channels ``C..C_pad`` hold zeros. Conv weights
@@ -55,17 +59,14 @@ from simulator.exec_ops import (
     ConstPool,
     is_nhwc,
     k_add,
-    k_avgpool,
     k_clip,
     k_conv,
     k_linear,
     k_matmul,
-    k_maxpool,
     k_mul,
-    k_reduce_mean,
-    k_reduce_sum,
     k_requant,
 )
+from simulator.exec_pool import k_avgpool, k_maxpool, k_reduce_mean, k_reduce_sum
 from simulator.exec_table_ops import (
     k_cpu,
     k_dequantize,

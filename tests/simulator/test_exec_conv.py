@@ -106,7 +106,7 @@ def test_fused_conv_add_equals_qconv_then_qadd(seed, monkeypatch):
     want = CUSTOM_OPS["QAdd"].evaluate([acc, b, ma, mb, sh], out)
     consts = [bias, EMPTY, EMPTY, ma.reshape(-1), mb, sh]
     got, fast = _run(_nhwc_program(x, w, consts, out, b=b), {"x": x, "b": b})
-    assert fast  # |acc * ma| + |b * mb| < 2**53 even for an int32 b
+    assert fast  # |acc * ma| + |b * mb| < 2**52 even for an int32 b
     np.testing.assert_array_equal(got, want)
     names = ("w", *(f"k{i}" for i in range(6)))
     plain_consts = dict(zip(names, [w, bias, EMPTY, EMPTY, ma, mb, sh], strict=True))
@@ -124,21 +124,27 @@ def test_blocks_cover_every_output_row_once(n, oh, ow, target):
     assert (seen == 1).all()
 
 
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", range(12))
 def test_im2col_view_equals_windows(seed):
+    """Every channel count (1..5, and 2/4/8/16/24 bytes per pixel: the int16 / int32 /
+    int64 widened views) and dtype gives the rows of the plain window view."""
     rng = np.random.default_rng(seed)
     kernel = rng.integers(1, 4, 2).tolist()
     strides, dil = rng.integers(1, 3, 2).tolist(), [int(rng.integers(1, 3)), 1 + seed % 2]
-    x = torch.from_numpy(rand_ints(rng, (2, 9, 10, int(rng.integers(1, 5))), np.int8))
+    c = int(rng.choice([1, 2, 3, 4, 5, 8, 16, 24]))
+    dt = [np.int8, np.int16][seed % 3 == 2]
+    x = torch.from_numpy(rand_ints(rng, (2, 9, 10, c), dt))
     ref = ek.windows(x, (1, 2), kernel, strides, dil).permute(0, 1, 2, 4, 5, 3)
     got = exec_conv.im2col_view(x, kernel, strides, dil)
     assert got.shape[:3] == ref.shape[:3]
-    assert torch.equal(got.reshape(*got.shape[:3], -1), ref.reshape(*ref.shape[:3], -1))
+    rows = exec_conv.im2col_rows(got[:, 1:], x.dtype)
+    assert rows.dtype == x.dtype
+    assert torch.equal(rows, ref[:, 1:].reshape(rows.shape[0], -1))
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_conv_beyond_the_float64_bound_keeps_the_int64_path(mode):
-    """int16 input and 31-bit multipliers: ``acc * mult`` may pass 2**53, no fast path."""
+    """int16 input and 31-bit multipliers: ``acc * mult`` may pass 2**52, no fast path."""
     rng = np.random.default_rng(7)
     x, w = rand_ints(rng, (2, 3, 6, 6), np.int16), rand_ints(rng, (4, 3, 3, 3), np.int8)
     attrs = {"rounding": mode, "relu": 0, "out_dtype": "int16", "group": 1,
@@ -147,4 +153,36 @@ def test_conv_beyond_the_float64_bound_keeps_the_int64_path(mode):
     want = CUSTOM_OPS["QConv"].evaluate([x, w, bias, mult, shift], attrs)
     got, fast = _run(_nhwc_program(x, w, [bias, mult, shift], attrs), {"x": x})
     assert not fast
+    np.testing.assert_array_equal(got, want)
+
+
+def _plans(prog: Program, feeds: dict) -> tuple[np.ndarray, list]:
+    ex = Executor(prog)
+    out = ex.run(feeds)[0]["out"]
+    return out, [v for k, v in ex.consts.derived.items() if k[0] == "conv_plan"]
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("near_limit", [False, True])
+def test_direct_float32_conv_equals_qconv(seed, near_limit):
+    """Short im2col runs (1 int16 channel) take the one-float32-convolution path while
+    ``acc_bound < 2**24``: int16 inputs at their extremes with weights scaled to put the
+    bound just below (near_limit) or just above 2**24 (then im2col + the float64 GEMM)."""
+    rng = np.random.default_rng(seed)
+    c, k = 1, 3 if near_limit or seed % 2 == 0 else 2
+    x = rand_ints(rng, (2, c, 7, 6), np.int16)
+    x[0, :, ::2], x[1, :, 1::2] = -32768, 32767
+    per_tap = min(2**24 // 32768 // (k * k), 127)  # sum |w| * 32768 near 2**24
+    w = np.full((3, c, k, k), per_tap, dtype=np.int8)
+    w[1] = -per_tap
+    if near_limit:  # sum |w| = 511 (bound 2**24 - 2**15) or 512 (= 2**24: no direct path)
+        w[2, 0, 0, 0] += 2**24 // 32768 - per_tap * k * k - (seed % 4 != 1)
+    attrs = {"rounding": MODES[seed % 2], "relu": seed % 2, "out_dtype": "int16", "group": 1,
+             "strides": [1 + seed % 2, 1], "pads": [1, 0, seed % 3, 1],
+             "dilations": [1, 1 + seed % 2]}  # fmt: skip
+    bias, mult, shift = rng.integers(-99, 99, 3), rng.integers(1, 2**10, 3), np.full(3, 20)
+    want = CUSTOM_OPS["QConv"].evaluate([x, w, bias, mult, shift], attrs)
+    got, plans = _plans(_nhwc_program(x, w, [bias, mult, shift], attrs), {"x": x})
+    direct = not (near_limit and seed % 4 == 1)
+    assert all(p is not None and (p.w_f32 is not None) == direct for p in plans)
     np.testing.assert_array_equal(got, want)

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator import composite, exec_dense, intmath
-from simulator.exec_epilogue import FLOAT_EXACT, add_epilogue, epilogue
+from simulator.exec_epilogue import add_epilogue, epilogue
+from simulator.exec_kernels import FLOAT_EXACT
 from simulator.int_ops import qadd
 from simulator.lut import build_direct_table, build_segmented_table, lookup
 from tests.simulator.test_kernels import rand_ints
@@ -59,7 +60,7 @@ def test_add_epilogue_equals_qadd(seed):
     epi = add_epilogue(attrs, t[0].dtype, t[1].dtype, *t[2:])
     assert epi is not None
     bound = -np.iinfo(dt_a).min * np.abs(ma).max() - np.iinfo(dt_b).min * np.abs(mb).max()
-    assert (epi.ftype == torch.float32) == (bound < 2**24)
+    assert (epi.ftype == torch.float32) == (bound < 2 ** (24 - (attrs["rounding"] != "half_even")))
     np.testing.assert_array_equal(epi.apply(t[0], t[1]).numpy(), want)
 
 
@@ -94,7 +95,8 @@ def test_dense_softmax_equals_composite(seed):
     q[0] = rng.integers(-3, 3, (n, 4))  # near-equal rows: ties in the sums
     axis = int(rng.choice([1, -1, 0]))
     want = composite.int_softmax(q, axis, t)
-    exp, recip = (exec_dense.dense(x, torch.float64) for x in (t.exp, t.recip))
+    exp = exec_dense.exp_of_gap(t, torch.int16)
+    recip = exec_dense.dense(t.recip, torch.float64)
     got = exec_dense.int_softmax(torch.from_numpy(q), axis, t, exp, recip)
     np.testing.assert_array_equal(got.numpy().astype(np.int64), want)
 
@@ -114,7 +116,7 @@ def test_dense_layernorm_equals_composite(seed):
 
 
 def test_dense_layernorm_refuses_beyond_the_float64_bound():
-    """A huge bias makes ``z * out_mult`` pass 2**53: None, and the executor falls back."""
+    """A huge bias makes ``z * out_mult`` pass 2**52: None, and the executor falls back."""
     n = 8
     t = composite.build_layernorm(0.02, "int8", 0.05, "int8", "half_even", n, 1e-5,
                                   np.ones(n), np.full(n, 1e6))  # fmt: skip
@@ -134,3 +136,66 @@ def test_normalize_var_by_exponent_equals_composite(v, powers, mode):
     want_vn, want_k = composite._normalize_var(vals, mode)
     got_vn, got_k = exec_dense._normalize_var(vals, mode)
     assert torch.equal(got_vn, want_vn) and torch.equal(got_k, want_k)
+
+
+def _extreme_rows(rng, rows: int, n: int, dt) -> np.ndarray:
+    """Rows of every awkward kind: all qmin, all qmax, alternating qmin/qmax, one spike,
+    constant, random."""
+    info = np.iinfo(dt)
+    q = rand_ints(rng, (rows, n), dt)
+    q[0], q[1] = info.min, info.max
+    q[2, 0::2], q[2, 1::2] = info.min, info.max
+    q[3], q[3, 0] = 0, info.max
+    q[4] = int(rng.integers(info.min, info.max))
+    return q
+
+
+@pytest.mark.parametrize("n", [1, 2, 31, 1023, 1024, 2047, 2048, 2500])
+@pytest.mark.parametrize("dt", ["int8", "int16"])
+def test_dense_layernorm_extremes_and_row_lengths(n, dt):
+    """Extreme rows, both sides of the float32-moments limit (int8, n = 1023 / 1024) and of
+    :data:`exec_dense.LN_ROWS_MAX` (the int64 steps for n >= 2048), both modes."""
+    rng = np.random.default_rng(n)
+    for mode in MODES:
+        scale = float(rng.choice([0.02, 3e-4]))
+        w, b = rng.uniform(-2, 2, n), rng.normal(0, 0.3, n)
+        t = composite.build_layernorm(scale, dt, 0.05, "int16", mode, n, 1e-5, w, b)
+        q = _extreme_rows(rng, 6, n, np.dtype(dt))
+        got = exec_dense.int_layernorm(
+            torch.from_numpy(q), t, exec_dense.dense(t.rsqrt, torch.float64)
+        )
+        np.testing.assert_array_equal(got.numpy(), composite.int_layernorm(q, t))
+
+
+@pytest.mark.parametrize("dt", [np.int8, np.int16, np.int32])
+@pytest.mark.parametrize("mode", MODES)
+def test_dense_softmax_every_input_dtype(dt, mode):
+    """int8 / int16 gaps index the full table; int32 gaps (up to 2**32) are clamped."""
+    rng = np.random.default_rng(3)
+    n = 17
+    t = composite.build_softmax(2e-3, "int16", 2**-15, "int16", mode, n)
+    q = _extreme_rows(rng, 6, n, dt)
+    want = composite.int_softmax(q, -1, t)
+    exp = exec_dense.exp_of_gap(t, torch.from_numpy(q).dtype)
+    got = exec_dense.int_softmax(
+        torch.from_numpy(q), -1, t, exp, exec_dense.dense(t.recip, torch.float64)
+    )
+    np.testing.assert_array_equal(got.numpy().astype(np.int64), want)
+
+
+@pytest.mark.parametrize("n", [1, 5, 32, 1023, 1024, 2047])
+@pytest.mark.parametrize("dt", ["int8", "int16"])
+def test_layernorm_row_stats_equal_the_integer_steps(n, dt):
+    """``mean`` and ``v`` from the two float reductions equal composite's int64 steps
+    (``round_div(sum(x), n)``, ``round_div(sum(d^2) << 9, n) + eps_fx``) exactly."""
+    rng = np.random.default_rng(n)
+    for mode in MODES:
+        t = composite.build_layernorm(3e-4, dt, 0.05, "int8", mode, n, 1e-5)
+        q = _extreme_rows(rng, 8, n, np.dtype(dt))
+        x = q.astype(np.int64) << t.in_shift
+        mean = intmath.round_div(x.sum(-1, keepdims=True), n, mode)
+        ssd = ((x - mean) ** 2).sum(-1, keepdims=True)
+        v = intmath.round_div(ssd << composite.VAR_GUARD, n, mode) + t.eps_fx
+        _, got_mean, got_v = exec_dense._row_stats(torch.from_numpy(q), t)
+        np.testing.assert_array_equal(got_mean.numpy(), mean)
+        np.testing.assert_array_equal(got_v.numpy(), v)
