@@ -20,7 +20,7 @@ from pathlib import Path
 from pipelines.limits import guard
 from schemas.artifacts import Artifact, combined_digest
 from schemas.errors import ArtifactError, SpecError, StageError
-from schemas.fileio import atomic_copy, json_digest
+from schemas.fileio import json_digest
 from schemas.remote import is_url
 from schemas.spec import PipelineSpec, spec_digest, stage_config_digest
 from schemas.store import Run, RunStore
@@ -179,22 +179,9 @@ def from_cache(
         art = store.open(hit["run_id"]).load_artifact(stage, cls)
     except ArtifactError:
         return None  # deleted or tampered: recompute
-    src = store.open(hit["run_id"])
-    for rel in art.files:
-        _link(src.path(rel), run.path(rel))
+    store.reuse_files(store.open(hit["run_id"]), run, list(art.files))
     run.save_artifact(art)
     return art, hit["run_id"]
-
-
-def _link(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.link")
-    try:
-        tmp.unlink(missing_ok=True)
-        os.link(src, tmp)
-        os.replace(tmp, dst)
-    except OSError:  # another filesystem: copy instead
-        atomic_copy(src, dst)
 
 
 def record_stage(run: Run, stage: str, outcome: StageOutcome) -> None:

@@ -142,6 +142,18 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, sort_keys=True, indent=2) + "\n")
 
 
+def link_or_copy(src: Path, dst: Path) -> None:
+    """Hard-link ``src`` to ``dst`` (replacing it atomically); copy across file systems."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.link")
+    try:
+        tmp.unlink(missing_ok=True)
+        os.link(src, tmp)
+        os.replace(tmp, dst)
+    except OSError:  # another file system: copy instead
+        atomic_copy(src, dst)
+
+
 def atomic_copy(src: str | Path, dst: str | Path) -> None:
     """Copy ``src`` to ``dst`` atomically."""
     try:

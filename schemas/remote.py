@@ -141,6 +141,20 @@ class Remote:
             if _strip(self.fs, p) in paths
         }
 
+    def copy_files(self, src_run: str, dst_run: str, rels: list[str]) -> None:
+        """Server-side copies of ``rels`` from one run to another, recorded as in sync so
+        :meth:`push` does not upload them again (object stores only; elsewhere the next
+        push uploads them)."""
+        if not self.atomic_put or not rels:
+            return
+        with self._sync_state(dst_run) as state:
+            for rel in rels:
+                try:
+                    self.fs.copy(f"{self.base}/{src_run}/{rel}", f"{self.base}/{dst_run}/{rel}")
+                except Exception as e:  # noqa: BLE001
+                    raise _error(f"cannot copy {src_run}/{rel}", self.url, e) from e
+            self._remember(dst_run, self.mirror / dst_run, rels, state)
+
     # -- the cache index -----------------------------------------------------------------
 
     def read(self, rel: str) -> bytes | None:

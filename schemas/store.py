@@ -29,6 +29,7 @@ from schemas.fileio import (
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
+    link_or_copy,
     new_run_id,
     sha256_bytes,
     sha256_file,
@@ -289,6 +290,14 @@ class RunStore:
         if not isinstance(key, str) or not HEX_KEY_RE.match(key):
             raise ArtifactError(f"invalid cache key {key!r}: expected 8-128 lowercase hex digits")
         return self.root / ".cache" / "index" / f"{key}.json"
+
+    def reuse_files(self, src: Run, dst: Run, rels: list[str]) -> None:
+        """Give ``dst`` the files ``rels`` of ``src`` (a cache hit): hard links locally and,
+        on a URL store, server-side copies recorded as in sync (not uploaded again)."""
+        for rel in rels:
+            link_or_copy(src.path(rel), dst.path(rel))
+        if self.remote is not None:
+            self.remote.copy_files(src.run_id, dst.run_id, rels)
 
     def cache_lookup(self, key: str) -> dict[str, Any] | None:
         """The payload recorded under ``key``, or None (a miss)."""

@@ -189,3 +189,24 @@ def test_a_run_deleted_on_the_remote_is_gone_for_readers(url, machine):
 def test_an_empty_store_has_no_runs(url, machine):
     assert RunStore(url).list_runs() == []
     assert RunStore(url).local_copy().is_dir()
+
+
+def test_files_reused_by_a_cache_hit_are_copied_on_the_server_not_uploaded(url, machine):
+    store, src = new_run(url)
+    art = make_artifact(src, b"w" * 1000)
+    src.save_artifact(art)
+    src.stage_finished("prepare", art.digest, cache_hit=False)
+    dst = store.create_run("demo", "name: demo\n", "ab" * 32, "0.1.0", {}, {})
+    uploads: list[str] = []
+    real = store.remote.fs.put_file
+    store.remote.fs.put_file = lambda s, d, **kw: (uploads.append(d), real(s, d))
+    try:
+        store.reuse_files(src, dst, list(art.files))
+        dst.save_artifact(art)
+        dst.stage_finished("prepare", art.digest, cache_hit=True, cache_source_run=src.run_id)
+    finally:
+        store.remote.fs.put_file = real
+    assert not any(u.endswith("model.bin") for u in uploads)
+    assert any(u.endswith("artifacts/prepare.json") for u in uploads)
+    machine("b")
+    RunStore(url).open(dst.run_id).load_artifact("prepare", type(art))  # present and verified
