@@ -176,10 +176,11 @@ def from_cache(
     if not hit or hit.get("run_id") == run.run_id:
         return None
     try:
-        art = store.open(hit["run_id"]).load_artifact(stage, cls)
+        src = store.open(hit["run_id"])
+        art = src.load_artifact(stage, cls)
     except ArtifactError:
         return None  # deleted or tampered: recompute
-    store.reuse_files(store.open(hit["run_id"]), run, list(art.files))
+    store.reuse_files(src, run, list(art.files))
     run.save_artifact(art)
     return art, hit["run_id"]
 

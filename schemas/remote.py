@@ -191,7 +191,9 @@ class Remote:
         """``{path relative to prefix: version token}`` of every file under ``prefix``."""
         try:
             self.fs.invalidate_cache()  # listings are cached by some backends (s3fs)
-            found = self.fs.find(prefix, detail=True) if self.fs.exists(prefix) else {}
+            found = self.fs.find(prefix, detail=True)
+        except FileNotFoundError:
+            found = {}
         except Exception as e:  # noqa: BLE001
             raise _error("cannot list the store", self.url, e) from e
         out = {}
