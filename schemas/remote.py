@@ -240,10 +240,12 @@ class Remote:
                 state = json.loads(path.read_bytes()) if path.is_file() else {}
             except ValueError:
                 state = {}  # a damaged state only costs a full re-sync
+            before = json.dumps(state, sort_keys=True)
             try:
                 yield state
             finally:
-                atomic_write_json(path, state)
+                if json.dumps(state, sort_keys=True) != before:  # no fsync for a no-op sync
+                    atomic_write_json(path, state)
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
 
