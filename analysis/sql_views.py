@@ -5,7 +5,9 @@ all runs' ``<root>/<run_id>/tables/<table>/**/*.parquet`` files, read as one Arr
 dataset with the table's schema: columns a file lacks (older runs) read as NULL, and a
 table no run has written yet is an empty view with the right columns and types, so a query
 never fails on a young store. ``chain`` is one more view: ``(stage, position)`` of every
-stage in chain order, for ``ORDER BY`` and "the stage before" questions.
+stage in chain order, for ``ORDER BY`` and "the stage before" questions. Each file of
+``analysis/sql/views/`` is one more view over those, named after the file
+(``first_divergences``: the first divergent stage and layer of each localized run).
 
 Why Arrow datasets, not ``read_parquet(glob)`` views: DuckDB 2.0.1 checks file access when a
 view runs, so views over ``read_parquet`` need the store root in ``allowed_directories``,
@@ -31,6 +33,8 @@ from schemas.table_schemas import SCHEMAS
 
 CHAIN_VIEW = "chain"
 """Name of the extra view of stages in chain order."""
+VIEWS_DIR = Path(__file__).resolve().parent / "sql" / "views"
+"""Derived views: ``<name>.sql`` holds the SELECT of the view ``<name>``."""
 
 
 def _parquet_under(folder: str) -> list[str]:
@@ -98,6 +102,8 @@ def connect(root: str | Path) -> duckdb.DuckDBPyConnection:
         for table, files in store_files(root).items():
             con.register(table, _dataset(table, files))
         con.register(CHAIN_VIEW, _chain())
+        for path in sorted(VIEWS_DIR.glob("*.sql")):
+            con.execute(f"CREATE VIEW {path.stem} AS {path.read_text()}")
         con.execute("SET temp_directory = ''")  # else DuckDB allows writing there
         con.execute("SET allowed_directories = []")
         con.execute("SET allowed_paths = []")

@@ -172,7 +172,16 @@ def test_run_sql_reads(store):
     assert run_sql(root, "DESCRIBE runs").num_rows == len(SCHEMAS["runs"].names)
     assert run_sql(root, "PRAGMA table_info('metrics')").num_rows == len(SCHEMAS["metrics"].names)
     assert run_sql(root, "EXPLAIN SELECT * FROM runs").num_rows >= 1
-    assert "chain" in run_sql(root, "SHOW TABLES").column("name").to_pylist()
+    assert {"chain", "first_divergences"} <= set(run_sql(root, "SHOW TABLES").column("name").to_pylist())
+
+
+def test_the_first_divergences_view_holds_the_localized_runs(store):
+    root, (r1, r2, _) = store  # r1 and r2 are localized, the third run is not
+    view = run_sql(root, "SELECT * FROM first_divergences ORDER BY run_id")
+    assert view.column("run_id").to_pylist() == sorted([r1, r2])
+    joined = named(root, "first_divergence").select(view.column_names).to_pylist()
+    assert view.to_pylist() == sorted((r for r in joined if r["run_id"] in (r1, r2)),
+                                      key=lambda r: r["run_id"])  # fmt: skip
     with pytest.raises(QueryError, match="query failed"):
         run_sql(root, "SELECT no_such_column FROM runs")
 
