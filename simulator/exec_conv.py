@@ -27,12 +27,14 @@ once per program and input dtype:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from schemas.errors import SimulatorError
 from simulator import exec_kernels as ek
+from simulator import exec_native
 from simulator.exec_epilogue import (
     INT32,
     Epilogue,
@@ -61,6 +63,7 @@ class ConvPlan:
     geometry: tuple[list[int], list[int], list[int]]  # strides, pads, dilations
     epi: Epilogue
     w_f32: torch.Tensor | None = None  # set: run as one float32 conv (:func:`direct_weight`)
+    native: exec_native.NativeConv | None = None  # set: run by the compiled kernel
 
 
 def _real(n: int, layout) -> int:
@@ -85,6 +88,7 @@ def build_plan(instr: Instruction, consts, in_dtype: torch.dtype, b_dtype) -> Co
     a, mult, shift = acc_bound(wmat, in_dtype, bias), _first(mult, o), _first(shift, o)
     if b_dtype is None:
         epi = gemm_epilogue(instr.attrs, wmat, in_dtype, bias, mult, shift)
+        top = a * (int(mult.abs().max()) if epi is not None and epi.scale is not None else 1)
     else:
         if (mult is not None and mult.numel()) or (shift is not None and shift.numel()):
             return None  # the conv itself requantizes: not the fused form
@@ -96,8 +100,10 @@ def build_plan(instr: Instruction, consts, in_dtype: torch.dtype, b_dtype) -> Co
         return None
     geometry = ek.geometry(2, instr.attrs)
     kernel = tuple(w.shape[1:3])
-    w_f32 = direct_weight(wmat, kernel, in_dtype)
-    return ConvPlan(wmat, c, o, w.shape[0], kernel, geometry, epi, w_f32)
+    conv = ConvPlan(wmat, c, o, w.shape[0], kernel, geometry, epi)
+    if in_dtype == torch.int8 and (nc := exec_native.plan(conv, bias, b_dtype, a, top)):
+        return dataclasses.replace(conv, native=nc)
+    return dataclasses.replace(conv, w_f32=direct_weight(wmat, kernel, in_dtype))
 
 
 DIRECT_RUN_BYTES = 8
@@ -205,6 +211,8 @@ def run_conv(plan: ConvPlan, x: torch.Tensor, b: torch.Tensor | None = None) -> 
     FORMULA: ``y[n, p, o] = epi(sum_{i, j, c} x_pad[n, p*stride + (i, j)*dilation, c]
     * wmat[(i, j, c), o], b[n, p, o])`` for the real ``c < C``, ``o < O``; 0 for ``o >= O``.
     """
+    if plan.native is not None:
+        return _run_native(plan, x, b)
     strides, pads, dil = plan.geometry
     x = x[..., : plan.channels] if plan.channels < x.shape[3] else x
     if plan.w_f32 is not None:
@@ -224,4 +232,21 @@ def run_conv(plan: ConvPlan, x: torch.Tensor, b: torch.Tensor | None = None) -> 
             acc = ek.gemm_int(im2col_rows(cols[n0:n1, h0:h1], x.dtype), plan.wmat)
         bb = None if b is None else b[n0:n1, h0:h1, :, :o].reshape(-1, o)
         plan.epi.apply(acc, bb, out=out[n0:n1, h0:h1, :, :o])
+    return out
+
+
+def _run_native(plan: ConvPlan, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """:func:`run_conv` through the compiled kernel (:mod:`simulator.exec_native`)."""
+    n, h, w, _ = x.shape
+    (kh, kw), (strides, pads, dil) = plan.kernel, plan.geometry
+    oh = (h + pads[0] + pads[2] - dil[0] * (kh - 1) - 1) // strides[0] + 1
+    ow = (w + pads[1] + pads[3] - dil[1] * (kw - 1) - 1) // strides[1] + 1
+    if oh < 1 or ow < 1:
+        raise SimulatorError(f"window {plan.kernel} larger than padded input {(h, w)}")
+    out = torch.empty((n, oh, ow, plan.out_padded), dtype=torch.int8)
+    if plan.out_channels < plan.out_padded:
+        out[..., plan.out_channels :] = 0
+    if b is not None and (tuple(b.shape[:3]) != (n, oh, ow) or b.shape[3] < plan.out_channels):
+        raise SimulatorError(f"add operand {tuple(b.shape)} for a conv output {(n, oh, ow)}")
+    exec_native.run(plan.native, plan.geometry, plan.kernel, x, b, out)
     return out

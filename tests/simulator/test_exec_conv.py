@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator import exec_conv
+from simulator import exec_conv, exec_native
 from simulator import exec_kernels as ek
 from simulator.custom_ops import CUSTOM_OPS
 from simulator.executor import Executor
@@ -18,6 +18,15 @@ from tests.simulator.test_kernels import rand_ints
 
 MODES = ("half_even", "bpu_round")
 EMPTY = np.zeros(0, np.int64)
+
+
+@pytest.fixture(autouse=True, params=["native", "torch"])
+def conv_kernels(request, monkeypatch):
+    """Every test twice: int8 convs through the compiled kernel (when it builds here) and
+    through the torch im2col + GEMM path (test_exec_native.py tests the kernel itself)."""
+    if request.param == "torch":
+        monkeypatch.setattr(exec_native, "plan", lambda *a, **k: None)
+    return request.param
 
 
 def _pad(a: np.ndarray, axis: int, size: int) -> np.ndarray:

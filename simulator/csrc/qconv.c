@@ -1,0 +1,208 @@
+/* The executor's compiled int8 convolution: NHWC, AVX-512 VNNI, epilogue fused.
+ *
+ * Built and loaded by simulator/native.py (cc -O3 -fopenmp, cached per source hash);
+ * the Python side (simulator/exec_native.py) proves every bound before calling it, so this
+ * file holds no fixed-point rule of its own: it evaluates, in registers, the same
+ * formulas the torch path evaluates in tensors.
+ *
+ * Convolution. VPDPBUSD multiplies unsigned by signed bytes, so the int8 input is stored
+ * offset by 128 (xu = x ^ 0x80 = x + 128, padding 0x80 = a 0 input) and the offset is
+ * removed per output channel:
+ *   acc[o] = sum_k xu[k] * w[k, o] + corr[o],   corr[o] = bias[o] - 128 * sum_k w[k, o]
+ * which is sum_k x[k] w[k, o] + bias[o] exactly: VPDPBUSD wraps modulo 2**32, and the
+ * caller proves |acc| < 2**31, so the wrapped sum is the true one.
+ *
+ * Epilogue (exec_epilogue.Epilogue in one pass, float32 or float64 as proven exact):
+ *   y = clamp(round(acc * scale[o] + b * scale_b[o]), lo, hi) -> int8
+ * round: half_even = round to nearest even; bpu_round = sign(y) * floor(|y| + 0.5).
+ *
+ * Layouts: xu [N, Hp, Wp, Cs] uint8 (Cs = real channels rounded up to 4, spatial padding
+ * applied); weights [kh][kw][Cs/4][Ob][16][4] int8 (Ob = ceil(O / 16), zero beyond the real
+ * channels); b and out [N, OH, OW, stride] int8, channels >= O untouched.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define TGT __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
+#define AI __attribute__((always_inline)) static inline
+
+int qp_cpu_ok(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512vnni");
+}
+
+/* x [N, H, W, Cx] int8 (first C channels real) -> xu [N, Hp, Wp, Cs], pads (t, b, l, r). */
+void qp_pad_u8(const int8_t *x, int64_t n, int64_t h, int64_t w, int64_t cx, int64_t c,
+               int64_t pt, int64_t pb, int64_t pl, int64_t pr, int64_t cs, uint8_t *xu) {
+    int64_t hp = h + pt + pb, wp = w + pl + pr;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < n * hp; r++) {
+        int64_t ni = r / hp, hi = r % hp - pt;
+        uint8_t *dst = xu + r * wp * cs;
+        if (hi < 0 || hi >= h) {
+            memset(dst, 0x80, wp * cs);
+            continue;
+        }
+        memset(dst, 0x80, pl * cs);
+        memset(dst + (pl + w) * cs, 0x80, pr * cs);
+        const int8_t *src = x + (ni * h + hi) * w * cx;
+        uint8_t *d = dst + pl * cs;
+        if (cs == cx && c == cx) {
+            for (int64_t i = 0; i < w * c; i++) d[i] = (uint8_t)src[i] ^ 0x80;
+            continue;
+        }
+        for (int64_t j = 0; j < w; j++) {
+            for (int64_t k = 0; k < c; k++) d[j * cs + k] = (uint8_t)src[j * cx + k] ^ 0x80;
+            for (int64_t k = c; k < cs; k++) d[j * cs + k] = 0x80;
+        }
+    }
+}
+
+typedef struct {
+    const int32_t *corr;  /* [Ob*16] */
+    const void *scale;    /* [Ob*16] float or double */
+    const void *scale_b;  /* [Ob*16] or NULL without a fused add */
+    double lo, hi;
+    int f64, half_even;
+} epi_t;
+
+TGT AI __m512 round_ps(__m512 y, int half_even) {
+    if (half_even) return _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 t = _mm512_floor_ps(_mm512_add_ps(_mm512_abs_ps(y), _mm512_set1_ps(0.5f)));
+    return _mm512_or_ps(t, _mm512_and_ps(y, _mm512_set1_ps(-0.0f)));
+}
+
+TGT AI __m512d round_pd(__m512d y, int half_even) {
+    if (half_even) return _mm512_roundscale_pd(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512d t = _mm512_floor_pd(_mm512_add_pd(_mm512_abs_pd(y), _mm512_set1_pd(0.5)));
+    return _mm512_or_pd(t, _mm512_and_pd(y, _mm512_set1_pd(-0.0)));
+}
+
+TGT AI __m256i half_pd(__m256i a, __m256i bi, const epi_t *e, int64_t o0, int has_b) {
+    __m512d y = _mm512_mul_pd(_mm512_cvtepi32_pd(a), _mm512_loadu_pd((const double *)e->scale + o0));
+    if (has_b)
+        y = _mm512_fmadd_pd(_mm512_cvtepi32_pd(bi),
+                            _mm512_loadu_pd((const double *)e->scale_b + o0), y);
+    y = round_pd(y, e->half_even);
+    y = _mm512_min_pd(_mm512_max_pd(y, _mm512_set1_pd(e->lo)), _mm512_set1_pd(e->hi));
+    return _mm512_cvtpd_epi32(y);
+}
+
+/* The epilogue of 16 channels o0.. of one pixel; lanes outside m are not stored. */
+TGT static void epilogue16(__m512i acc, const epi_t *e, int64_t o0, const int8_t *b,
+                           int8_t *out, __mmask16 m) {
+    acc = _mm512_add_epi32(acc, _mm512_loadu_si512(e->corr + o0));
+    __m512i bi = b ? _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, b)) : _mm512_setzero_si512();
+    __m512i r;
+    if (!e->f64) {
+        __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_loadu_ps((const float *)e->scale + o0));
+        if (b)
+            y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(bi),
+                                _mm512_loadu_ps((const float *)e->scale_b + o0), y);
+        y = round_ps(y, e->half_even);
+        y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps((float)e->lo)), _mm512_set1_ps((float)e->hi));
+        r = _mm512_cvtps_epi32(y);
+    } else {
+        __m256i lo = half_pd(_mm512_castsi512_si256(acc), _mm512_castsi512_si256(bi), e, o0, b != 0);
+        __m256i hi = half_pd(_mm512_extracti64x4_epi64(acc, 1), _mm512_extracti64x4_epi64(bi, 1),
+                             e, o0 + 8, b != 0);
+        r = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    }
+    _mm_mask_storeu_epi8(out, m, _mm512_cvtepi32_epi8(r));
+}
+
+typedef struct {
+    const uint8_t *xu;
+    int64_t hp, wp, cs, c4;
+    const int8_t *wk;
+    int64_t kh, kw, ob, o, sh, sw, dh, dw, oh, ow;
+    const int8_t *b;
+    int64_t bstride;
+    int8_t *out;
+    int64_t ostride;
+} conv_t;
+
+/* acc[b * NP + p] = sum over the window of pixel p of xu * w, channel block b (NB x NP
+ * accumulators in registers: one weight load serves NP pixels, one broadcast NB blocks). */
+TGT AI void micro(const uint8_t *const *xs, const int8_t *wb, const conv_t *c, int NB, int NP,
+                  __m512i *acc) {
+    int64_t kstep = c->ob * 64, rstep = c->dh * c->wp * c->cs, cstep = c->dw * c->cs;
+    for (int q = 0; q < NB * NP; q++) acc[q] = _mm512_setzero_si512();
+    for (int64_t i = 0; i < c->kh; i++)
+        for (int64_t j = 0; j < c->kw; j++) {
+            int64_t off = i * rstep + j * cstep;
+            const int8_t *wj = wb + (i * c->kw + j) * c->c4 * kstep;
+            for (int64_t k = 0; k < c->c4; k++) {
+                __m512i wv[4];
+                for (int b = 0; b < NB; b++) wv[b] = _mm512_loadu_si512(wj + k * kstep + b * 64);
+                for (int p = 0; p < NP; p++) {
+                    int32_t four;
+                    memcpy(&four, xs[p] + off + 4 * k, 4);
+                    __m512i bx = _mm512_set1_epi32(four);
+                    for (int b = 0; b < NB; b++)
+                        acc[b * NP + p] = _mm512_dpbusd_epi32(acc[b * NP + p], bx, wv[b]);
+                }
+            }
+        }
+}
+
+/* Output pixels q0 .. q0+nq-1 (flat over N, OH, OW), channel blocks b0 .. b0+NB-1. */
+TGT AI void conv_block(const conv_t *c, const epi_t *e, int64_t q0, int64_t nq, int64_t b0,
+                       int NB, int NP) {
+    const uint8_t *xs[16];
+    int64_t per = c->oh * c->ow, ni = q0 / per, y = q0 % per / c->ow, x = q0 % c->ow;
+    for (int p = 0; p < NP; p++) { /* pixels past nq repeat the last one (not stored) */
+        xs[p] = c->xu + ((ni * c->hp + y * c->sh) * c->wp + x * c->sw) * c->cs;
+        if (p + 1 < nq && ++x == c->ow) {
+            x = 0;
+            if (++y == c->oh) y = 0, ni++;
+        }
+    }
+    __m512i acc[24];
+    micro(xs, c->wk + b0 * 64, c, NB, NP, acc);
+    for (int b = 0; b < NB; b++) {
+        int64_t o0 = (b0 + b) * 16, left = c->o - o0;
+        __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        for (int p = 0; p < nq; p++) {
+            int64_t q = q0 + p;
+            const int8_t *bp = c->b ? c->b + q * c->bstride + o0 : 0;
+            epilogue16(acc[b * NP + p], e, o0, bp, c->out + q * c->ostride + o0, m);
+        }
+    }
+}
+
+#define TILE 8 /* pixel blocks per task: a chunk of weights is reused over TILE blocks */
+
+/* All channel blocks of TILE pixel blocks from block t0, NB blocks at a time. */
+TGT static void conv_tile(const conv_t *c, const epi_t *e, int64_t t0, int64_t total, int np) {
+    for (int64_t b0 = 0; b0 < c->ob;) {
+        int nb = c->ob - b0 >= 4 && np == 6 ? 4 : c->ob - b0 >= 2 && np == 10 ? 2 : 1;
+        for (int64_t t = t0; t < t0 + TILE && t * np < total; t++) {
+            int64_t q0 = t * np, nq = total - q0 < np ? total - q0 : np;
+            if (nb == 4) conv_block(c, e, q0, nq, b0, 4, 6);
+            else if (nb == 2) conv_block(c, e, q0, nq, b0, 2, 10);
+            else if (np == 6) conv_block(c, e, q0, nq, b0, 1, 6);
+            else if (np == 10) conv_block(c, e, q0, nq, b0, 1, 10);
+            else conv_block(c, e, q0, nq, b0, 1, 16);
+        }
+        b0 += nb;
+    }
+}
+
+TGT void qp_conv_s8(const uint8_t *xu, int64_t n, int64_t hp, int64_t wp, int64_t cs,
+                    const int8_t *wk, int64_t kh, int64_t kw, int64_t ob, int64_t o,
+                    int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t oh, int64_t ow,
+                    const int32_t *corr, const void *scale, const void *scale_b, int64_t f64,
+                    const int8_t *b, int64_t bstride, int64_t lo, int64_t hi,
+                    int64_t half_even, int8_t *out, int64_t ostride) {
+    epi_t e = {corr, scale, scale_b, (double)lo, (double)hi, (int)f64, (int)half_even};
+    conv_t c = {xu, hp, wp, cs, cs / 4, wk, kh, kw, ob, o, sh, sw, dh, dw, oh, ow,
+                b, bstride, out, ostride};
+    int np = ob >= 4 ? 6 : ob >= 2 ? 10 : 16;
+    int64_t total = n * oh * ow, tiles = ((total + np - 1) / np + TILE - 1) / TILE;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tiles; t++) conv_tile(&c, &e, t * TILE, total, np);
+}

@@ -1,0 +1,117 @@
+"""The compiled kernels of the executor (simulator/csrc/*.c): built on first use, cached.
+
+The C sources are compiled with the machine's C compiler (``$CC`` or ``cc``) into
+``$QPARITY_NATIVE_CACHE`` (default ``~/.cache/qparity/native``), one shared library per
+source hash, compiler and flags, written under a temporary name and renamed into place so
+concurrent processes never load a half-written file. They are loaded with ctypes, which
+releases the GIL during a call. OpenMP comes from the libgomp torch already loaded (same
+soname), so both share one thread pool.
+
+Everything here is optional: without a compiler, on a CPU without AVX-512 VNNI, or with
+``QPARITY_NATIVE=0`` in the environment, :func:`library` returns None and the executor
+keeps its torch kernels (same integers, slower). :func:`status` says which and why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCES = (Path(__file__).with_name("csrc") / "qconv.c",)
+FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-fno-strict-aliasing")
+P, I64 = ctypes.c_void_p, ctypes.c_int64
+SIGNATURES = {
+    "qp_cpu_ok": ([], ctypes.c_int),
+    "qp_pad_u8": ([P, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, P], None),
+    "qp_conv_s8": ([P, *[I64] * 4, P, *[I64] * 10, P, P, P, I64, P, I64, I64, I64, I64, P, I64],
+                   None),
+}  # fmt: skip
+
+
+def cache_dir() -> Path:
+    """Where built libraries live: ``$QPARITY_NATIVE_CACHE`` or ``~/.cache/qparity/native``."""
+    env = os.environ.get("QPARITY_NATIVE_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "qparity" / "native"
+
+
+def _compiler() -> str | None:
+    cc = os.environ.get("CC", "cc")
+    return shutil.which(cc)
+
+
+def _key(cc: str) -> str:
+    h = hashlib.sha256()
+    for src in SOURCES:
+        h.update(src.read_bytes())
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+    h.update(version.stdout.encode() + " ".join(FLAGS).encode())
+    return h.hexdigest()[:16]
+
+
+def build(target_dir: Path | None = None) -> Path:
+    """Compile the sources (once per hash) and return the library's path.
+
+    Raises RuntimeError naming the compiler and its message when the build fails."""
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError(f"no C compiler ({os.environ.get('CC', 'cc')}) on PATH")
+    out_dir = target_dir or cache_dir()
+    lib = out_dir / f"qparity-native-{_key(cc)}.so"
+    if lib.exists():
+        return lib
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        cmd = [cc, *FLAGS, "-o", tmp, *map(str, SOURCES)]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if res.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {res.stderr.strip()[-800:]}")
+        os.replace(tmp, lib)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return lib
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    import torch  # noqa: F401  (its libgomp first: the library then shares it)
+
+    lib = ctypes.CDLL(str(path))
+    for name, (args, res) in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, res
+    return lib
+
+
+@functools.cache
+def _state() -> tuple[ctypes.CDLL | None, str]:
+    if os.environ.get("QPARITY_NATIVE", "1") == "0":
+        return None, "off (QPARITY_NATIVE=0)"
+    try:
+        lib = _load(build())
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        return None, f"unavailable: {e}"
+    if not lib.qp_cpu_ok():
+        return None, "unavailable: this CPU lacks AVX-512 VNNI"
+    return lib, "on (AVX-512 VNNI int8 convolution)"
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None when they cannot run here (:func:`status`)."""
+    return _state()[0]
+
+
+def status() -> str:
+    """One line: whether the compiled kernels run, and why not when they do not."""
+    return _state()[1]
+
+
+def ptr(t) -> ctypes.c_void_p | None:
+    """A tensor's data pointer for a ctypes call (None for None)."""
+    return None if t is None else ctypes.c_void_p(t.data_ptr())
