@@ -29,8 +29,10 @@ def conv_cases(draw):
     """A random int8 conv: channels across 16-lane blocks, any geometry, extreme values."""
     c, o = draw(st.integers(1, 37)), draw(st.sampled_from([1, 5, 16, 17, 32, 40, 64, 70]))
     k = draw(st.sampled_from([(1, 1), (3, 3), (2, 3), (5, 1)]))
-    strides, dil = draw(st.lists(st.integers(1, 3), min_size=2, max_size=2)), [
-        draw(st.integers(1, 2)), draw(st.integers(1, 2))]
+    strides, dil = (
+        draw(st.lists(st.integers(1, 3), min_size=2, max_size=2)),
+        [draw(st.integers(1, 2)), draw(st.integers(1, 2))],
+    )
     pads = draw(st.lists(st.integers(0, 2), min_size=4, max_size=4))
     need = [(k[i] - 1) * dil[i] + 1 - pads[i] - pads[i + 2] for i in (0, 1)]
     h, w = (draw(st.integers(max(n, 1), max(n, 1) + 9)) for n in need)
@@ -55,7 +57,8 @@ def conv_cases(draw):
 
 def _acc_bound(w: np.ndarray, bias: np.ndarray) -> int:
     return int(np.abs(w.astype(np.int64)).reshape(len(w), -1).sum(1).max()) * 128 + int(
-        np.abs(bias).max())
+        np.abs(bias).max()
+    )
 
 
 def _o_pad(o: int) -> int:
@@ -128,7 +131,9 @@ def test_int16_input_or_output_stays_on_the_torch_path():
 
 def test_pack_weights_layout():
     """``packed[i, j, c // 4, o // 16, o % 16, c % 4] = wmat[(i, j, c), o]``, zeros elsewhere."""
-    wmat = torch.arange(2 * 3 * 5 * 18).reshape(2 * 3 * 5, 18).remainder(251).sub(125).to(torch.int8)
+    wmat = (
+        torch.arange(2 * 3 * 5 * 18).reshape(2 * 3 * 5, 18).remainder(251).sub(125).to(torch.int8)
+    )
     packed, cs, blocks = exec_native.pack_weights(wmat, (2, 3), 5)
     assert (cs, blocks, packed.shape) == (8, 2, (2, 3, 2, 2, 16, 4))
     w4 = wmat.reshape(2, 3, 5, 18)
@@ -147,7 +152,9 @@ def test_build_is_cached_and_reports_a_missing_compiler(tmp_path, monkeypatch):
 
 def test_build_failure_names_the_command(tmp_path, monkeypatch):
     fake = tmp_path / "cc"
-    fake.write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo fake && exit 0\necho boom >&2\nexit 1\n")
+    fake.write_text(
+        '#!/bin/sh\n[ "$1" = --version ] && echo fake && exit 0\necho boom >&2\nexit 1\n'
+    )
     fake.chmod(0o755)
     monkeypatch.setenv("CC", str(fake))
     with pytest.raises(RuntimeError, match="failed: boom"):
