@@ -101,7 +101,7 @@ def build_plan(instr: Instruction, consts, in_dtype: torch.dtype, b_dtype) -> Co
     geometry = ek.geometry(2, instr.attrs)
     kernel = tuple(w.shape[1:3])
     conv = ConvPlan(wmat, c, o, w.shape[0], kernel, geometry, epi)
-    if in_dtype == torch.int8 and (nc := exec_native.plan(conv, bias, b_dtype, a, top)):
+    if nc := exec_native.plan(wmat, kernel, c, in_dtype, epi, bias, b_dtype, a, top):
         return dataclasses.replace(conv, native=nc)
     return dataclasses.replace(conv, w_f32=direct_weight(wmat, kernel, in_dtype))
 
@@ -243,7 +243,7 @@ def _run_native(plan: ConvPlan, x: torch.Tensor, b: torch.Tensor | None) -> torc
     ow = (w + pads[1] + pads[3] - dil[1] * (kw - 1) - 1) // strides[1] + 1
     if oh < 1 or ow < 1:
         raise SimulatorError(f"window {plan.kernel} larger than padded input {(h, w)}")
-    out = torch.empty((n, oh, ow, plan.out_padded), dtype=torch.int8)
+    out = torch.empty((n, oh, ow, plan.out_padded), dtype=plan.native.out_dtype)
     if plan.out_channels < plan.out_padded:
         out[..., plan.out_channels :] = 0
     if b is not None and (tuple(b.shape[:3]) != (n, oh, ow) or b.shape[3] < plan.out_channels):

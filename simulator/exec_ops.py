@@ -18,9 +18,11 @@ import torch
 
 from schemas.errors import SimulatorError
 from simulator import exec_kernels as ek
+from simulator import exec_native
 from simulator import fixedpoint as fp
 from simulator.exec_conv import build_plan, run_conv
 from simulator.exec_epilogue import (
+    acc_bound,
     add_epilogue,
     dtype_bound,
     gemm_epilogue,
@@ -142,10 +144,27 @@ def k_linear(instr, bufs, consts):
     wt = consts.cached(("linear", instr.consts[0]), lambda: w.t().contiguous())
     key = ("linear", instr.outputs[0], x.dtype)
     epi = consts.cached(key, lambda: gemm_epilogue(instr.attrs, wt, x.dtype, bias, mult, shift))
+    if epi is not None:
+        nc = consts.cached(
+            ("linear_native", *key), lambda: _native_linear(wt, x.dtype, epi, bias, mult)
+        )
+        if nc is not None:
+            return [exec_native.linear(nc, x)]
     acc = ek.matmul_int(x, wt, as_float=epi is not None)
     if epi is not None:
         return [epi.apply(acc)]
     return [_req(_bias(acc, bias), mult, shift, instr.attrs, -1)]
+
+
+def _native_linear(wt, in_dtype, epi, bias, mult):
+    """QLinear's :class:`exec_native.NativeConv` (a 1x1 conv), or None.
+
+    FORMULA of the bounds: ``A = acc_bound(wt, in_dtype, bias)``, ``T = A * max|mult|``."""
+    if in_dtype not in exec_native.IN_DTYPES:
+        return None
+    a = acc_bound(wt, in_dtype, bias)
+    top = a * max(max_abs(mult), 1)
+    return exec_native.plan(wt, (1, 1), wt.shape[0], in_dtype, epi, bias, None, a, top)
 
 
 def k_matmul(instr, bufs, consts):

@@ -29,8 +29,8 @@ P, I64 = ctypes.c_void_p, ctypes.c_int64
 SIGNATURES = {
     "qp_cpu_ok": ([], ctypes.c_int),
     "qp_pad_u8": ([P, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, P], None),
-    "qp_conv_s8": ([P, *[I64] * 4, P, *[I64] * 10, P, P, P, I64, P, I64, I64, I64, I64, P, I64],
-                   None),
+    "qp_pad_i16": ([P, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, P], None),
+    "qp_conv": ([P, *[I64] * 5, P, *[I64] * 10, P, P, P, I64, P, *[I64] * 4, P, I64, I64], None),
 }  # fmt: skip
 
 

@@ -1,24 +1,28 @@
-/* The executor's compiled int8 convolution: NHWC, AVX-512 VNNI, epilogue fused.
+/* The executor's compiled integer convolution: NHWC, AVX-512 VNNI, epilogue fused.
  *
  * Built and loaded by simulator/native.py (cc -O3 -fopenmp, cached per source hash);
  * the Python side (simulator/exec_native.py) proves every bound before calling it, so this
  * file holds no fixed-point rule of its own: it evaluates, in registers, the same
  * formulas the torch path evaluates in tensors.
  *
- * Convolution. VPDPBUSD multiplies unsigned by signed bytes, so the int8 input is stored
+ * int8 input. VPDPBUSD multiplies unsigned by signed bytes, so the input is stored
  * offset by 128 (xu = x ^ 0x80 = x + 128, padding 0x80 = a 0 input) and the offset is
  * removed per output channel:
  *   acc[o] = sum_k xu[k] * w[k, o] + corr[o],   corr[o] = bias[o] - 128 * sum_k w[k, o]
  * which is sum_k x[k] w[k, o] + bias[o] exactly: VPDPBUSD wraps modulo 2**32, and the
  * caller proves |acc| < 2**31, so the wrapped sum is the true one.
+ * int16 input: VPDPWSSD (int16 x int16 pairs, weights widened), corr[o] = bias[o].
  *
  * Epilogue (exec_epilogue.Epilogue in one pass, float32 or float64 as proven exact):
- *   y = clamp(round(acc * scale[o] + b * scale_b[o]), lo, hi) -> int8
+ *   y = clamp(round(acc * scale[o] + b * scale_b[o]), lo, hi) -> int8 or int16
+ * or, without a requantize, y = max(acc, lo) -> int32.
  * round: half_even = round to nearest even; bpu_round = sign(y) * floor(|y| + 0.5).
  *
  * Layouts: xu [N, Hp, Wp, Cs] uint8 (Cs = real channels rounded up to 4, spatial padding
- * applied); weights [kh][kw][Cs/4][Ob][16][4] int8 (Ob = ceil(O / 16), zero beyond the real
- * channels); b and out [N, OH, OW, stride] int8, channels >= O untouched.
+ * applied) or int16 (rounded up to 2); weights [kh][kw][Cs/4][Ob][16][4] int8, or
+ * [kh][kw][Cs/2][Ob][16][2] int16 (Ob = ceil(O / 16), zero beyond the real channels);
+ * b [N, OH, OW, stride] int8; out [N, OH, OW, stride] int8, int16 or int32, channels >= O
+ * untouched.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -61,12 +65,27 @@ void qp_pad_u8(const int8_t *x, int64_t n, int64_t h, int64_t w, int64_t cx, int
     }
 }
 
+/* x [N, H, W, Cx] int16 (first C real) -> xp [N, Hp, Wp, Cs] int16, zero padding. */
+void qp_pad_i16(const int16_t *x, int64_t n, int64_t h, int64_t w, int64_t cx, int64_t c,
+                int64_t pt, int64_t pb, int64_t pl, int64_t pr, int64_t cs, int16_t *xp) {
+    int64_t hp = h + pt + pb, wp = w + pl + pr;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < n * hp; r++) {
+        int64_t ni = r / hp, hi = r % hp - pt;
+        int16_t *dst = xp + r * wp * cs;
+        memset(dst, 0, wp * cs * sizeof(int16_t));
+        if (hi < 0 || hi >= h) continue;
+        const int16_t *src = x + (ni * h + hi) * w * cx;
+        for (int64_t j = 0; j < w; j++) memcpy(dst + (pl + j) * cs, src + j * cx, c * sizeof(int16_t));
+    }
+}
+
 typedef struct {
     const int32_t *corr;  /* [Ob*16] */
     const void *scale;    /* [Ob*16] float or double */
     const void *scale_b;  /* [Ob*16] or NULL without a fused add */
     double lo, hi;
-    int f64, half_even;
+    int f64, half_even, out_shift; /* output element size 1 << out_shift bytes */
 } epi_t;
 
 TGT AI __m512 round_ps(__m512 y, int half_even) {
@@ -91,10 +110,16 @@ TGT AI __m256i half_pd(__m256i a, __m256i bi, const epi_t *e, int64_t o0, int ha
     return _mm512_cvtpd_epi32(y);
 }
 
-/* The epilogue of 16 channels o0.. of one pixel; lanes outside m are not stored. */
+/* The epilogue of 16 channels o0.. of one pixel; lanes outside m are not stored. int32
+ * output has no scale: y = max(acc, lo) (the caller proves acc fits int32). */
 TGT static void epilogue16(__m512i acc, const epi_t *e, int64_t o0, const int8_t *b,
-                           int8_t *out, __mmask16 m) {
+                           void *out, __mmask16 m) {
     acc = _mm512_add_epi32(acc, _mm512_loadu_si512(e->corr + o0));
+    if (!e->scale) {
+        acc = _mm512_max_epi32(acc, _mm512_set1_epi32((int32_t)e->lo));
+        _mm512_mask_storeu_epi32(out, m, acc);
+        return;
+    }
     __m512i bi = b ? _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, b)) : _mm512_setzero_si512();
     __m512i r;
     if (!e->f64) {
@@ -111,25 +136,28 @@ TGT static void epilogue16(__m512i acc, const epi_t *e, int64_t o0, const int8_t
                              e, o0 + 8, b != 0);
         r = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
     }
-    _mm_mask_storeu_epi8(out, m, _mm512_cvtepi32_epi8(r));
+    if (e->out_shift == 1) _mm256_mask_storeu_epi16(out, m, _mm512_cvtepi32_epi16(r));
+    else _mm_mask_storeu_epi8(out, m, _mm512_cvtepi32_epi8(r));
 }
 
 typedef struct {
-    const uint8_t *xu;
-    int64_t hp, wp, cs, c4;
+    const uint8_t *xu; /* int8 offset to uint8, or int16 (wide) */
+    int64_t hp, wp, pix, c4; /* pix: bytes per input pixel; c4: 4-byte groups per pixel */
     const int8_t *wk;
     int64_t kh, kw, ob, o, sh, sw, dh, dw, oh, ow;
     const int8_t *b;
     int64_t bstride;
-    int8_t *out;
-    int64_t ostride;
+    char *out;
+    int64_t ostride; /* elements */
 } conv_t;
 
 /* acc[b * NP + p] = sum over the window of pixel p of xu * w, channel block b (NB x NP
- * accumulators in registers: one weight load serves NP pixels, one broadcast NB blocks). */
+ * accumulators in registers: one weight load serves NP pixels, one broadcast NB blocks).
+ * Each 4-byte group is 4 uint8 x int8 products (VPDPBUSD) or, WIDE, 2 int16 x int16
+ * (VPDPWSSD); both wrap modulo 2**32 like the int8 sums. */
 TGT AI void micro(const uint8_t *const *xs, const int8_t *wb, const conv_t *c, int NB, int NP,
-                  __m512i *acc) {
-    int64_t kstep = c->ob * 64, rstep = c->dh * c->wp * c->cs, cstep = c->dw * c->cs;
+                  int WIDE, __m512i *acc) {
+    int64_t kstep = c->ob * 64, rstep = c->dh * c->wp * c->pix, cstep = c->dw * c->pix;
     for (int q = 0; q < NB * NP; q++) acc[q] = _mm512_setzero_si512();
     for (int64_t i = 0; i < c->kh; i++)
         for (int64_t j = 0; j < c->kw; j++) {
@@ -143,7 +171,8 @@ TGT AI void micro(const uint8_t *const *xs, const int8_t *wb, const conv_t *c, i
                     memcpy(&four, xs[p] + off + 4 * k, 4);
                     __m512i bx = _mm512_set1_epi32(four);
                     for (int b = 0; b < NB; b++)
-                        acc[b * NP + p] = _mm512_dpbusd_epi32(acc[b * NP + p], bx, wv[b]);
+                        acc[b * NP + p] = WIDE ? _mm512_dpwssd_epi32(acc[b * NP + p], bx, wv[b])
+                                               : _mm512_dpbusd_epi32(acc[b * NP + p], bx, wv[b]);
                 }
             }
         }
@@ -151,25 +180,25 @@ TGT AI void micro(const uint8_t *const *xs, const int8_t *wb, const conv_t *c, i
 
 /* Output pixels q0 .. q0+nq-1 (flat over N, OH, OW), channel blocks b0 .. b0+NB-1. */
 TGT AI void conv_block(const conv_t *c, const epi_t *e, int64_t q0, int64_t nq, int64_t b0,
-                       int NB, int NP) {
+                       int NB, int NP, int WIDE) {
     const uint8_t *xs[16];
     int64_t per = c->oh * c->ow, ni = q0 / per, y = q0 % per / c->ow, x = q0 % c->ow;
     for (int p = 0; p < NP; p++) { /* pixels past nq repeat the last one (not stored) */
-        xs[p] = c->xu + ((ni * c->hp + y * c->sh) * c->wp + x * c->sw) * c->cs;
+        xs[p] = c->xu + ((ni * c->hp + y * c->sh) * c->wp + x * c->sw) * c->pix;
         if (p + 1 < nq && ++x == c->ow) {
             x = 0;
             if (++y == c->oh) y = 0, ni++;
         }
     }
     __m512i acc[24];
-    micro(xs, c->wk + b0 * 64, c, NB, NP, acc);
+    micro(xs, c->wk + b0 * 64, c, NB, NP, WIDE, acc);
     for (int b = 0; b < NB; b++) {
         int64_t o0 = (b0 + b) * 16, left = c->o - o0;
         __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
         for (int p = 0; p < nq; p++) {
             int64_t q = q0 + p;
             const int8_t *bp = c->b ? c->b + q * c->bstride + o0 : 0;
-            epilogue16(acc[b * NP + p], e, o0, bp, c->out + q * c->ostride + o0, m);
+            epilogue16(acc[b * NP + p], e, o0, bp, c->out + ((q * c->ostride + o0) << e->out_shift), m);
         }
     }
 }
@@ -177,32 +206,48 @@ TGT AI void conv_block(const conv_t *c, const epi_t *e, int64_t q0, int64_t nq, 
 #define TILE 8 /* pixel blocks per task: a chunk of weights is reused over TILE blocks */
 
 /* All channel blocks of TILE pixel blocks from block t0, NB blocks at a time. */
-TGT static void conv_tile(const conv_t *c, const epi_t *e, int64_t t0, int64_t total, int np) {
+TGT AI void conv_tile(const conv_t *c, const epi_t *e, int64_t t0, int64_t total, int np,
+                      int WIDE) {
     for (int64_t b0 = 0; b0 < c->ob;) {
         int nb = c->ob - b0 >= 4 && np == 6 ? 4 : c->ob - b0 >= 2 && np == 10 ? 2 : 1;
         for (int64_t t = t0; t < t0 + TILE && t * np < total; t++) {
             int64_t q0 = t * np, nq = total - q0 < np ? total - q0 : np;
-            if (nb == 4) conv_block(c, e, q0, nq, b0, 4, 6);
-            else if (nb == 2) conv_block(c, e, q0, nq, b0, 2, 10);
-            else if (np == 6) conv_block(c, e, q0, nq, b0, 1, 6);
-            else if (np == 10) conv_block(c, e, q0, nq, b0, 1, 10);
-            else conv_block(c, e, q0, nq, b0, 1, 16);
+            if (nb == 4) conv_block(c, e, q0, nq, b0, 4, 6, WIDE);
+            else if (nb == 2) conv_block(c, e, q0, nq, b0, 2, 10, WIDE);
+            else if (np == 6) conv_block(c, e, q0, nq, b0, 1, 6, WIDE);
+            else if (np == 10) conv_block(c, e, q0, nq, b0, 1, 10, WIDE);
+            else conv_block(c, e, q0, nq, b0, 1, 16, WIDE);
         }
         b0 += nb;
     }
 }
 
-TGT void qp_conv_s8(const uint8_t *xu, int64_t n, int64_t hp, int64_t wp, int64_t cs,
-                    const int8_t *wk, int64_t kh, int64_t kw, int64_t ob, int64_t o,
-                    int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t oh, int64_t ow,
-                    const int32_t *corr, const void *scale, const void *scale_b, int64_t f64,
-                    const int8_t *b, int64_t bstride, int64_t lo, int64_t hi,
-                    int64_t half_even, int8_t *out, int64_t ostride) {
-    epi_t e = {corr, scale, scale_b, (double)lo, (double)hi, (int)f64, (int)half_even};
-    conv_t c = {xu, hp, wp, cs, cs / 4, wk, kh, kw, ob, o, sh, sw, dh, dw, oh, ow,
-                b, bstride, out, ostride};
+TGT static void tile_u8(const conv_t *c, const epi_t *e, int64_t t0, int64_t total, int np) {
+    conv_tile(c, e, t0, total, np, 0);
+}
+
+TGT static void tile_i16(const conv_t *c, const epi_t *e, int64_t t0, int64_t total, int np) {
+    conv_tile(c, e, t0, total, np, 1);
+}
+
+/* xs: the padded input (uint8, or int16 when wide); cs its channels per pixel (a multiple of
+ * 4 uint8 or 2 int16); scale NULL: int32 output acc + corr, relu by lo. */
+TGT void qp_conv(const void *xs, int64_t wide, int64_t n, int64_t hp, int64_t wp, int64_t cs,
+                 const int8_t *wk, int64_t kh, int64_t kw, int64_t ob, int64_t o,
+                 int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t oh, int64_t ow,
+                 const int32_t *corr, const void *scale, const void *scale_b, int64_t f64,
+                 const int8_t *b, int64_t bstride, int64_t lo, int64_t hi,
+                 int64_t half_even, void *out, int64_t out_shift, int64_t ostride) {
+    epi_t e = {corr, scale, scale_b, (double)lo, (double)hi, (int)f64, (int)half_even,
+               (int)out_shift};
+    int64_t pix = cs << (wide ? 1 : 0);
+    conv_t c = {(const uint8_t *)xs, hp, wp, pix, pix / 4, wk, kh, kw, ob, o, sh, sw, dh, dw,
+                oh, ow, b, bstride, (char *)out, ostride};
     int np = ob >= 4 ? 6 : ob >= 2 ? 10 : 16;
     int64_t total = n * oh * ow, tiles = ((total + np - 1) / np + TILE - 1) / TILE;
 #pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < tiles; t++) conv_tile(&c, &e, t * TILE, total, np);
+    for (int64_t t = 0; t < tiles; t++) {
+        if (wide) tile_i16(&c, &e, t * TILE, total, np);
+        else tile_u8(&c, &e, t * TILE, total, np);
+    }
 }

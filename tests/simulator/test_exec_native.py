@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from simulator import exec_native, native
 from simulator.custom_ops import CUSTOM_OPS
 from simulator.executor import Executor
+from simulator.isa import Instruction, Op, Program
 from tests.simulator.test_exec_conv import EMPTY, MODES, _nhwc_program
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=native.status())
@@ -26,7 +27,8 @@ def _native_plans(prog, feeds) -> tuple[np.ndarray, list]:
 
 @st.composite
 def conv_cases(draw):
-    """A random int8 conv: channels across 16-lane blocks, any geometry, extreme values."""
+    """A random conv: int8 or int16 input, int8 / int16 / int32 output, channels across
+    16-lane blocks, any geometry, extreme values."""
     c, o = draw(st.integers(1, 37)), draw(st.sampled_from([1, 5, 16, 17, 32, 40, 64, 70]))
     k = draw(st.sampled_from([(1, 1), (3, 3), (2, 3), (5, 1)]))
     strides, dil = (
@@ -38,16 +40,20 @@ def conv_cases(draw):
     h, w = (draw(st.integers(max(n, 1), max(n, 1) + 9)) for n in need)
     seed = draw(st.integers(0, 2**31))
     rng = np.random.default_rng(seed)
-    x = rng.integers(-128, 128, (draw(st.integers(1, 3)), c, h, w), dtype=np.int8)
-    x.reshape(-1)[rng.random(x.size) < 0.1] = -128  # the unsigned offset's edge value
+    dt = draw(st.sampled_from([np.int8, np.int16]))
+    lo, hi = np.iinfo(dt).min, np.iinfo(dt).max
+    x = rng.integers(lo, hi + 1, (draw(st.integers(1, 3)), c, h, w)).astype(dt)
+    x.reshape(-1)[rng.random(x.size) < 0.1] = lo  # the extreme (the uint8 offset's edge)
     wt = rng.integers(-128, 128, (o, c, *k), dtype=np.int8)
     attrs = {"rounding": draw(st.sampled_from(MODES)), "relu": draw(st.integers(0, 1)),
              "strides": strides, "pads": pads, "dilations": dil, "group": 1,
-             "out_dtype": "int8"}  # fmt: skip
+             "out_dtype": draw(st.sampled_from(["int8", "int16", "int32"]))}  # fmt: skip
     bias = rng.integers(-(2**15), 2**15, o)
+    if attrs["out_dtype"] == "int32":  # no requantize: acc + bias, relu
+        return x, wt, bias, EMPTY, EMPTY, attrs, rng
     if draw(st.booleans()):  # a float32 epilogue: |acc * mult| < 2**23 (module docstring)
-        while (top := _acc_bound(wt, bias)) >= 2**21:
-            wt, bias = wt // 2, bias // 2
+        while (top := _acc_bound(x, wt, bias)) >= 2**21:
+            wt, bias = (wt / 2).astype(np.int8), bias // 2  # toward 0: reaches 0
         mult = rng.integers(1, max(2**23 // top, 2), o)
     else:
         mult = rng.integers(1, 2**20, o)
@@ -55,10 +61,9 @@ def conv_cases(draw):
     return x, wt, bias, mult, shift, attrs, rng
 
 
-def _acc_bound(w: np.ndarray, bias: np.ndarray) -> int:
-    return int(np.abs(w.astype(np.int64)).reshape(len(w), -1).sum(1).max()) * 128 + int(
-        np.abs(bias).max()
-    )
+def _acc_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> int:
+    col = int(np.abs(w.astype(np.int64)).reshape(len(w), -1).sum(1).max())
+    return col * -int(np.iinfo(x.dtype).min) + int(np.abs(bias).max())
 
 
 def _o_pad(o: int) -> int:
@@ -73,15 +78,22 @@ def test_native_conv_equals_qconv(case):
     want = CUSTOM_OPS["QConv"].evaluate([x, w, bias, mult, shift], attrs)
     prog = _nhwc_program(x, w, [bias, mult, shift], attrs, c_pad=_o_pad(c), o_pad=_o_pad(o))
     got, plans = _native_plans(prog, {"x": x})
-    f32 = _acc_bound(w, bias) * int(mult.max()) < 2 ** (23 + (attrs["rounding"] == "half_even"))
-    assert [p.scale.dtype for p in plans] == [torch.float32 if f32 else torch.float64]
+    assert len(plans) == 1 and plans[0] is not None
+    if mult.size:
+        top = _acc_bound(x, w, bias) * int(mult.max())
+        f32 = top < 2 ** (23 + (attrs["rounding"] == "half_even"))
+        assert plans[0].scale.dtype == (torch.float32 if f32 else torch.float64)
+    else:
+        assert plans[0].scale is None
     np.testing.assert_array_equal(got, want)
+    assert got.dtype == want.dtype
 
 
 @settings(max_examples=40, deadline=None)
 @given(case=conv_cases(), per_channel=st.booleans())
 def test_native_fused_conv_add_equals_qconv_then_qadd(case, per_channel):
     x, w, bias, _, _, attrs, rng = case
+    attrs = {**attrs, "out_dtype": "int16" if attrs["out_dtype"] == "int32" else attrs["out_dtype"]}
     o, c = w.shape[:2]
     acc = CUSTOM_OPS["QConv"].evaluate([x, w, bias, EMPTY, EMPTY],
                                        {**attrs, "out_dtype": "int32", "relu": 0})  # fmt: skip
@@ -118,15 +130,55 @@ def test_float32_epilogue_only_below_its_limit(mode, below):
     np.testing.assert_array_equal(got, want)
 
 
-def test_int16_input_or_output_stays_on_the_torch_path():
+@pytest.mark.parametrize("in_dtype,b_dtype", [(np.int32, None), (np.int8, np.int16)])
+def test_int32_input_or_int16_add_operand_stays_on_the_torch_path(in_dtype, b_dtype):
     rng = np.random.default_rng(3)
-    x, w = rng.integers(-128, 128, (1, 4, 5, 5), dtype=np.int8), np.ones((3, 4, 3, 3), np.int8)
+    x, w = rng.integers(-128, 128, (1, 4, 5, 5)).astype(in_dtype), np.ones((3, 4, 3, 3), np.int8)
     attrs = {"rounding": "half_even", "relu": 0, "strides": [1, 1], "pads": [0, 0, 0, 0],
-             "dilations": [1, 1], "group": 1, "out_dtype": "int16"}  # fmt: skip
-    consts = [np.zeros(3, np.int64), np.full(3, 5), np.full(3, 3)]
-    got, plans = _native_plans(_nhwc_program(x, w, consts, attrs), {"x": x})
-    assert plans == [None]
-    np.testing.assert_array_equal(got, CUSTOM_OPS["QConv"].evaluate([x, w, *consts], attrs))
+             "dilations": [1, 1], "group": 1, "out_dtype": "int8"}  # fmt: skip
+    if b_dtype is None:
+        consts = [np.zeros(3, np.int64), np.full(3, 5), np.full(3, 3)]
+        want = CUSTOM_OPS["QConv"].evaluate([x, *([w] + consts)], attrs)
+        got, plans = _native_plans(_nhwc_program(x, w, consts, attrs), {"x": x})
+    else:
+        b = rng.integers(-999, 999, (1, 3, 3, 3)).astype(b_dtype)
+        consts = [np.zeros(3, np.int64), EMPTY, EMPTY, np.ones(1, np.int64), np.ones(1, np.int64),
+                  np.array([2])]  # fmt: skip
+        acc = CUSTOM_OPS["QConv"].evaluate(
+            [x, w, consts[0], EMPTY, EMPTY], {**attrs, "out_dtype": "int32"}
+        )
+        want = CUSTOM_OPS["QAdd"].evaluate([acc, b, *consts[3:]], attrs)
+        got, plans = _native_plans(_nhwc_program(x, w, consts, attrs, b=b), {"x": x, "b": b})
+    assert all(p is None for p in plans)
+    np.testing.assert_array_equal(got, want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.lists(st.integers(1, 9), min_size=1, max_size=3), k=st.integers(1, 90),
+       o=st.integers(1, 40), per_channel=st.booleans(), mode=st.sampled_from(MODES),
+       out_dtype=st.sampled_from(["int8", "int16", "int32"]), relu=st.integers(0, 1),
+       wide=st.booleans(), seed=st.integers(0, 2**31))  # fmt: skip
+def test_native_linear_equals_qlinear(rows, k, o, per_channel, mode, out_dtype, relu, wide,
+                                      seed):  # fmt: skip
+    rng = np.random.default_rng(seed)
+    dt = np.int16 if wide else np.int8
+    x = rng.integers(np.iinfo(dt).min, np.iinfo(dt).max + 1, (*rows, k)).astype(dt)
+    w = rng.integers(-128, 128, (o, k), dtype=np.int8)
+    bias = rng.integers(-(2**15), 2**15, o) if seed % 3 else EMPTY
+    n = o if per_channel else 1
+    mult, shift = rng.integers(1, 2**15, n), rng.integers(0, 30, n)
+    if out_dtype == "int32":
+        mult, shift = EMPTY, EMPTY
+    attrs = {"rounding": mode, "out_dtype": out_dtype, "relu": relu}
+    want = CUSTOM_OPS["QLinear"].evaluate([x, w, bias, mult, shift], attrs)
+    instr = Instruction(Op.LINEAR, ("x",), ("out",), ("w", "b", "m", "s"), attrs, ("fc",))
+    consts = {"w": w, "b": bias, "m": mult, "s": shift}
+    ex = Executor(Program("nash-e", {"x": {}}, {"out": {}}, [instr], consts))
+    got = ex.run({"x": x})[0]["out"]
+    plans = [v for key, v in ex.consts.derived.items() if key[0] == "linear_native"]
+    assert len(plans) == 1 and plans[0] is not None
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == want.dtype
 
 
 def test_pack_weights_layout():
