@@ -101,7 +101,8 @@ def build_plan(instr: Instruction, consts, in_dtype: torch.dtype, b_dtype) -> Co
     geometry = ek.geometry(2, instr.attrs)
     kernel = tuple(w.shape[1:3])
     conv = ConvPlan(wmat, c, o, w.shape[0], kernel, geometry, epi)
-    if nc := exec_native.plan(wmat, kernel, c, in_dtype, epi, bias, b_dtype, a, top):
+    unit_w = geometry[2][1] == 1
+    if nc := exec_native.plan(wmat, kernel, c, in_dtype, epi, bias, b_dtype, a, top, unit_w):
         return dataclasses.replace(conv, native=nc)
     return dataclasses.replace(conv, w_f32=direct_weight(wmat, kernel, in_dtype))
 
@@ -248,5 +249,5 @@ def _run_native(plan: ConvPlan, x: torch.Tensor, b: torch.Tensor | None) -> torc
         out[..., plan.out_channels :] = 0
     if b is not None and (tuple(b.shape[:3]) != (n, oh, ow) or b.shape[3] < plan.out_channels):
         raise SimulatorError(f"add operand {tuple(b.shape)} for a conv output {(n, oh, ow)}")
-    exec_native.run(plan.native, plan.geometry, plan.kernel, x, b, out)
+    exec_native.run(plan.native, plan.geometry, x, b, out)
     return out

@@ -46,7 +46,7 @@ class NativeConv:
     scale: torch.Tensor | None  # float32/float64 [Ob*16]; None: int32 output, acc + bias
     scale_b: torch.Tensor | None  # same, for the fused add
     channels: int  # real input channels C
-    cs: int  # C rounded up to 4 (int8 input) or 2 (int16)
+    cs: int  # values per input pixel: C rounded up to 4 (int8) or 2 (int16); C for row runs
     blocks: int  # Ob
     out_channels: int  # real O
     lo: int
@@ -54,6 +54,9 @@ class NativeConv:
     half_even: bool
     in_dtype: torch.dtype  # int8 or int16
     out_dtype: torch.dtype  # int8, int16 or int32
+    groups: int  # 4-byte groups per kernel tap
+    taps: tuple[int, int]  # the kernel as the kernel runs it: (kh, 1) for row runs
+    row_runs: bool
 
 
 def _lanes(v: torch.Tensor, o: int, blocks: int, dtype: torch.dtype) -> torch.Tensor:
@@ -76,12 +79,15 @@ def pack_weights(wmat: torch.Tensor, kernel, channels: int, group: int = 4):
     return w.contiguous(), cs, blocks
 
 
-def plan(wmat, kernel, channels: int, in_dtype, epi, bias, b_dtype, bound: int, top: int):
+def plan(wmat, kernel, channels: int, in_dtype, epi, bias, b_dtype, bound: int, top: int,
+         unit_w_dilation: bool = True):  # fmt: skip
     """The :class:`NativeConv` of ``wmat [kh*kw*C, O]`` (rows in ``(i, j, c)`` order) on
     ``in_dtype`` inputs with its :class:`~simulator.exec_epilogue.Epilogue`, or None when
     the kernel does not apply: no compiled library, dtypes not handled, bounds not met.
 
-    ``bound`` is ``A``, ``top`` is ``T`` of the module docstring."""
+    ``bound`` is ``A``, ``top`` is ``T`` of the module docstring. With ``unit_w_dilation``
+    and a pixel that is not a whole number of 4-byte groups, the kernel rows run as row
+    runs (:func:`_layout`)."""
     if native.library() is None or epi is None or wmat.dtype != torch.int8 or bound >= 2**31:
         return None
     if in_dtype not in IN_DTYPES or b_dtype not in (None, torch.int8):
@@ -98,42 +104,70 @@ def plan(wmat, kernel, channels: int, in_dtype, epi, bias, b_dtype, bound: int, 
         ftype = torch.float32 if f32 else torch.float64
         scale, scale_b = (None if v is None else _lanes(v, o, -(-o // LANES), ftype)
                           for v in (epi.scale, epi.scale_b))  # fmt: skip
-    group = 4 if in_dtype == torch.int8 else 2
-    weights, cs, blocks = pack_weights(wmat, kernel, channels, group)
+    weights, cs, blocks, groups, taps = _layout(wmat, kernel, channels, in_dtype, unit_w_dilation)
     offset = 128 * wmat.long().sum(0) if in_dtype == torch.int8 else 0  # the uint8 offset
     corr = _lanes(b - offset, o, blocks, torch.int32)
     return NativeConv(weights, corr, scale, scale_b, channels, cs, blocks, o, epi.lo, epi.hi,
-                      epi.rounding == "half_even", in_dtype, epi.dtype)  # fmt: skip
+                      epi.rounding == "half_even", in_dtype, epi.dtype, groups, taps,
+                      taps != tuple(kernel))  # fmt: skip
 
 
-def run(nc: NativeConv, geometry, kernel, x: torch.Tensor, b, out: torch.Tensor) -> None:
-    """``out[..., :O] = conv(x) (+ b)`` for ``x [N, H, W, C_stored]`` int8 into
+def _layout(wmat, kernel, channels: int, in_dtype, unit_w_dilation: bool):
+    """``(packed weights, input channels per pixel, Ob, 4-byte groups per tap, taps)``.
+
+    A pixel of ``C`` values ``C * itemsize`` bytes long that is not a multiple of 4 (one
+    int8 channel, three RGB channels) wastes most of each 4-byte group; with unit W
+    dilation a kernel row's ``kw * C`` values are contiguous in the input instead, so they
+    are packed as one tap of a ``(kh, 1)`` kernel over pixels of exactly ``C`` values
+    (``wmat``'s ``(i, j, c)`` row order is already that run's order)."""
+    group = 4 if in_dtype == torch.int8 else 2  # values per 4-byte group
+    (kh, kw) = kernel
+    if unit_w_dilation and kw > 1 and channels % group:
+        weights, run, blocks = pack_weights(wmat, (kh, 1), kw * channels, group)
+        return weights, channels, blocks, run // group, (kh, 1)
+    weights, cs, blocks = pack_weights(wmat, kernel, channels, group)
+    return weights, cs, blocks, cs // group, (kh, kw)
+
+
+def run(nc: NativeConv, geometry, x: torch.Tensor, b, out: torch.Tensor) -> None:
+    """``out[..., :O] = conv(x) (+ b)`` for ``x [N, H, W, C_stored]`` into
     ``out [N, OH, OW, O_pad]`` (contiguous, ``nc.out_dtype``); ``b [N, OH, OW, B_pad]`` int8
     or None."""
-    lib = native.library()
     strides, pads, dil = geometry
-    x = x.contiguous()
+    xs = _padded(nc, x.contiguous(), pads)
+    b = None if b is None else b.contiguous()
+    n, hp, wp = xs.shape[:3]
+    f64 = nc.scale is not None and nc.scale.dtype == torch.float64
+    native.library().qp_conv(
+        native.ptr(xs), int(nc.in_dtype == torch.int16), n, hp, wp, nc.cs, nc.groups,
+        native.ptr(nc.weights), *nc.taps, nc.blocks, nc.out_channels, *strides,
+        dil[0], 1 if nc.row_runs else dil[1], *out.shape[1:3], native.ptr(nc.corr),
+        native.ptr(nc.scale), native.ptr(nc.scale_b), int(f64), native.ptr(b),
+        0 if b is None else b.shape[3], nc.lo, nc.hi, int(nc.half_even),
+        native.ptr(out), out.element_size().bit_length() - 1, out.shape[3])  # fmt: skip
+
+
+def _padded(nc: NativeConv, x: torch.Tensor, pads) -> torch.Tensor:
+    """The kernel's input: ``x`` padded, ``nc.cs`` values per pixel, uint8-offset for int8
+    (``x ^ 0x80``), followed by 4 bytes of slack for the last row run's over-read."""
     n, h, w, cx = x.shape
-    hp, wp = h + pads[0] + pads[2], w + pads[1] + pads[3]
     wide = nc.in_dtype == torch.int16
-    xs = torch.empty((n, hp, wp, nc.cs), dtype=torch.int16 if wide else torch.uint8)
-    pad = lib.qp_pad_i16 if wide else lib.qp_pad_u8
+    if wide and not any(pads) and cx == nc.cs and not nc.row_runs:
+        return x  # int16 with nothing to pad: used in place
+    hp, wp = h + pads[0] + pads[2], w + pads[1] + pads[3]
+    size = n * hp * wp * nc.cs
+    xs = torch.empty(size + 4, dtype=torch.int16 if wide else torch.uint8)[:size]
+    xs = xs.view(n, hp, wp, nc.cs)
+    pad = native.library().qp_pad_i16 if wide else native.library().qp_pad_u8
     pad(native.ptr(x), n, h, w, cx, nc.channels, pads[0], pads[2], pads[1], pads[3], nc.cs,
         native.ptr(xs))  # fmt: skip
-    b = None if b is None else b.contiguous()
-    oh, ow = out.shape[1:3]
-    f64 = nc.scale is not None and nc.scale.dtype == torch.float64
-    lib.qp_conv(native.ptr(xs), int(wide), n, hp, wp, nc.cs, native.ptr(nc.weights), *kernel,
-                nc.blocks, nc.out_channels, *strides, *dil, oh, ow, native.ptr(nc.corr),
-                native.ptr(nc.scale), native.ptr(nc.scale_b), int(f64), native.ptr(b),
-                0 if b is None else b.shape[3], nc.lo, nc.hi, int(nc.half_even),
-                native.ptr(out), out.element_size().bit_length() - 1, out.shape[3])  # fmt: skip
+    return xs
 
 
 def linear(nc: NativeConv, x: torch.Tensor) -> torch.Tensor:
     """``x [..., K] @ wmat`` with the epilogue: ``[..., O]`` (a 1x1 conv over the rows)."""
     k, o = x.shape[-1], nc.out_channels
     out = torch.empty((*x.shape[:-1], o), dtype=nc.out_dtype)
-    rows = x.reshape(-1, 1, 1, k)
-    run(nc, ([1, 1], [0, 0, 0, 0], [1, 1]), (1, 1), rows, None, out.view(-1, 1, 1, o))
+    rows = x.reshape(1, 1, -1, k)  # one image row: one contiguous copy in the kernel's pad
+    run(nc, ([1, 1], [0, 0, 0, 0], [1, 1]), rows, None, out.view(1, 1, -1, o))
     return out

@@ -30,7 +30,7 @@ SIGNATURES = {
     "qp_cpu_ok": ([], ctypes.c_int),
     "qp_pad_u8": ([P, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, P], None),
     "qp_pad_i16": ([P, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, P], None),
-    "qp_conv": ([P, *[I64] * 5, P, *[I64] * 10, P, P, P, I64, P, *[I64] * 4, P, I64, I64], None),
+    "qp_conv": ([P, *[I64] * 6, P, *[I64] * 10, P, P, P, I64, P, *[I64] * 4, P, I64, I64], None),
 }  # fmt: skip
 
 

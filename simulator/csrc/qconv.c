@@ -20,7 +20,10 @@
  *
  * Layouts: xu [N, Hp, Wp, Cs] uint8 (Cs = real channels rounded up to 4, spatial padding
  * applied) or int16 (rounded up to 2); weights [kh][kw][Cs/4][Ob][16][4] int8, or
- * [kh][kw][Cs/2][Ob][16][2] int16 (Ob = ceil(O / 16), zero beyond the real channels);
+ * [kh][kw][Cs/2][Ob][16][2] int16 (Ob = ceil(O / 16), zero beyond the real channels).
+ * Row runs (channels not a multiple of 4 bytes, unit W dilation): Cs = C, and each kernel
+ * row's kw * C contiguous values are one tap of a (kh, 1) kernel (4x fewer products for a
+ * 1-channel 3x3 stem);
  * b [N, OH, OW, stride] int8; out [N, OH, OW, stride] int8, int16 or int32, channels >= O
  * untouched.
  */
@@ -50,8 +53,8 @@ void qp_pad_u8(const int8_t *x, int64_t n, int64_t h, int64_t w, int64_t cx, int
             memset(dst, 0x80, wp * cs);
             continue;
         }
-        memset(dst, 0x80, pl * cs);
-        memset(dst + (pl + w) * cs, 0x80, pr * cs);
+        if (pl) memset(dst, 0x80, pl * cs);
+        if (pr) memset(dst + (pl + w) * cs, 0x80, pr * cs);
         const int8_t *src = x + (ni * h + hi) * w * cx;
         uint8_t *d = dst + pl * cs;
         if (cs == cx && c == cx) {
@@ -73,10 +76,13 @@ void qp_pad_i16(const int16_t *x, int64_t n, int64_t h, int64_t w, int64_t cx, i
     for (int64_t r = 0; r < n * hp; r++) {
         int64_t ni = r / hp, hi = r % hp - pt;
         int16_t *dst = xp + r * wp * cs;
-        memset(dst, 0, wp * cs * sizeof(int16_t));
+        if (hi < 0 || hi >= h || cs != c) memset(dst, 0, wp * cs * sizeof(int16_t));
         if (hi < 0 || hi >= h) continue;
+        if (pl) memset(dst, 0, pl * cs * sizeof(int16_t));
+        if (pr) memset(dst + (pl + w) * cs, 0, pr * cs * sizeof(int16_t));
         const int16_t *src = x + (ni * h + hi) * w * cx;
-        for (int64_t j = 0; j < w; j++) memcpy(dst + (pl + j) * cs, src + j * cx, c * sizeof(int16_t));
+        if (cs == cx && c == cx) memcpy(dst + pl * cs, src, w * c * sizeof(int16_t));
+        else for (int64_t j = 0; j < w; j++) memcpy(dst + (pl + j) * cs, src + j * cx, c * sizeof(int16_t));
     }
 }
 
@@ -112,8 +118,8 @@ TGT AI __m256i half_pd(__m256i a, __m256i bi, const epi_t *e, int64_t o0, int ha
 
 /* The epilogue of 16 channels o0.. of one pixel; lanes outside m are not stored. int32
  * output has no scale: y = max(acc, lo) (the caller proves acc fits int32). */
-TGT static void epilogue16(__m512i acc, const epi_t *e, int64_t o0, const int8_t *b,
-                           void *out, __mmask16 m) {
+TGT AI void epilogue16(__m512i acc, const epi_t *e, int64_t o0, const int8_t *b,
+                       void *out, __mmask16 m) {
     acc = _mm512_add_epi32(acc, _mm512_loadu_si512(e->corr + o0));
     if (!e->scale) {
         acc = _mm512_max_epi32(acc, _mm512_set1_epi32((int32_t)e->lo));
@@ -142,7 +148,7 @@ TGT static void epilogue16(__m512i acc, const epi_t *e, int64_t o0, const int8_t
 
 typedef struct {
     const uint8_t *xu; /* int8 offset to uint8, or int16 (wide) */
-    int64_t hp, wp, pix, c4; /* pix: bytes per input pixel; c4: 4-byte groups per pixel */
+    int64_t hp, wp, pix, c4; /* pix: bytes per input pixel; c4: 4-byte groups per tap */
     const int8_t *wk;
     int64_t kh, kw, ob, o, sh, sw, dh, dw, oh, ow;
     const int8_t *b;
@@ -230,10 +236,13 @@ TGT static void tile_i16(const conv_t *c, const epi_t *e, int64_t t0, int64_t to
     conv_tile(c, e, t0, total, np, 1);
 }
 
-/* xs: the padded input (uint8, or int16 when wide); cs its channels per pixel (a multiple of
- * 4 uint8 or 2 int16); scale NULL: int32 output acc + corr, relu by lo. */
+/* xs: the padded input (uint8, or int16 when wide), cs channels per pixel; groups: 4-byte
+ * groups read per kernel tap from the tap's first byte (cs * bytes / 4, or, for row runs,
+ * the kernel row's kw * cs values as one tap of a (kh, 1) kernel; the bytes past the run
+ * meet zero weights, and the caller leaves 4 bytes of slack after xs). scale NULL: int32
+ * output acc + corr, relu by lo. */
 TGT void qp_conv(const void *xs, int64_t wide, int64_t n, int64_t hp, int64_t wp, int64_t cs,
-                 const int8_t *wk, int64_t kh, int64_t kw, int64_t ob, int64_t o,
+                 int64_t groups, const int8_t *wk, int64_t kh, int64_t kw, int64_t ob, int64_t o,
                  int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t oh, int64_t ow,
                  const int32_t *corr, const void *scale, const void *scale_b, int64_t f64,
                  const int8_t *b, int64_t bstride, int64_t lo, int64_t hi,
@@ -241,7 +250,7 @@ TGT void qp_conv(const void *xs, int64_t wide, int64_t n, int64_t hp, int64_t wp
     epi_t e = {corr, scale, scale_b, (double)lo, (double)hi, (int)f64, (int)half_even,
                (int)out_shift};
     int64_t pix = cs << (wide ? 1 : 0);
-    conv_t c = {(const uint8_t *)xs, hp, wp, pix, pix / 4, wk, kh, kw, ob, o, sh, sw, dh, dw,
+    conv_t c = {(const uint8_t *)xs, hp, wp, pix, groups, wk, kh, kw, ob, o, sh, sw, dh, dw,
                 oh, ow, b, bstride, (char *)out, ostride};
     int np = ob >= 4 ? 6 : ob >= 2 ? 10 : 16;
     int64_t total = n * oh * ow, tiles = ((total + np - 1) / np + TILE - 1) / TILE;

@@ -79,6 +79,9 @@ def test_native_conv_equals_qconv(case):
     prog = _nhwc_program(x, w, [bias, mult, shift], attrs, c_pad=_o_pad(c), o_pad=_o_pad(o))
     got, plans = _native_plans(prog, {"x": x})
     assert len(plans) == 1 and plans[0] is not None
+    per_group = 4 if x.dtype == np.int8 else 2  # a pixel off the 4-byte grid runs as row runs
+    runs = w.shape[3] > 1 and c % per_group != 0 and attrs["dilations"][1] == 1
+    assert plans[0].row_runs == runs
     if mult.size:
         top = _acc_bound(x, w, bias) * int(mult.max())
         f32 = top < 2 ** (23 + (attrs["rounding"] == "half_even"))
