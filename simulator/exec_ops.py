@@ -18,7 +18,7 @@ import torch
 
 from schemas.errors import SimulatorError
 from simulator import exec_kernels as ek
-from simulator import exec_native
+from simulator import exec_native, exec_native_rows
 from simulator import fixedpoint as fp
 from simulator.exec_conv import build_plan, run_conv
 from simulator.exec_epilogue import (
@@ -207,8 +207,12 @@ def k_add(instr, bufs, consts):
 def k_mul(instr, bufs, consts):
     """MUL = QMul. FORMULA: ``y = req(a * b, mult, shift)`` (broadcasting); the product and
     requantize in float when ``max|a| max|b| max|mult|`` is below ``exact_limit`` (dtype
-    bounds; float32 below its limit, :func:`exec_epilogue.scaled_epilogue`)."""
+    bounds; float32 below its limit, :func:`exec_epilogue.scaled_epilogue`), in the
+    compiled row kernel for same-shape or per-row operands (:func:`exec_native_rows.mul`)."""
     a, b, mult, shift = operands(instr, bufs, consts, 4)
+    fast = exec_native_rows.mul(a, b, mult, shift, instr.attrs)
+    if fast is not None:
+        return [fast]
     bound = dtype_bound(a.dtype) * dtype_bound(b.dtype)
     key = ("mul", instr.outputs[0], a.dtype, b.dtype)
     epi = consts.cached(key, lambda: scaled_epilogue(instr.attrs, bound, mult, shift, _scalar))

@@ -13,6 +13,7 @@ import torch
 
 from schemas.errors import SimulatorError
 from simulator import exec_kernels as ek
+from simulator import exec_native_rows
 from simulator import fixedpoint as fp
 from simulator.exec_epilogue import QUOTIENT_EXACT, dtype_bound, round_quotient
 from simulator.exec_ops import _axis, _finish, is_nhwc, operands
@@ -63,16 +64,21 @@ def k_avgpool(instr, bufs, consts):
     return [_divide(sums, counts, mult, shift, a)]
 
 
-def _reduce(instr, bufs, consts) -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]:
-    """(sum over ``axes``, elements per output, mult, shift): float64 (exact integers, see
-    :func:`_divide_float`) when ``n max|x| max|mult| < 2**50``, else int64."""
-    x, mult, shift = operands(instr, bufs, consts, 3)
+def _reduce_axes(instr, x) -> tuple[tuple[int, ...], bool]:
+    """(sorted reduced axes of ``x``, keepdims) from the attributes."""
     axes = instr.attrs.get("axes")
     axes = range(x.ndim) if axes is None else [_axis(instr, int(a), x.ndim) for a in axes]
     axes = tuple(sorted({a % x.ndim for a in axes}))
     if is_nhwc(instr) and x.ndim == 4 and 3 in axes:
         raise SimulatorError("reduction over padded channels", hint="reduce in plain layout")
-    keep = bool(int(instr.attrs.get("keepdims", 1)))
+    return axes, bool(int(instr.attrs.get("keepdims", 1)))
+
+
+def _reduce(instr, bufs, consts) -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]:
+    """(sum over ``axes``, elements per output, mult, shift): float64 (exact integers, see
+    :func:`_divide_float`) when ``n max|x| max|mult| < 2**50``, else int64."""
+    x, mult, shift = operands(instr, bufs, consts, 3)
+    axes, keep = _reduce_axes(instr, x)
     n = ek.numel(x.shape[a] for a in axes)
     m_top = consts.cached(("max_abs", instr.consts[0]), lambda: max_abs(mult))
     wide = n * dtype_bound(x.dtype) * m_top >= QUOTIENT_EXACT
@@ -83,7 +89,13 @@ def _reduce(instr, bufs, consts) -> tuple[torch.Tensor, int, torch.Tensor, torch
 
 
 def k_reduce_mean(instr, bufs, consts):
-    """REDUCE_MEAN. FORMULA: ``y = clamp(round_div(sum(x) * mult, n << shift))``."""
+    """REDUCE_MEAN. FORMULA: ``y = clamp(round_div(sum(x) * mult, n << shift))``; over
+    trailing axes in one pass of the compiled row kernel when it applies
+    (:func:`exec_native_rows.mean`)."""
+    x, mult, shift = operands(instr, bufs, consts, 3)
+    fast = exec_native_rows.mean(x, *_reduce_axes(instr, x), mult, shift, instr.attrs)
+    if fast is not None:
+        return [fast]
     total, n, mult, shift = _reduce(instr, bufs, consts)
     return [_divide(total, n, mult, shift, instr.attrs)]
 

@@ -23,14 +23,16 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-SOURCES = (Path(__file__).with_name("csrc") / "qconv.c",)
+SOURCES = tuple(Path(__file__).with_name("csrc") / n for n in ("qconv.c", "qrows.c"))
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-fno-strict-aliasing")
-P, I64 = ctypes.c_void_p, ctypes.c_int64
+P, I64, F64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 SIGNATURES = {
     "qp_cpu_ok": ([], ctypes.c_int),
     "qp_pad_u8": ([P, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, P], None),
     "qp_pad_i16": ([P, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, P], None),
     "qp_conv": ([P, *[I64] * 6, P, *[I64] * 10, P, P, P, I64, P, *[I64] * 4, P, I64, I64], None),
+    "qp_mean": ([P, I64, I64, I64, F64, F64, F64, F64, I64, P, I64], None),
+    "qp_mul": ([P, I64, P, I64, I64, I64, I64, F64, F64, F64, I64, P, I64], None),
 }  # fmt: skip
 
 
@@ -69,7 +71,7 @@ def build(target_dir: Path | None = None) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        cmd = [cc, *FLAGS, "-o", tmp, *map(str, SOURCES)]
+        cmd = [cc, *FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if res.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed: {res.stderr.strip()[-800:]}")
@@ -99,7 +101,7 @@ def _state() -> tuple[ctypes.CDLL | None, str]:
         return None, f"unavailable: {e}"
     if not lib.qp_cpu_ok():
         return None, "unavailable: this CPU lacks AVX-512 VNNI"
-    return lib, "on (AVX-512 VNNI int8 convolution)"
+    return lib, "on (AVX-512 VNNI convolution, row kernels)"
 
 
 def library() -> ctypes.CDLL | None:

@@ -1,0 +1,98 @@
+"""REDUCE_MEAN and QMul through the compiled row kernels (simulator/csrc/qrows.c).
+
+Each function returns None when its kernel does not apply (no compiled library, a layout
+or dtype it does not take, a bound not met); the caller then keeps its torch path. The
+kernels evaluate the torch path's float64 formulas operation for operation:
+
+- :func:`mean`: FORMULA ``y[r] = clamp(round(fl(S[r] * m) / (n * 2**s)))`` with
+  ``S[r] = sum_i x[r, i]`` over trailing axes (:func:`simulator.exec_pool._divide_float`,
+  exact while ``n * max|x| * |m| < 2**50``: :func:`exec_epilogue.round_quotient`);
+- :func:`mul`: FORMULA ``y = clamp(round(a * b * m * 2**-s))`` with a scalar
+  ``m``/``s``, exact while ``max|a| max|b| |m|`` is below the float64
+  :func:`~simulator.exec_kernels.exact_limit` (:func:`exec_epilogue.scaled_epilogue`).
+  ``b`` has ``a``'s shape or is constant along ``a``'s trailing axes (a per-row operand
+  such as ``[N, C, 1, 1]`` against ``[N, C, H, W]``); the product commutes, so the
+  operands may come in either order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from simulator import fixedpoint as fp
+from simulator import native
+from simulator.exec_epilogue import QUOTIENT_EXACT, dtype_bound
+from simulator.exec_kernels import TORCH_DTYPES, exact_limit
+
+IN_DTYPES = (torch.int8, torch.int16)
+OUT_SHIFT = {"int8": 0, "int16": 1, "int32": 2}
+
+
+def _bounds(attrs: dict) -> tuple[float, float]:
+    """``(lo, hi)`` of ``out_dtype`` with relu folded into ``lo``."""
+    lo, hi = fp.qrange(attrs["out_dtype"])
+    return float(max(lo, 0) if int(attrs.get("relu") or 0) else lo), float(hi)
+
+
+def _usable(attrs: dict, *xs: torch.Tensor) -> bool:
+    ok = native.library() is not None and attrs.get("out_dtype") in OUT_SHIFT
+    return (
+        ok
+        and attrs.get("rounding") in ("half_even", "bpu_round")
+        and all(x.dtype in IN_DTYPES for x in xs)
+    )
+
+
+def mean(x: torch.Tensor, axes: tuple[int, ...], keep: bool, mult, shift, attrs: dict):
+    """REDUCE_MEAN of ``x`` over ``axes`` (sorted), or None (module docstring)."""
+    trailing = axes == tuple(range(x.ndim - len(axes), x.ndim))
+    if not (_usable(attrs, x) and trailing and x.is_contiguous() and x.numel()):
+        return None
+    if mult.numel() != 1 or shift.numel() != 1:
+        return None
+    m, s = int(mult.reshape(())), int(shift.reshape(()))
+    n = math.prod(x.shape[a] for a in axes)
+    if not 0 <= s <= 62 or n * dtype_bound(x.dtype) * abs(m) >= QUOTIENT_EXACT:
+        return None
+    rows = x.numel() // n
+    lead = x.shape[: x.ndim - len(axes)]
+    out = torch.empty(rows, dtype=TORCH_DTYPES[attrs["out_dtype"]])
+    native.library().qp_mean(native.ptr(x), int(x.dtype == torch.int16), rows, n, float(m),
+                             n * 2.0**s, *_bounds(attrs), int(attrs["rounding"] == "half_even"),
+                             native.ptr(out), OUT_SHIFT[attrs["out_dtype"]])  # fmt: skip
+    return out.reshape(*lead, *([1] * len(axes))) if keep else out.reshape(lead)
+
+
+def _per_row(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``b`` constant along ``a``'s trailing axes: ``b.shape == a.shape[:j] + (1,) * k``."""
+    if b.ndim != a.ndim:
+        return False
+    j = a.ndim
+    while j > 0 and b.shape[j - 1] == 1:
+        j -= 1
+    return j < a.ndim and tuple(b.shape[:j]) == tuple(a.shape[:j])
+
+
+def mul(a: torch.Tensor, b: torch.Tensor, mult, shift, attrs: dict):
+    """QMul ``req(a * b, mult, shift)``, or None (module docstring)."""
+    if not _usable(attrs, a, b) or mult.numel() != 1 or shift.numel() != 1:
+        return None
+    if tuple(a.shape) != tuple(b.shape) and _per_row(b, a):
+        a, b = b, a  # the broadcast operand second
+    same = tuple(a.shape) == tuple(b.shape)
+    if not (same or _per_row(a, b)) or not a.numel():
+        return None
+    m, s = int(mult.reshape(())), int(shift.reshape(()))
+    bound = dtype_bound(a.dtype) * dtype_bound(b.dtype) * abs(m)
+    if not 0 <= s <= 62 or bound >= exact_limit(attrs["rounding"]):
+        return None
+    a, b = a.contiguous(), b.contiguous()
+    rows = a.numel() // max(a.shape[-1], 1) if same and a.ndim else b.numel()
+    out = torch.empty(a.shape, dtype=TORCH_DTYPES[attrs["out_dtype"]])
+    native.library().qp_mul(native.ptr(a), int(a.dtype == torch.int16), native.ptr(b),
+                            int(b.dtype == torch.int16), rows, a.numel() // rows, int(not same),
+                            m * 2.0**-s, *_bounds(attrs), int(attrs["rounding"] == "half_even"),
+                            native.ptr(out), OUT_SHIFT[attrs["out_dtype"]])  # fmt: skip
+    return out

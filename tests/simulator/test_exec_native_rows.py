@@ -1,0 +1,104 @@
+"""The compiled row kernels (simulator/csrc/qrows.c) against the reference integer ops
+QReduceMean and QMul, and the cases they leave to the torch path."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator import exec_native_rows, native
+from simulator.isa import Op
+from tests.simulator.test_executor import MODES, check
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason=native.status())
+DTYPES = (np.int8, np.int16)
+
+
+def _ints(rng, shape, dtype) -> np.ndarray:
+    info = np.iinfo(dtype)
+    x = rng.integers(info.min, info.max + 1, shape).astype(dtype)
+    x.reshape(-1)[rng.random(x.size) < 0.1] = info.min  # extremes reach the bounds
+    return x
+
+
+@contextlib.contextmanager
+def _spy(name: str):
+    """Record what ``exec_native_rows.<name>`` returns (None: the torch path ran)."""
+    calls, real = [], getattr(exec_native_rows, name)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(exec_native_rows, name, lambda *a: calls.append(real(*a)) or calls[-1])
+        yield calls
+
+
+def _attrs(draw) -> dict:
+    return {"rounding": draw(st.sampled_from(MODES)), "relu": draw(st.integers(0, 1)),
+            "out_dtype": draw(st.sampled_from(["int8", "int16", "int32"]))}  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), shape=st.lists(st.integers(1, 9), min_size=1, max_size=4),
+       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31))  # fmt: skip
+def test_mean_equals_qreducemean(data, shape, dtype, seed):
+    """Trailing axes in the kernel (asserted); small shifts make exact ties frequent."""
+    rng = np.random.default_rng(seed)
+    x = _ints(rng, shape, dtype)
+    k = data.draw(st.integers(1, len(shape)))
+    axes = list(range(len(shape) - k, len(shape)))
+    attrs = {**_attrs(data.draw), "axes": axes, "keepdims": data.draw(st.integers(0, 1))}
+    m = np.array([int(rng.integers(1, 2**15))])
+    s = np.array([int(data.draw(st.sampled_from([0, 1, 2, 5, 12])))])
+    with _spy("mean") as calls:
+        check(Op.REDUCE_MEAN, "QReduceMean", [x], [m, s], attrs)
+    assert calls and calls[0] is not None
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), shape=st.lists(st.integers(1, 9), min_size=1, max_size=4),
+       per_row=st.integers(0, 4), swap=st.booleans(), seed=st.integers(0, 2**31))  # fmt: skip
+def test_mul_equals_qmul(data, shape, per_row, swap, seed):
+    """Same shapes, or b constant along a's last ``per_row`` axes, in either order."""
+    rng = np.random.default_rng(seed)
+    a = _ints(rng, shape, data.draw(st.sampled_from(DTYPES)))
+    j = max(len(shape) - per_row, 0)
+    b = _ints(rng, (*shape[:j], *[1] * (len(shape) - j)), data.draw(st.sampled_from(DTYPES)))
+    a, b = (b, a) if swap else (a, b)
+    m = np.array([int(rng.integers(1, 2**15))])
+    s = np.array([int(data.draw(st.sampled_from([0, 1, 3, 14, 20])))])
+    with _spy("mul") as calls:
+        check(Op.MUL, "QMul", [a, b], [m, s], _attrs(data.draw))
+    assert calls and calls[0] is not None
+
+
+def test_other_broadcasts_and_per_channel_constants_stay_on_the_torch_path():
+    rng = np.random.default_rng(5)
+    a, m, s = _ints(rng, (2, 3, 4), np.int8), np.array([3]), np.array([2])
+    attrs = {"rounding": "half_even", "relu": 0, "out_dtype": "int8"}
+    column = torch.from_numpy(_ints(rng, (1, 3, 4), np.int8))  # broadcast over leading axes
+    ta = torch.from_numpy(a)
+    assert exec_native_rows.mul(ta, column, torch.tensor(m), torch.tensor(s), attrs) is None
+    per_channel = torch.tensor([1, 2, 3]).reshape(3, 1)
+    assert exec_native_rows.mul(ta, ta, per_channel, torch.tensor(s), attrs) is None
+    assert exec_native_rows.mean(ta, (1,), True, torch.tensor(m), torch.tensor(s), attrs) is None
+    check(Op.MUL, "QMul", [a, column.numpy()], [m, s], attrs)
+    check(Op.REDUCE_MEAN, "QReduceMean", [a], [m, s], {**attrs, "axes": [1], "keepdims": 1})
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ties_round_like_the_reference(mode, dtype):
+    """Every value from -20.5 to 20.5 in steps of 0.5: the ties of both rounding modes,
+    negative and positive, through the mean (pairs, n = 2) and the product (m * 2**-1)."""
+    v = np.arange(-41, 42).astype(dtype)
+    attrs = {"rounding": mode, "relu": 0, "out_dtype": "int8"}
+    one, zero = np.array([1]), np.array([0])
+    pairs = np.stack([v, np.zeros_like(v)], axis=1)  # mean of (v, 0) = v / 2
+    with _spy("mean") as calls:
+        check(Op.REDUCE_MEAN, "QReduceMean", [pairs], [one, zero], {**attrs, "axes": [1]})
+    with _spy("mul") as more:
+        check(Op.MUL, "QMul", [v, np.ones_like(v)], [one, one], attrs)
+    assert calls[0] is not None and more[0] is not None
