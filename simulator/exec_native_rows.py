@@ -13,6 +13,11 @@ kernels evaluate the torch path's float64 formulas operation for operation:
   ``b`` has ``a``'s shape or is constant along ``a``'s trailing axes (a per-row operand
   such as ``[N, C, 1, 1]`` against ``[N, C, H, W]``); the product commutes, so the
   operands may come in either order.
+
+Channels-last views (:func:`channels_last`: an NHWC buffer seen as NCHW, as LAYOUT
+ToNCHW leaves it) are read in place: the mean over H, W sums channel vectors, and the
+per-row product writes an NHWC buffer and returns it as the same kind of view, so a
+squeeze-excite block (mean, gate, product, mean) never transposes.
 """
 
 from __future__ import annotations
@@ -45,10 +50,22 @@ def _usable(attrs: dict, *xs: torch.Tensor) -> bool:
     )
 
 
+def channels_last(x: torch.Tensor) -> tuple[int, int] | None:
+    """``(pix, img)`` when ``x [N, C, H, W]`` is a channels-last view (an NHWC buffer,
+    maybe with padding channels, seen as NCHW): ``x[n, c, h, w]`` at
+    ``n * img + (h * W + w) * pix + c``; else None."""
+    if x.ndim != 4:
+        return None
+    sn, sc, sh, sw = x.stride()
+    ok = sc == 1 and sw >= x.shape[1] and sh == x.shape[3] * sw and sn >= x.shape[2] * sh
+    return (sw, sn) if ok else None
+
+
 def mean(x: torch.Tensor, axes: tuple[int, ...], keep: bool, mult, shift, attrs: dict):
-    """REDUCE_MEAN of ``x`` over ``axes`` (sorted), or None (module docstring)."""
+    """REDUCE_MEAN of ``x`` over ``axes`` (sorted), or None (module docstring): trailing
+    axes of a contiguous tensor, or H, W of a :func:`channels_last` one."""
     trailing = axes == tuple(range(x.ndim - len(axes), x.ndim))
-    if not (_usable(attrs, x) and trailing and x.is_contiguous() and x.numel()):
+    if not (_usable(attrs, x) and trailing and x.numel()):
         return None
     if mult.numel() != 1 or shift.numel() != 1:
         return None
@@ -56,12 +73,17 @@ def mean(x: torch.Tensor, axes: tuple[int, ...], keep: bool, mult, shift, attrs:
     n = math.prod(x.shape[a] for a in axes)
     if not 0 <= s <= 62 or n * dtype_bound(x.dtype) * abs(m) >= QUOTIENT_EXACT:
         return None
-    rows = x.numel() // n
     lead = x.shape[: x.ndim - len(axes)]
-    out = torch.empty(rows, dtype=TORCH_DTYPES[attrs["out_dtype"]])
-    native.library().qp_mean(native.ptr(x), int(x.dtype == torch.int16), rows, n, float(m),
-                             n * 2.0**s, *_bounds(attrs), int(attrs["rounding"] == "half_even"),
-                             native.ptr(out), OUT_SHIFT[attrs["out_dtype"]])  # fmt: skip
+    out = torch.empty(math.prod(lead), dtype=TORCH_DTYPES[attrs["out_dtype"]])
+    lib, wide = native.library(), int(x.dtype == torch.int16)
+    tail = (float(m), n * 2.0**s, *_bounds(attrs), int(attrs["rounding"] == "half_even"),
+            native.ptr(out), OUT_SHIFT[attrs["out_dtype"]])  # fmt: skip
+    cl = channels_last(x) if axes == (2, 3) and not x.is_contiguous() else None
+    if cl is not None:
+        lib.qp_mean_cl(native.ptr(x), wide, x.shape[0], n, x.shape[1], *cl, *tail)
+    else:
+        x = x.contiguous()
+        lib.qp_mean(native.ptr(x), wide, out.numel(), n, *tail)
     return out.reshape(*lead, *([1] * len(axes))) if keep else out.reshape(lead)
 
 
@@ -88,11 +110,19 @@ def mul(a: torch.Tensor, b: torch.Tensor, mult, shift, attrs: dict):
     bound = dtype_bound(a.dtype) * dtype_bound(b.dtype) * abs(m)
     if not 0 <= s <= 62 or bound >= exact_limit(attrs["rounding"]):
         return None
+    dtype, lib = TORCH_DTYPES[attrs["out_dtype"]], native.library()
+    tail = (m * 2.0**-s, *_bounds(attrs), int(attrs["rounding"] == "half_even"))
+    wa, wb = int(a.dtype == torch.int16), int(b.dtype == torch.int16)
+    cl = None if same or a.is_contiguous() else channels_last(a)
+    if cl is not None and b.shape[2:] == (1, 1):  # [N, C, H, W] view x [N, C, 1, 1]
+        n, c, h, w = a.shape
+        out = torch.empty((n, h, w, c), dtype=dtype)
+        lib.qp_mul_cl(native.ptr(a), wa, native.ptr(b.contiguous()), wb, n, h * w, c, *cl,
+                      *tail, native.ptr(out), OUT_SHIFT[attrs["out_dtype"]])  # fmt: skip
+        return out.permute(0, 3, 1, 2)  # channels-last, as the input
     a, b = a.contiguous(), b.contiguous()
     rows = a.numel() // max(a.shape[-1], 1) if same and a.ndim else b.numel()
-    out = torch.empty(a.shape, dtype=TORCH_DTYPES[attrs["out_dtype"]])
-    native.library().qp_mul(native.ptr(a), int(a.dtype == torch.int16), native.ptr(b),
-                            int(b.dtype == torch.int16), rows, a.numel() // rows, int(not same),
-                            m * 2.0**-s, *_bounds(attrs), int(attrs["rounding"] == "half_even"),
-                            native.ptr(out), OUT_SHIFT[attrs["out_dtype"]])  # fmt: skip
+    out = torch.empty(a.shape, dtype=dtype)
+    lib.qp_mul(native.ptr(a), wa, native.ptr(b), wb, rows, a.numel() // rows, int(not same),
+               *tail, native.ptr(out), OUT_SHIFT[attrs["out_dtype"]])  # fmt: skip
     return out

@@ -33,6 +33,8 @@ SIGNATURES = {
     "qp_conv": ([P, *[I64] * 6, P, *[I64] * 10, P, P, P, I64, P, *[I64] * 4, P, I64, I64], None),
     "qp_mean": ([P, I64, I64, I64, F64, F64, F64, F64, I64, P, I64], None),
     "qp_mul": ([P, I64, P, I64, I64, I64, I64, F64, F64, F64, I64, P, I64], None),
+    "qp_mean_cl": ([P, I64, I64, I64, I64, I64, I64, F64, F64, F64, F64, I64, P, I64], None),
+    "qp_mul_cl": ([P, I64, P, I64, I64, I64, I64, I64, I64, F64, F64, F64, I64, P, I64], None),
 }  # fmt: skip
 
 
@@ -49,8 +51,8 @@ def _compiler() -> str | None:
 
 def _key(cc: str) -> str:
     h = hashlib.sha256()
-    for src in SOURCES:
-        h.update(src.read_bytes())
+    for src in sorted(SOURCES[0].parent.glob("*.[ch]")):  # the sources and their headers
+        h.update(src.name.encode() + src.read_bytes())
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
     h.update(version.stdout.encode() + " ".join(FLAGS).encode())
     return h.hexdigest()[:16]

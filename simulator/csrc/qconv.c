@@ -27,12 +27,9 @@
  * b [N, OH, OW, stride] int8; out [N, OH, OW, stride] int8, int16 or int32, channels >= O
  * untouched.
  */
-#include <immintrin.h>
-#include <stdint.h>
 #include <string.h>
 
-#define TGT __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
-#define AI __attribute__((always_inline)) static inline
+#include "qsimd.h"
 
 int qp_cpu_ok(void) {
     __builtin_cpu_init();
@@ -93,18 +90,6 @@ typedef struct {
     double lo, hi;
     int f64, half_even, out_shift; /* output element size 1 << out_shift bytes */
 } epi_t;
-
-TGT AI __m512 round_ps(__m512 y, int half_even) {
-    if (half_even) return _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 t = _mm512_floor_ps(_mm512_add_ps(_mm512_abs_ps(y), _mm512_set1_ps(0.5f)));
-    return _mm512_or_ps(t, _mm512_and_ps(y, _mm512_set1_ps(-0.0f)));
-}
-
-TGT AI __m512d round_pd(__m512d y, int half_even) {
-    if (half_even) return _mm512_roundscale_pd(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512d t = _mm512_floor_pd(_mm512_add_pd(_mm512_abs_pd(y), _mm512_set1_pd(0.5)));
-    return _mm512_or_pd(t, _mm512_and_pd(y, _mm512_set1_pd(-0.0)));
-}
 
 TGT AI __m256i half_pd(__m256i a, __m256i bi, const epi_t *e, int64_t o0, int has_b) {
     __m512d y = _mm512_mul_pd(_mm512_cvtepi32_pd(a), _mm512_loadu_pd((const double *)e->scale + o0));

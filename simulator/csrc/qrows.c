@@ -10,62 +10,122 @@
  * round: half_even = roundeven; bpu_round = sign(y) * floor(|y| + 0.5). lo already holds
  * relu. Inputs int8 or int16 (wide), outputs int8 / int16 / int32 (1 << out_shift bytes).
  */
-#include <math.h>
-#include <stdint.h>
+#include "qsimd.h"
 
-#define TGT __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
-#define AI __attribute__((always_inline)) static inline
 #define PAR_MIN 32768 /* elements below which one thread does the work */
 
-AI double ld(const void *p, int64_t i, int wide) {
-    return wide ? (double)((const int16_t *)p)[i] : (double)((const int8_t *)p)[i];
+/* n <= 8 values from p + i as float64 (int8 or int16, wide). */
+TGT AI __m512d load8(const void *p, int64_t i, int wide, int n) {
+    __mmask8 m = (__mmask8)((1u << n) - 1);
+    __m256i v = wide ? _mm256_cvtepi16_epi32(_mm_maskz_loadu_epi16(m, (const int16_t *)p + i))
+                     : _mm256_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, (const int8_t *)p + i));
+    return _mm512_cvtepi32_pd(v);
 }
 
-AI double round_clamp(double y, int half_even, double lo, double hi) {
-    y = half_even ? __builtin_roundeven(y) : copysign(floor(fabs(y) + 0.5), y);
-    return y < lo ? lo : y > hi ? hi : y;
+/* round, clamp to [lo, hi], store n <= 8 values at out + i (1 << out_shift bytes each). */
+TGT AI void finish8(__m512d y, int half_even, __m512d lo, __m512d hi, void *out, int64_t i,
+                    int out_shift, int n) {
+    __mmask8 m = (__mmask8)((1u << n) - 1);
+    __m256i r = _mm512_cvtpd_epi32(_mm512_min_pd(_mm512_max_pd(round_pd(y, half_even), lo), hi));
+    if (out_shift == 0) _mm256_mask_cvtepi32_storeu_epi8((int8_t *)out + i, m, r);
+    else if (out_shift == 1) _mm256_mask_cvtepi32_storeu_epi16((int16_t *)out + i, m, r);
+    else _mm256_mask_storeu_epi32((int32_t *)out + i, m, r);
 }
 
-AI void st(void *out, int64_t i, double y, int out_shift) {
-    if (out_shift == 0) ((int8_t *)out)[i] = (int8_t)y;
-    else if (out_shift == 1) ((int16_t *)out)[i] = (int16_t)y;
-    else ((int32_t *)out)[i] = (int32_t)y;
+/* sum of x[start .. start+inner) (int8 or int16), 16 lanes at a time in int32, folded
+ * into int64 every 2**19 elements (2**15 per lane: |lane sum| <= 2**30). */
+TGT AI int64_t row_sum(const void *x, int64_t start, int64_t inner, int wide) {
+    int64_t total = 0;
+    for (int64_t c0 = start; c0 < start + inner; c0 += 1 << 19) {
+        int64_t c1 = c0 + (1 << 19) < start + inner ? c0 + (1 << 19) : start + inner;
+        __m512i acc = _mm512_setzero_si512();
+        for (int64_t i = c0; i < c1; i += 16) {
+            __mmask16 m = c1 - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (c1 - i)) - 1);
+            __m512i v = wide ? _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(m, (const int16_t *)x + i))
+                             : _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, (const int8_t *)x + i));
+            acc = _mm512_add_epi32(acc, v);
+        }
+        total += _mm512_reduce_add_epi32(acc);
+    }
+    return total;
 }
 
 TGT void qp_mean(const void *x, int64_t wide, int64_t rows, int64_t inner, double m, double d,
                  double lo, double hi, int64_t half_even, void *out, int64_t out_shift) {
+    __m512d vm = _mm512_set1_pd(m), vd = _mm512_set1_pd(d);
+    __m512d vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
 #pragma omp parallel for schedule(static) if (rows * inner >= PAR_MIN)
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t sum = 0;
-        if (wide)
-            for (int64_t i = 0; i < inner; i++) sum += ((const int16_t *)x)[r * inner + i];
-        else
-            for (int64_t i = 0; i < inner; i++) sum += ((const int8_t *)x)[r * inner + i];
-        st(out, r, round_clamp((double)sum * m / d, (int)half_even, lo, hi), (int)out_shift);
+    for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+        int n = rows - r0 < 8 ? (int)(rows - r0) : 8;
+        double s[8] = {0};
+        for (int k = 0; k < n; k++) s[k] = (double)row_sum(x, (r0 + k) * inner, inner, (int)wide);
+        __m512d y = _mm512_div_pd(_mm512_mul_pd(_mm512_loadu_pd(s), vm), vd);
+        finish8(y, (int)half_even, vlo, vhi, out, r0, (int)out_shift, n);
     }
 }
 
-TGT AI void mul_row(const void *a, int wa, const void *b, int wb, int64_t r, int64_t inner,
-                    int per_row, double scale, int half_even, double lo, double hi, void *out,
-                    int out_shift) {
-    double br = per_row ? ld(b, r, wb) * scale : 0.0;
-    for (int64_t i = r * inner; i < (r + 1) * inner; i++) {
-        double y = per_row ? ld(a, i, wa) * br : ld(a, i, wa) * ld(b, i, wb) * scale;
-        st(out, i, round_clamp(y, half_even, lo, hi), out_shift);
+/* Elements [i0, i1) of a row; b one value for the row (per_row) or elementwise. */
+TGT AI void mul_span(const void *a, int wa, const void *b, int wb, int64_t i0, int64_t i1,
+                     int per_row, __m512d br, __m512d scale, int half_even, __m512d lo,
+                     __m512d hi, void *out, int out_shift) {
+    for (int64_t i = i0; i < i1; i += 8) {
+        int n = i1 - i < 8 ? (int)(i1 - i) : 8;
+        __m512d y = per_row ? _mm512_mul_pd(load8(a, i, wa, n), br)
+                            : _mm512_mul_pd(_mm512_mul_pd(load8(a, i, wa, n), load8(b, i, wb, n)), scale);
+        finish8(y, half_even, lo, hi, out, i, out_shift, n);
     }
 }
 
 TGT void qp_mul(const void *a, int64_t wa, const void *b, int64_t wb, int64_t rows,
                 int64_t inner, int64_t per_row, double scale, double lo, double hi,
                 int64_t half_even, void *out, int64_t out_shift) {
+    __m512d vs = _mm512_set1_pd(scale), vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
 #pragma omp parallel for schedule(static) if (rows * inner >= PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
-        if (!wa && !wb && !out_shift && half_even)
-            mul_row(a, 0, b, 0, r, inner, (int)per_row, scale, 1, lo, hi, out, 0);
-        else if (!wa && !wb && !out_shift)
-            mul_row(a, 0, b, 0, r, inner, (int)per_row, scale, 0, lo, hi, out, 0);
+        double bv = !per_row ? 0.0 : wb ? ((const int16_t *)b)[r] : ((const int8_t *)b)[r];
+        __m512d br = _mm512_set1_pd(bv * scale); /* b * m * 2**-s: exact */
+        int64_t i0 = r * inner, i1 = i0 + inner;
+        if (!wa && !out_shift && per_row && half_even)
+            mul_span(a, 0, b, 0, i0, i1, 1, br, vs, 1, vlo, vhi, out, 0);
         else
-            mul_row(a, (int)wa, b, (int)wb, r, inner, (int)per_row, scale, (int)half_even, lo,
-                    hi, out, (int)out_shift);
+            mul_span(a, (int)wa, b, (int)wb, i0, i1, (int)per_row, br, vs, (int)half_even, vlo,
+                     vhi, out, (int)out_shift);
     }
+}
+
+/* Channels-last forms: x[n, i, c] at n * img + i * pix + c (c contiguous), C channels.
+ * mean: out[n, c] = the row formula over i; mul: out[n, i, c] (contiguous) = a[n, i, c] *
+ * b[n, c] * scale. Sums stay exact in float64 (integers below 2**53). */
+TGT void qp_mean_cl(const void *x, int64_t wide, int64_t n, int64_t inner, int64_t c,
+                    int64_t pix, int64_t img, double m, double d, double lo, double hi,
+                    int64_t half_even, void *out, int64_t out_shift) {
+    __m512d vm = _mm512_set1_pd(m), vd = _mm512_set1_pd(d);
+    __m512d vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
+#pragma omp parallel for schedule(static) if (n * inner * c >= PAR_MIN)
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t c0 = 0; c0 < c; c0 += 8) {
+            int k = c - c0 < 8 ? (int)(c - c0) : 8;
+            __m512d sum = _mm512_setzero_pd();
+            for (int64_t i = 0; i < inner; i++)
+                sum = _mm512_add_pd(sum, load8(x, r * img + i * pix + c0, (int)wide, k));
+            __m512d y = _mm512_div_pd(_mm512_mul_pd(sum, vm), vd);
+            finish8(y, (int)half_even, vlo, vhi, out, r * c + c0, (int)out_shift, k);
+        }
+}
+
+TGT void qp_mul_cl(const void *a, int64_t wa, const void *b, int64_t wb, int64_t n,
+                   int64_t inner, int64_t c, int64_t pix, int64_t img, double scale, double lo,
+                   double hi, int64_t half_even, void *out, int64_t out_shift) {
+    __m512d vs = _mm512_set1_pd(scale), vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
+#pragma omp parallel for schedule(static) if (n * inner * c >= PAR_MIN)
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t c0 = 0; c0 < c; c0 += 8) {
+            int k = c - c0 < 8 ? (int)(c - c0) : 8;
+            __m512d br = _mm512_mul_pd(load8(b, r * c + c0, (int)wb, k), vs);
+            for (int64_t i = 0; i < inner; i++) {
+                __m512d y = _mm512_mul_pd(load8(a, r * img + i * pix + c0, (int)wa, k), br);
+                finish8(y, (int)half_even, vlo, vhi, out, (r * inner + i) * c + c0,
+                        (int)out_shift, k);
+            }
+        }
 }

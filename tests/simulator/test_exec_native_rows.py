@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator import exec_native_rows, native
+from simulator.custom_ops import CUSTOM_OPS
 from simulator.isa import Op
 from tests.simulator.test_executor import MODES, check
 
@@ -102,3 +103,29 @@ def test_ties_round_like_the_reference(mode, dtype):
     with _spy("mul") as more:
         check(Op.MUL, "QMul", [v, np.ones_like(v)], [one, one], attrs)
     assert calls[0] is not None and more[0] is not None
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), n=st.integers(1, 4), c=st.integers(1, 20), pad=st.integers(0, 5),
+       h=st.integers(1, 6), w=st.integers(1, 6), seed=st.integers(0, 2**31))  # fmt: skip
+def test_channels_last_views_equal_the_reference(data, n, c, pad, h, w, seed):
+    """An NHWC buffer with padding channels seen as NCHW (LAYOUT ToNCHW's view): the mean
+    over H, W and the product with an [N, C, 1, 1] operand read it in place."""
+    rng = np.random.default_rng(seed)
+    dt = data.draw(st.sampled_from(DTYPES))
+    buf = torch.from_numpy(_ints(rng, (n, h, w, c + pad), dt))
+    view = buf[..., :c].permute(0, 3, 1, 2)
+    assert exec_native_rows.channels_last(view) == (c + pad, h * w * (c + pad))
+    attrs = _attrs(data.draw)
+    m, s = np.array([int(rng.integers(1, 2**15))]), np.array([int(rng.integers(0, 16))])
+    keep = data.draw(st.integers(0, 1))
+    got = exec_native_rows.mean(view, (2, 3), bool(keep), torch.tensor(m), torch.tensor(s), attrs)
+    dense = np.ascontiguousarray(view.numpy())
+    red = {**attrs, "axes": [2, 3], "keepdims": keep}
+    np.testing.assert_array_equal(
+        got.numpy(), CUSTOM_OPS["QReduceMean"].evaluate([dense, m, s], red)
+    )
+    b = _ints(rng, (n, c, 1, 1), data.draw(st.sampled_from(DTYPES)))
+    got = exec_native_rows.mul(view, torch.from_numpy(b), torch.tensor(m), torch.tensor(s), attrs)
+    assert got.stride(1) == 1 or view.is_contiguous()  # channels-last out, as in
+    np.testing.assert_array_equal(got.numpy(), CUSTOM_OPS["QMul"].evaluate([dense, b, m, s], attrs))
