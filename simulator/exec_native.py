@@ -158,9 +158,8 @@ def _padded(nc: NativeConv, x: torch.Tensor, pads) -> torch.Tensor:
     size = n * hp * wp * nc.cs
     xs = torch.empty(size + 4, dtype=torch.int16 if wide else torch.uint8)[:size]
     xs = xs.view(n, hp, wp, nc.cs)
-    pad = native.library().qp_pad_i16 if wide else native.library().qp_pad_u8
-    pad(native.ptr(x), n, h, w, cx, nc.channels, pads[0], pads[2], pads[1], pads[3], nc.cs,
-        native.ptr(xs))  # fmt: skip
+    native.library().qp_pad(native.ptr(x), int(wide), n, h, w, cx, nc.channels, pads[0],
+                            pads[2], pads[1], pads[3], nc.cs, native.ptr(xs))  # fmt: skip
     return xs
 
 

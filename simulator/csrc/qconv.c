@@ -38,48 +38,33 @@ int qp_cpu_ok(void) {
            __builtin_cpu_supports("avx512vnni");
 }
 
-/* x [N, H, W, Cx] int8 (first C channels real) -> xu [N, Hp, Wp, Cs], pads (t, b, l, r). */
-void qp_pad_u8(const int8_t *x, int64_t n, int64_t h, int64_t w, int64_t cx, int64_t c,
-               int64_t pt, int64_t pb, int64_t pl, int64_t pr, int64_t cs, uint8_t *xu) {
-    int64_t hp = h + pt + pb, wp = w + pl + pr;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < n * hp; r++) {
-        int64_t ni = r / hp, hi = r % hp - pt;
-        uint8_t *dst = xu + r * wp * cs;
-        if (hi < 0 || hi >= h) {
-            memset(dst, 0x80, wp * cs);
-            continue;
-        }
-        if (pl) memset(dst, 0x80, pl * cs);
-        if (pr) memset(dst + (pl + w) * cs, 0x80, pr * cs);
-        const int8_t *src = x + (ni * h + hi) * w * cx;
-        uint8_t *d = dst + pl * cs;
-        if (cs == cx && c == cx) {
-            for (int64_t i = 0; i < w * c; i++) d[i] = (uint8_t)src[i] ^ 0x80;
-            continue;
-        }
-        for (int64_t j = 0; j < w; j++) {
-            for (int64_t k = 0; k < c; k++) d[j * cs + k] = (uint8_t)src[j * cx + k] ^ 0x80;
-            for (int64_t k = c; k < cs; k++) d[j * cs + k] = 0x80;
-        }
+/* n values from src to dst: int8 as uint8 x ^ 0x80, int16 (wide) as they are. */
+static inline void copy_run(char *dst, const char *src, int64_t n, int64_t wide) {
+    if (wide) {
+        memcpy(dst, src, n * 2);
+        return;
     }
+    for (int64_t i = 0; i < n; i++) dst[i] = (char)((uint8_t)src[i] ^ 0x80);
 }
 
-/* x [N, H, W, Cx] int16 (first C real) -> xp [N, Hp, Wp, Cs] int16, zero padding. */
-void qp_pad_i16(const int16_t *x, int64_t n, int64_t h, int64_t w, int64_t cx, int64_t c,
-                int64_t pt, int64_t pb, int64_t pl, int64_t pr, int64_t cs, int16_t *xp) {
-    int64_t hp = h + pt + pb, wp = w + pl + pr;
+/* x [N, H, W, Cx] (first C channels real) -> xs [N, Hp, Wp, Cs] padded by (t, b, l, r)
+ * with zeros (0x80 for the offset int8, 0 for int16) and channels C..Cs zero. */
+void qp_pad(const void *x, int64_t wide, int64_t n, int64_t h, int64_t w, int64_t cx,
+            int64_t c, int64_t pt, int64_t pb, int64_t pl, int64_t pr, int64_t cs, void *xs) {
+    int64_t hp = h + pt + pb, wp = w + pl + pr, e = wide ? 2 : 1;
+    int zero = wide ? 0 : 0x80;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < n * hp; r++) {
-        int64_t ni = r / hp, hi = r % hp - pt;
-        int16_t *dst = xp + r * wp * cs;
-        if (hi < 0 || hi >= h || cs != c) memset(dst, 0, wp * cs * sizeof(int16_t));
-        if (hi < 0 || hi >= h) continue;
-        if (pl) memset(dst, 0, pl * cs * sizeof(int16_t));
-        if (pr) memset(dst + (pl + w) * cs, 0, pr * cs * sizeof(int16_t));
-        const int16_t *src = x + (ni * h + hi) * w * cx;
-        if (cs == cx && c == cx) memcpy(dst + pl * cs, src, w * c * sizeof(int16_t));
-        else for (int64_t j = 0; j < w; j++) memcpy(dst + (pl + j) * cs, src + j * cx, c * sizeof(int16_t));
+        int64_t ni = r / hp, hi = r % hp - pt, inside = hi >= 0 && hi < h;
+        char *dst = (char *)xs + r * wp * cs * e;
+        if (!inside || cs != c) memset(dst, zero, wp * cs * e);
+        if (!inside) continue;
+        if (pl) memset(dst, zero, pl * cs * e);
+        if (pr) memset(dst + (pl + w) * cs * e, zero, pr * cs * e);
+        const char *src = (const char *)x + (ni * h + hi) * w * cx * e;
+        char *d = dst + pl * cs * e;
+        if (cs == cx && c == cx) copy_run(d, src, w * c, wide);
+        else for (int64_t j = 0; j < w; j++) copy_run(d + j * cs * e, src + j * cx * e, c, wide);
     }
 }
 
