@@ -4,7 +4,9 @@ For each model (examples/digits, examples/transformer, a ResNet-18-shaped net at
 224x224x3 from bench/resnet.py) this runs the chain up to compile in a temporary run store,
 then times, side by side in this one process on the same batch of frames:
 
-- sim:   ``Executor(hbm.load(model.hbm)).run({input: x})``, the bit-exact integer program;
+- sim:   ``Executor(hbm.load(model.hbm)).run({input: x})``, the bit-exact integer program
+         (with the compiled kernels of ``simulator.native`` when they build here: the
+         header line says; ``QPARITY_NATIVE=0`` measures the torch kernels alone);
 - torch: the float model in float32 eager under ``torch.inference_mode()``;
 - ORT:   qat.onnx through ``stages.onnx_runner.OnnxRunner`` (onnxruntime, BASIC graph
          optimization, 2 threads: what the chain uses) when the graph has only standard
@@ -242,8 +244,11 @@ def main() -> None:
         return
     rounds = max(args.rounds, 5)
     store = Path(args.store or tempfile.mkdtemp(prefix="qparity-bench-sim-"))
+    from simulator import native
+
     print(f"# run store {store}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{os.cpu_count()} cores; {rounds} timed rounds after 1 warm-up", flush=True)  # fmt: skip
+          f"{os.cpu_count()} cores; {rounds} timed rounds after 1 warm-up; compiled kernels "
+          f"{native.status()}", flush=True)  # fmt: skip
     rows, notes, splits, t_start = [], [], {}, time.perf_counter()
     for name in args.models:
         batch = MODELS[name][1]

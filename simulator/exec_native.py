@@ -1,8 +1,10 @@
-"""The executor's int8 convolution through the compiled kernel (simulator/csrc/qconv.c).
+"""The executor's integer convolution and QLinear through the compiled kernel
+(simulator/csrc/qconv.c).
 
-:func:`plan` turns a proven :class:`~simulator.exec_conv.ConvPlan` into the kernel's
-operands, once per program; :func:`run` calls it. The kernel computes the same integers as
-the torch path of :func:`simulator.exec_conv.run_conv`:
+:func:`plan` turns a conv's GEMM-form weights and proven epilogue (what
+:func:`simulator.exec_conv.build_plan` and :func:`simulator.exec_ops.k_linear` build) into
+the kernel's operands, once per program; :func:`run` calls it. The kernel computes the same
+integers as the torch path of :func:`simulator.exec_conv.run_conv`:
 
 FORMULA: ``acc[n, p, o] = sum_{i, j, c} x_pad[n, p*stride + (i, j)*dilation, c] * w[o, i, j, c]
 + bias[o]`` (exact int32), then ``y = clamp(round(acc * scale[o] + b * scale_b[o]), lo, hi)``

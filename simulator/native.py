@@ -17,12 +17,20 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
+from schemas.errors import SimulatorError
+
+LOG = logging.getLogger(__name__)
+HINT = (
+    "install a C compiler (e.g. apt install gcc) or set $CC; the executor runs its torch "
+    "kernels meanwhile (same integers, slower); QPARITY_NATIVE=0 turns the kernels off"
+)
 SOURCES = tuple(Path(__file__).with_name("csrc") / n for n in ("qconv.c", "qrows.c"))
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-fno-strict-aliasing")
 P, I64, F64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
@@ -60,10 +68,11 @@ def _key(cc: str) -> str:
 def build(target_dir: Path | None = None) -> Path:
     """Compile the sources (once per hash) and return the library's path.
 
-    Raises RuntimeError naming the compiler and its message when the build fails."""
+    Raises SimulatorError naming the compiler command and its message when the build fails."""
     cc = _compiler()
     if cc is None:
-        raise RuntimeError(f"no C compiler ({os.environ.get('CC', 'cc')}) on PATH")
+        raise SimulatorError(f"no C compiler ({os.environ.get('CC', 'cc')}) on PATH",
+                             where="native kernels", hint=HINT)  # fmt: skip
     out_dir = target_dir or cache_dir()
     lib = out_dir / f"qparity-native-{_key(cc)}.so"
     if lib.exists():
@@ -75,7 +84,8 @@ def build(target_dir: Path | None = None) -> Path:
         cmd = [cc, *FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if res.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed: {res.stderr.strip()[-800:]}")
+            raise SimulatorError(f"{' '.join(cmd)} failed: {res.stderr.strip()[-800:]}",
+                                 where="native kernels", hint=HINT)  # fmt: skip
         os.replace(tmp, lib)
     finally:
         Path(tmp).unlink(missing_ok=True)
@@ -98,9 +108,11 @@ def _state() -> tuple[ctypes.CDLL | None, str]:
         return None, "off (QPARITY_NATIVE=0)"
     try:
         lib = _load(build())
-    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-        return None, f"unavailable: {e}"
+    except (SimulatorError, OSError, subprocess.SubprocessError) as e:
+        LOG.info("compiled simulator kernels unavailable: %s", e)
+        return None, f"unavailable: {getattr(e, 'what', e)}"
     if not lib.qp_cpu_ok():
+        LOG.info("compiled simulator kernels off: this CPU lacks AVX-512 VNNI")
         return None, "unavailable: this CPU lacks AVX-512 VNNI"
     return lib, "on (AVX-512 VNNI convolution, row kernels)"
 

@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from schemas.errors import SimulatorError
 from simulator import exec_native, native
 from simulator.custom_ops import CUSTOM_OPS
 from simulator.executor import Executor
@@ -201,7 +202,7 @@ def test_build_is_cached_and_reports_a_missing_compiler(tmp_path, monkeypatch):
     first = native.build(tmp_path)
     assert native.build(tmp_path) == first and first.parent == tmp_path
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    with pytest.raises(RuntimeError, match="no C compiler"):
+    with pytest.raises(SimulatorError, match="no C compiler"):
         native.build(tmp_path / "other")
 
 
@@ -212,6 +213,7 @@ def test_build_failure_names_the_command(tmp_path, monkeypatch):
     )
     fake.chmod(0o755)
     monkeypatch.setenv("CC", str(fake))
-    with pytest.raises(RuntimeError, match="failed: boom"):
+    with pytest.raises(SimulatorError, match="failed: boom") as err:
         native.build(tmp_path / "out")
-    assert not list((tmp_path / "out").glob("*.so"))  # no half-written library left behind
+    assert "install a C compiler" in str(err.value)  # says what to do
+    assert not list((tmp_path / "out").glob("*"))  # no half-written library left behind
