@@ -187,12 +187,20 @@ def engines(name: str, store: Path, run_id: str, batch: int):
     return x, fns, (executor, in_name), ev.y[:batch], notes
 
 
+MIN_TIMED_S = 3.0
+"""Small models get more rounds, up to this many seconds of them: their per-batch times are
+a few ms, and on this shared 2-core machine a 7-round median of those still moves ~20%."""
+
+
 def measure(fns: dict, rounds: int, sim_exec) -> tuple[dict[str, float], dict, float]:
-    """Warm up each engine once, then ``rounds`` interleaved rounds: median seconds per
-    engine, the simulator's median seconds per op kind and per instruction, and the CPU
-    (cores) other processes used meanwhile."""
+    """Warm up each engine once, then interleaved rounds (``rounds``, or more for fast
+    models: :data:`MIN_TIMED_S`): median seconds per engine, the simulator's median seconds
+    per op kind and per instruction, and the CPU (cores) other processes used meanwhile."""
+    t0 = time.perf_counter()
     for fn in fns.values():
         fn()
+    per_round = time.perf_counter() - t0
+    rounds = max(rounds, min(int(MIN_TIMED_S / max(per_round, 1e-6)), 500))
     times: dict[str, list[float]] = {k: [] for k in fns}
     by_op: list[dict[str, float]] = []
     per_instr: dict[int, list[float]] = {}
@@ -209,7 +217,8 @@ def measure(fns: dict, rounds: int, sim_exec) -> tuple[dict[str, float], dict, f
     load = watch.stop()
     ops = {k: float(np.median([r.get(k, 0.0) for r in by_op])) for k in by_op[0]}
     instrs = {i: float(np.median(v)) for i, v in per_instr.items()}
-    return {k: float(np.median(v)) for k, v in times.items()}, {"ops": ops, "instrs": instrs}, load
+    split = {"ops": ops, "instrs": instrs, "rounds": rounds}
+    return {k: float(np.median(v)) for k, v in times.items()}, split, load
 
 
 def _fmt_fps(v):
@@ -247,7 +256,8 @@ def main() -> None:
     from simulator import native
 
     print(f"# run store {store}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{os.cpu_count()} cores; {rounds} timed rounds after 1 warm-up; compiled kernels "
+          f"{os.cpu_count()} cores; at least {rounds} timed rounds after 1 warm-up (fast models "
+          f"up to {MIN_TIMED_S:.0f} s of rounds); compiled kernels "
           f"{native.status()}", flush=True)  # fmt: skip
     rows, notes, splits, t_start = [], [], {}, time.perf_counter()
     for name in args.models:
@@ -273,8 +283,9 @@ def main() -> None:
         before = wait_quiet(args.quiet_wait)
         secs, split, load = measure(fns, rounds, sim_exec[0])
         fps = {k: batch / s for k, s in secs.items()}
-        print(f"# {name}: median per batch " + ", ".join(f"{k} {s * 1e3:.1f} ms" for k, s in
-              secs.items()) + "; top-1 vs labels on the batch " + ", ".join(
+        print(f"# {name}: median per batch over {split['rounds']} rounds " + ", ".join(
+              f"{k} {s * 1e3:.1f} ms" for k, s in secs.items()) + "; top-1 vs labels on the "
+              "batch " + ", ".join(
               f"{k} {a:.3f}" for k, a in agree.items()) + f"; other processes used "
               f"{before:.2f} cores before, {load:.2f} during timing", flush=True)  # fmt: skip
         rows.append((name, batch, fps["sim"], fps["torch"], fps.get("ORT"), load))
