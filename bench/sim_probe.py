@@ -51,33 +51,36 @@ def wait_quiet(max_wait: float, limit: float = 0.25) -> float:
 def conv_anatomy(sim_exec, x, repeats: int = 3) -> dict[str, float] | None:
     """Seconds of all blocked NHWC CONV instructions (simulator.exec_conv) split into
     pad + im2col, the int8 GEMM and the fused float64 epilogue, plus the rest of the
-    instruction (block bookkeeping, output writes), re-running exec_conv's own steps.
-    None when the executor internals differ from what this expects."""
+    instruction (block bookkeeping, output writes), re-running exec_conv's own steps; convs
+    on the compiled kernel split into its input copy and the kernel. None when the executor
+    internals differ from what this expects."""
     from simulator.isa import Op
 
     ex, in_name = sim_exec
-    parts = dict.fromkeys(STEPS, 0.0)
+    parts: dict[str, float] = {}
     try:
         bufs = ex._load({in_name: x})
         ex._run(bufs)
         for ins in ex.program.instructions:
             if ins.op == Op.CONV and ins.attrs.get("layout") == "nhwc":
                 for k, v in _conv_steps(ex, ins, bufs, repeats).items():
-                    parts[k] += v
+                    parts[k] = parts.get(k, 0.0) + v
     except Exception as e:  # internals moved: skip the breakdown, keep the bench
         print(f"# conv anatomy skipped ({type(e).__name__}: {e})")
         return None
-    whole = parts.pop("whole")
+    whole = parts.pop("whole", 0.0)
     parts["rest (blocks, output writes, int64 fallbacks)"] = max(whole - sum(parts.values()), 0.0)
     return parts
 
 
 STEPS = ("pad + im2col", "int8 GEMM (torch._int_mm)",
          "float64 epilogue (bias, requantize, add, relu, cast)", "whole")  # fmt: skip
+NATIVE_STEPS = ("compiled kernel: pad + uint8 offset copy",
+                "compiled kernel: VNNI conv + fused epilogue")  # fmt: skip
 
 
 def _conv_steps(ex, ins, bufs, repeats: int) -> dict[str, float]:
-    from simulator import exec_conv
+    from simulator import exec_conv, exec_native
     from simulator import exec_kernels as ek
     from simulator.executor import KERNELS
 
@@ -89,6 +92,10 @@ def _conv_steps(ex, ins, bufs, repeats: int) -> dict[str, float]:
     if plan is None or plan.w_f32 is not None:  # int64 path / one float32 conv: no split
         return {"whole": whole}
     strides, pads, dil = plan.geometry
+    if plan.native is not None:  # the compiled kernel: its input copy, then one pass
+        pad = _median_time(lambda: exec_native._padded(plan.native, x.contiguous(), pads),
+                           repeats)  # fmt: skip
+        return {NATIVE_STEPS[0]: pad, NATIVE_STEPS[1]: max(whole - pad, 0.0), "whole": whole}
     o = plan.out_channels
 
     def im2col():
