@@ -1,4 +1,5 @@
-"""REDUCE_MEAN and QMul through the compiled row kernels (simulator/csrc/qrows.c).
+"""REDUCE_MEAN, QMul, QAdd and batched QMatMul through the compiled row kernels
+(simulator/csrc/qrows.c).
 
 Each function returns None when its kernel does not apply (no compiled library, a layout
 or dtype it does not take, a bound not met); the caller then keeps its torch path. The
@@ -13,6 +14,12 @@ kernels evaluate the torch path's float64 formulas operation for operation:
   ``b`` has ``a``'s shape or is constant along ``a``'s trailing axes (a per-row operand
   such as ``[N, C, 1, 1]`` against ``[N, C, H, W]``); the product commutes, so the
   operands may come in either order.
+
+- :func:`add`: FORMULA ``y = clamp(round(a * sa + b * sb))`` on the scales of
+  :func:`exec_epilogue.add_epilogue` (which proves the bound);
+- :func:`bmm`: FORMULA ``y = clamp(round(sum_k a[.., i, k] b[.., k, j] * m * 2**-s))`` on
+  the scale of :func:`exec_epilogue.scaled_epilogue` (bound ``max|a| max|b| K |m|``); the
+  sum of exact products stays exact in float64 below that bound.
 
 Channels-last views (:func:`channels_last`: an NHWC buffer seen as NCHW, as LAYOUT
 ToNCHW leaves it) are read in place: the mean over H, W sums channel vectors, and the
@@ -125,4 +132,70 @@ def mul(a: torch.Tensor, b: torch.Tensor, mult, shift, attrs: dict):
     out = torch.empty(a.shape, dtype=dtype)
     lib.qp_mul(native.ptr(a), wa, native.ptr(b), wb, rows, a.numel() // rows, int(not same),
                *tail, native.ptr(out), OUT_SHIFT[attrs["out_dtype"]])  # fmt: skip
+    return out
+
+
+LOAD_CODES = {torch.int8: 0, torch.int16: 1, torch.int32: 2}
+"""dtype codes of the kernels' loads (QAdd takes an int32 accumulator operand)."""
+
+
+def _epi_args(epi) -> tuple:
+    """``(lo, hi, half_even)`` of an :class:`~simulator.exec_epilogue.Epilogue`."""
+    return float(epi.lo), float(epi.hi), int(epi.rounding == "half_even")
+
+
+def _trailing(big: torch.Tensor, small: torch.Tensor) -> bool:
+    """``small`` is ``big``'s trailing axes, maybe behind leading 1s (a broadcast constant)."""
+    dims = list(small.shape)
+    while dims and dims[0] == 1:
+        dims.pop(0)
+    return len(dims) <= big.ndim and tuple(big.shape[big.ndim - len(dims) :]) == tuple(dims)
+
+
+def _on_last_axis(v: torch.Tensor, c: int) -> bool:
+    return v.numel() == 1 or (v.numel() == c and v.shape[-1] == c)
+
+
+def add(a: torch.Tensor, b: torch.Tensor, epi, attrs: dict):
+    """QAdd ``clamp(round(a * sa + b * sb))`` with ``epi`` from
+    :func:`~simulator.exec_epilogue.add_epilogue` (its bounds proven), or None: ``b`` of
+    ``a``'s shape or broadcast over leading axes (either order), ``sa``/``sb`` scalars or
+    per channel of the last axis, int8/int16/int32 operands."""
+    if epi is None or native.library() is None or attrs.get("out_dtype") not in OUT_SHIFT:
+        return None
+    sa, sb = epi.scale, epi.scale_b
+    if tuple(a.shape) != tuple(b.shape) and _trailing(b, a) and not _trailing(a, b):
+        a, b, sa, sb = b, a, sb, sa  # the broadcast operand second
+    c = a.shape[-1] if a.ndim else 1
+    ok = a.dtype in LOAD_CODES and b.dtype in LOAD_CODES and a.numel() and _trailing(a, b)
+    ok = ok and b.ndim > 0 and b.shape[-1] == c  # whole rows of b: it repeats every b.numel()
+    if not ok or not (_on_last_axis(sa, c) and _on_last_axis(sb, c)):
+        return None
+    a, b = a.contiguous(), b.contiguous()
+    sa, sb = (v.double().reshape(-1).expand(c).contiguous() for v in (sa, sb))
+    out = torch.empty(a.shape, dtype=TORCH_DTYPES[attrs["out_dtype"]])
+    native.library().qp_add(native.ptr(a), LOAD_CODES[a.dtype], native.ptr(b),
+                            LOAD_CODES[b.dtype], a.numel() // c, c, b.numel(), native.ptr(sa),
+                            native.ptr(sb), *_epi_args(epi), native.ptr(out),
+                            OUT_SHIFT[attrs["out_dtype"]])  # fmt: skip
+    return out
+
+
+def bmm(a: torch.Tensor, b: torch.Tensor, epi, attrs: dict):
+    """Batched QMatMul ``clamp(round(a @ b * m 2**-s))`` with ``epi`` from
+    :func:`~simulator.exec_epilogue.scaled_epilogue` (bound ``max|a| max|b| K |m|``
+    proven), or None: same batch axes, int8/int16, a scalar multiplier."""
+    if epi is None or native.library() is None or not _usable(attrs, a, b):
+        return None
+    if a.ndim < 3 or a.shape[:-2] != b.shape[:-2] or a.shape[-1] != b.shape[-2]:
+        return None
+    if epi.scale is None or epi.scale.numel() != 1 or not a.numel() or not b.numel():
+        return None
+    (m, k), n = a.shape[-2:], b.shape[-1]
+    a, b = a.contiguous(), b.contiguous()
+    out = torch.empty((*a.shape[:-1], n), dtype=TORCH_DTYPES[attrs["out_dtype"]])
+    native.library().qp_bmm(native.ptr(a), int(a.dtype == torch.int16), native.ptr(b),
+                            int(b.dtype == torch.int16), a.numel() // (m * k), m, k, n,
+                            float(epi.scale), *_epi_args(epi), native.ptr(out),
+                            OUT_SHIFT[attrs["out_dtype"]])  # fmt: skip
     return out

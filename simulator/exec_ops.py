@@ -168,11 +168,15 @@ def _native_linear(wt, in_dtype, epi, bias, mult):
 
 
 def k_matmul(instr, bufs, consts):
-    """MATMUL = QMatMul. FORMULA: ``y = req(a @ b, mult, shift)`` (scalars)."""
+    """MATMUL = QMatMul. FORMULA: ``y = req(a @ b, mult, shift)`` (scalars); batched data
+    operands in the compiled row kernel when it applies (:func:`exec_native_rows.bmm`)."""
     a, b, mult, shift = operands(instr, bufs, consts, 4)
     bound = dtype_bound(a.dtype) * dtype_bound(b.dtype) * a.shape[-1]
     key = ("matmul", instr.outputs[0], a.dtype, b.dtype, a.shape[-1])
     epi = consts.cached(key, lambda: scaled_epilogue(instr.attrs, bound, mult, shift, _scalar))
+    fast = exec_native_rows.bmm(a, b, epi, instr.attrs)
+    if fast is not None:
+        return [fast]
     acc = ek.matmul_int(a, b, as_float=epi is not None)
     return [epi.apply(acc) if epi is not None else _req(acc, mult, shift, instr.attrs, None)]
 
@@ -190,13 +194,15 @@ def _channel_const(v, instr) -> torch.Tensor:
 
 def k_add(instr, bufs, consts):
     """ADD = QAdd. FORMULA: ``y = clamp(round_div(a*ma + b*mb, 2**shift))``; in float
-    (:func:`exec_epilogue.add_epilogue`) when the dtype bounds prove it exact."""
+    (:func:`exec_epilogue.add_epilogue`) when the dtype bounds prove it exact, in one pass
+    of the compiled row kernel when it applies (:func:`exec_native_rows.add`)."""
     a, b, ma, mb, shift = operands(instr, bufs, consts, 5)
     ma, mb = _channel_const(ma, instr), _channel_const(mb, instr)
     key = ("add", instr.outputs[0], a.dtype, b.dtype)
     epi = consts.cached(key, lambda: add_epilogue(instr.attrs, a.dtype, b.dtype, ma, mb, shift))
     if epi is not None:
-        return [epi.apply(a, b)]
+        fast = exec_native_rows.add(a, b, epi, instr.attrs)
+        return [fast if fast is not None else epi.apply(a, b)]
     if max_abs(a) * max_abs(ma) + max_abs(b) * max_abs(mb) >= PRODUCT_LIMIT:
         raise SimulatorError("QAdd products may overflow int64")
     acc = a.long() * ma + b.long() * mb

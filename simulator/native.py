@@ -42,6 +42,8 @@ SIGNATURES = {
     "qp_mul": ([P, I64, P, I64, I64, I64, I64, F64, F64, F64, I64, P, I64], None),
     "qp_mean_cl": ([P, I64, I64, I64, I64, I64, I64, F64, F64, F64, F64, I64, P, I64], None),
     "qp_mul_cl": ([P, I64, P, I64, I64, I64, I64, I64, I64, F64, F64, F64, I64, P, I64], None),
+    "qp_add": ([P, I64, P, I64, I64, I64, I64, P, P, F64, F64, I64, P, I64], None),
+    "qp_bmm": ([P, I64, P, I64, I64, I64, I64, I64, F64, F64, F64, I64, P, I64], None),
 }  # fmt: skip
 
 

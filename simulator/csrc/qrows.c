@@ -1,24 +1,29 @@
-/* The executor's compiled row kernels: REDUCE_MEAN over trailing axes and QMul, requantize
- * fused (simulator/exec_native_rows.py proves the bounds and calls them).
+/* The executor's compiled row kernels: REDUCE_MEAN over trailing axes, QMul, QAdd and
+ * batched QMatMul, requantize fused (simulator/exec_native_rows.py proves the bounds and
+ * calls them).
  *
  * Both evaluate the float64 formulas of the torch path, operation for operation, on
  * values the caller proved exact, so they give the same integers:
  *   mean: y[r] = clamp(round(fl(sum_i x[r, i] * m) / d), lo, hi)      (round_quotient)
  *   mul:  y[k] = clamp(round(a[k] * b[k'] * scale), lo, hi)          (scaled epilogue)
+ *   add:  y[k] = clamp(round(a[k] * sa[c] + b[k'] * sb[c]), lo, hi)  (add epilogue)
+ *   bmm:  y[g, i, j] = clamp(round(sum_k a[g, i, k] b[g, k, j] * scale), lo, hi)
  * with d = n * 2**shift, scale = mult * 2**-shift, b[k'] = b[k] (same shape) or b[r] for
  * every element of row r (a per-row operand, e.g. [N, C, 1, 1] against [N, C, H, W]).
  * round: half_even = roundeven; bpu_round = sign(y) * floor(|y| + 0.5). lo already holds
- * relu. Inputs int8 or int16 (wide), outputs int8 / int16 / int32 (1 << out_shift bytes).
+ * relu. Inputs int8 or int16 (wide; QAdd also int32), outputs int8 / int16 / int32
+ * (1 << out_shift bytes).
  */
 #include "qsimd.h"
 
 #define PAR_MIN 32768 /* elements below which one thread does the work */
 
-/* n <= 8 values from p + i as float64 (int8 or int16, wide). */
-TGT AI __m512d load8(const void *p, int64_t i, int wide, int n) {
+/* n <= 8 values from p + i as float64: int8, int16 or int32 for t = 0, 1, 2 (exact). */
+TGT AI __m512d load8(const void *p, int64_t i, int t, int n) {
     __mmask8 m = (__mmask8)((1u << n) - 1);
-    __m256i v = wide ? _mm256_cvtepi16_epi32(_mm_maskz_loadu_epi16(m, (const int16_t *)p + i))
-                     : _mm256_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, (const int8_t *)p + i));
+    __m256i v = t == 2   ? _mm256_maskz_loadu_epi32(m, (const int32_t *)p + i)
+                : t == 1 ? _mm256_cvtepi16_epi32(_mm_maskz_loadu_epi16(m, (const int16_t *)p + i))
+                         : _mm256_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, (const int8_t *)p + i));
     return _mm512_cvtepi32_pd(v);
 }
 
@@ -128,4 +133,47 @@ TGT void qp_mul_cl(const void *a, int64_t wa, const void *b, int64_t wb, int64_t
                         (int)out_shift, k);
             }
         }
+}
+
+/* QAdd: y[r, c] = a[r, c] * sa[c] + b[(r * C + c) % period] * sb[c] (b repeats every
+ * period elements: a constant broadcast over leading axes), C the last axis; ta, tb dtype
+ * codes of load8. */
+TGT void qp_add(const void *a, int64_t ta, const void *b, int64_t tb, int64_t rows, int64_t c,
+                int64_t period, const double *sa, const double *sb, double lo, double hi,
+                int64_t half_even, void *out, int64_t out_shift) {
+    __m512d vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
+#pragma omp parallel for schedule(static) if (rows * c >= PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t boff = (r * c) % period;
+        for (int64_t c0 = 0; c0 < c; c0 += 8) {
+            int k = c - c0 < 8 ? (int)(c - c0) : 8;
+            __mmask8 m = (__mmask8)((1u << k) - 1);
+            __m512d y = _mm512_mul_pd(load8(a, r * c + c0, (int)ta, k), _mm512_maskz_loadu_pd(m, sa + c0));
+            y = _mm512_fmadd_pd(load8(b, boff + c0, (int)tb, k), _mm512_maskz_loadu_pd(m, sb + c0), y);
+            finish8(y, (int)half_even, vlo, vhi, out, r * c + c0, (int)out_shift, k);
+        }
+    }
+}
+
+/* QMatMul, batched: y[g, i, j] = sum_k a[g, i, k] * b[g, k, j] * scale, float64 sums of
+ * exact products (the caller proves max|a| max|b| K |m| < the float64 limit). */
+TGT void qp_bmm(const void *a, int64_t ta, const void *b, int64_t tb, int64_t batch, int64_t rows,
+                int64_t inner, int64_t cols, double scale, double lo, double hi,
+                int64_t half_even, void *out, int64_t out_shift) {
+    __m512d vs = _mm512_set1_pd(scale), vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
+#pragma omp parallel for schedule(static) if (batch * rows * inner * cols >= PAR_MIN)
+    for (int64_t g = 0; g < batch; g++)
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j0 = 0; j0 < cols; j0 += 8) {
+                int n = cols - j0 < 8 ? (int)(cols - j0) : 8;
+                __m512d acc = _mm512_setzero_pd();
+                for (int64_t k = 0; k < inner; k++) {
+                    int64_t ai = (g * rows + i) * inner + k;
+                    double av = ta ? ((const int16_t *)a)[ai] : ((const int8_t *)a)[ai];
+                    acc = _mm512_fmadd_pd(_mm512_set1_pd(av),
+                                          load8(b, (g * inner + k) * cols + j0, (int)tb, n), acc);
+                }
+                finish8(_mm512_mul_pd(acc, vs), (int)half_even, vlo, vhi, out,
+                        (g * rows + i) * cols + j0, (int)out_shift, n);
+            }
 }

@@ -129,3 +129,43 @@ def test_channels_last_views_equal_the_reference(data, n, c, pad, h, w, seed):
     got = exec_native_rows.mul(view, torch.from_numpy(b), torch.tensor(m), torch.tensor(s), attrs)
     assert got.stride(1) == 1 or view.is_contiguous()  # channels-last out, as in
     np.testing.assert_array_equal(got.numpy(), CUSTOM_OPS["QMul"].evaluate([dense, b, m, s], attrs))
+
+
+ADD_DTYPES = (np.int8, np.int16, np.int32)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), shape=st.lists(st.integers(1, 7), min_size=1, max_size=4),
+       lead=st.integers(0, 3), swap=st.booleans(), seed=st.integers(0, 2**31))  # fmt: skip
+def test_add_equals_qadd(data, shape, lead, swap, seed):
+    """Same shapes or b broadcast over ``lead`` leading axes, either order; scalar or
+    last-axis per-channel multipliers; int8 / int16 / int32 operands."""
+    rng = np.random.default_rng(seed)
+    a = _ints(rng, shape, data.draw(st.sampled_from(ADD_DTYPES)))
+    lead = min(lead, len(shape) - 1)
+    b = _ints(rng, (*[1] * lead, *shape[lead:]), data.draw(st.sampled_from(ADD_DTYPES)))
+    c = shape[-1]
+    ma = rng.integers(-(2**14), 2**14, c if data.draw(st.booleans()) else 1)
+    mb = rng.integers(-(2**14), 2**14, c if data.draw(st.booleans()) else 1)
+    a, b, ma, mb = (b, a, mb, ma) if swap else (a, b, ma, mb)
+    sh = np.array([int(data.draw(st.sampled_from([0, 1, 7, 20, 40])))])
+    with _spy("add") as calls:
+        check(Op.ADD, "QAdd", [a, b], [ma, mb, sh], _attrs(data.draw))
+    bound = sum(-int(np.iinfo(v.dtype).min) * int(np.abs(m).max()) for v, m in ((a, ma), (b, mb)))
+    native_expected = bound < 2**52  # add_epilogue's float64 bound (bpu_round's is lower)
+    assert calls and (calls[0] is not None or not native_expected)
+
+
+@settings(max_examples=50, deadline=None)
+@given(data=st.data(), batch=st.lists(st.integers(1, 4), min_size=1, max_size=2),
+       m=st.integers(1, 9), k=st.integers(1, 40), n=st.integers(1, 20),
+       seed=st.integers(0, 2**31))  # fmt: skip
+def test_bmm_equals_qmatmul(data, batch, m, k, n, seed):
+    rng = np.random.default_rng(seed)
+    a = _ints(rng, (*batch, m, k), data.draw(st.sampled_from(DTYPES)))
+    b = _ints(rng, (*batch, k, n), data.draw(st.sampled_from(DTYPES)))
+    mult = np.array([int(rng.integers(1, 2**12))])
+    s = np.array([int(data.draw(st.sampled_from([0, 1, 9, 20, 30])))])
+    with _spy("bmm") as calls:
+        check(Op.MATMUL, "QMatMul", [a, b], [mult, s], _attrs(data.draw))
+    assert calls and calls[0] is not None
