@@ -17,6 +17,7 @@ kernels evaluate the torch path's float64 formulas operation for operation:
 
 - :func:`add`: FORMULA ``y = clamp(round(a * sa + b * sb))`` on the scales of
   :func:`exec_epilogue.add_epilogue` (which proves the bound);
+- :func:`gather`: a dense table lookup ``values[clamp(q) - qmin]`` (LUT);
 - :func:`bmm`: FORMULA ``y = clamp(round(sum_k a[.., i, k] b[.., k, j] * m * 2**-s))`` on
   the scale of :func:`exec_epilogue.scaled_epilogue` (bound ``max|a| max|b| K |m|``); the
   sum of exact products stays exact in float64 below that bound.
@@ -198,4 +199,20 @@ def bmm(a: torch.Tensor, b: torch.Tensor, epi, attrs: dict):
                             int(b.dtype == torch.int16), a.numel() // (m * k), m, k, n,
                             float(epi.scale), *_epi_args(epi), native.ptr(out),
                             OUT_SHIFT[attrs["out_dtype"]])  # fmt: skip
+    return out
+
+
+def gather(values: torch.Tensor, qmin: int, qmax: int, q: torch.Tensor):
+    """``values[clamp(q, qmin, qmax) - qmin]`` (a dense table, :class:`exec_dense.Dense`)
+    in one pass, or None: integer ``q`` and ``values`` of int8 / int16 / int32 (exact: the
+    same entries, the same clamp)."""
+    if native.library() is None or q.dtype not in LOAD_CODES or values.dtype not in LOAD_CODES:
+        return None
+    if not values.is_contiguous() or values.numel() != qmax - qmin + 1:
+        return None
+    q = q.contiguous()
+    out = torch.empty(q.shape, dtype=values.dtype)
+    native.library().qp_gather(native.ptr(q), LOAD_CODES[q.dtype], q.numel(), qmin, qmax,
+                               native.ptr(values), values.element_size().bit_length() - 1,
+                               native.ptr(out))  # fmt: skip
     return out

@@ -44,6 +44,7 @@ SIGNATURES = {
     "qp_mul_cl": ([P, I64, P, I64, I64, I64, I64, I64, I64, F64, F64, F64, I64, P, I64], None),
     "qp_add": ([P, I64, P, I64, I64, I64, I64, P, P, F64, F64, I64, P, I64], None),
     "qp_bmm": ([P, I64, P, I64, I64, I64, I64, I64, F64, F64, F64, I64, P, I64], None),
+    "qp_gather": ([P, I64, I64, I64, I64, P, I64, P], None),
 }  # fmt: skip
 
 

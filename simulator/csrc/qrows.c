@@ -213,3 +213,21 @@ TGT void qp_bmm(const void *a, int64_t ta, const void *b, int64_t tb, int64_t ba
             }
     }
 }
+
+/* Table lookup: y[i] = values[clamp(x[i], qmin, qmax) - qmin], x of dtype code tx (int8,
+ * int16, int32), values and y of 1 << vshift bytes (int8, int16, int32). */
+TGT void qp_gather(const void *x, int64_t tx, int64_t n, int64_t qmin, int64_t qmax,
+                   const void *values, int64_t vshift, void *out) {
+#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
+    for (int64_t i0 = 0; i0 < n; i0 += 4096) {
+        int64_t i1 = i0 + 4096 < n ? i0 + 4096 : n;
+        for (int64_t i = i0; i < i1; i++) {
+            int64_t q = tx == 2 ? ((const int32_t *)x)[i]
+                        : tx == 1 ? ((const int16_t *)x)[i] : ((const int8_t *)x)[i];
+            q = (q < qmin ? qmin : q > qmax ? qmax : q) - qmin;
+            if (vshift == 0) ((int8_t *)out)[i] = ((const int8_t *)values)[q];
+            else if (vshift == 1) ((int16_t *)out)[i] = ((const int16_t *)values)[q];
+            else ((int32_t *)out)[i] = ((const int32_t *)values)[q];
+        }
+    }
+}

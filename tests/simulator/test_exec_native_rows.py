@@ -172,3 +172,21 @@ def test_bmm_equals_qmatmul(data, batch, m, k, n, seed):
     with _spy("bmm") as calls:
         check(Op.MATMUL, "QMatMul", [a, b], [mult, s], _attrs(data.draw))
     assert calls and calls[0] is not None
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), qmin=st.integers(-200, 10), width=st.integers(1, 300),
+       shape=st.lists(st.integers(1, 9), min_size=0, max_size=3), seed=st.integers(0, 2**31))  # fmt: skip
+def test_gather_equals_clamped_indexing(data, qmin, width, shape, seed):
+    """Inputs beyond [qmin, qmax] saturate, as lut.lookup does; every dtype pair."""
+    rng = np.random.default_rng(seed)
+    vdt = data.draw(st.sampled_from(ADD_DTYPES))
+    values = _ints(rng, (width,), vdt)
+    q = rng.integers(qmin - 50, qmin + width + 50, shape)
+    dt = data.draw(st.sampled_from(ADD_DTYPES))
+    q = np.asarray(np.clip(q, np.iinfo(dt).min, np.iinfo(dt).max).astype(dt))
+    qmax = qmin + width - 1
+    want = values[np.clip(q.astype(np.int64), qmin, qmax) - qmin]
+    got = exec_native_rows.gather(torch.from_numpy(values), qmin, qmax, torch.from_numpy(q))
+    assert got is not None and got.dtype == torch.from_numpy(values).dtype
+    np.testing.assert_array_equal(got.numpy(), want)
