@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from schemas.errors import SimulatorError
-from simulator import composite
+from simulator import composite, exec_native_norm
 from simulator import exec_kernels as ek
 from simulator import fixedpoint as fp
 from simulator.composite import LayerNormTables, SoftmaxTables
@@ -59,11 +59,14 @@ def k_softmax(instr, bufs, consts):
 
 def k_layernorm(instr, bufs, consts):
     """LAYERNORM. FORMULA: :func:`simulator.composite.int_layernorm` on the last axis
-    (:func:`simulator.exec_dense.int_layernorm`: dense rsqrt table)."""
+    (:func:`simulator.exec_dense.int_layernorm`: dense rsqrt table; in one compiled pass
+    when :func:`simulator.exec_native_norm.layernorm` applies)."""
     t = _table(instr, consts, LayerNormTables)
     rsqrt = _dense(instr, consts, t.rsqrt, "rsqrt", torch.float64)
     x = bufs[instr.inputs[0]]
-    y = int_layernorm(x, t, rsqrt, consts.cached(("ln_affine", instr.consts), lambda: ln_affine(t)))
+    affine = consts.cached(("ln_affine", instr.consts), lambda: ln_affine(t))
+    y = exec_native_norm.layernorm(x, t, rsqrt, affine)  # compiled, when it applies
+    y = int_layernorm(x, t, rsqrt, affine) if y is None else y
     y = composite.int_layernorm(x, t) if y is None else y  # a bound failed: the reference
     return [y.to(ek.TORCH_DTYPES[t.out_dtype])]
 

@@ -31,7 +31,7 @@ HINT = (
     "install a C compiler (e.g. apt install gcc) or set $CC; the executor runs its torch "
     "kernels meanwhile (same integers, slower); QPARITY_NATIVE=0 turns the kernels off"
 )
-SOURCES = tuple(Path(__file__).with_name("csrc") / n for n in ("qconv.c", "qrows.c"))
+SOURCES = tuple(Path(__file__).with_name("csrc") / n for n in ("qconv.c", "qrows.c", "qnorm.c"))
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-fno-strict-aliasing")
 P, I64, F64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 SIGNATURES = {
@@ -45,6 +45,8 @@ SIGNATURES = {
     "qp_add": ([P, I64, P, I64, I64, I64, I64, P, P, F64, F64, I64, P, I64], None),
     "qp_bmm": ([P, I64, P, I64, I64, I64, I64, I64, F64, F64, F64, I64, P, I64], None),
     "qp_gather": ([P, I64, I64, I64, I64, P, I64, P], None),
+    "qp_layernorm": ([P, *[I64] * 5, F64, I64, P, I64, I64, P, P, F64, F64, F64, P, I64],
+                     ctypes.c_int),
 }  # fmt: skip
 
 
@@ -117,7 +119,7 @@ def _state() -> tuple[ctypes.CDLL | None, str]:
     if not lib.qp_cpu_ok():
         LOG.info("compiled simulator kernels off: this CPU lacks AVX-512 VNNI")
         return None, "unavailable: this CPU lacks AVX-512 VNNI"
-    return lib, "on (AVX-512 VNNI convolution, row kernels)"
+    return lib, "on (AVX-512 VNNI convolution, row kernels, LayerNorm)"
 
 
 def library() -> ctypes.CDLL | None:

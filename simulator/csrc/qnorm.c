@@ -1,0 +1,70 @@
+/* The executor's compiled LayerNorm (simulator/exec_native_norm.py proves the bounds and
+ * calls it): exec_dense.int_layernorm, row by row, operation for operation in float64.
+ *
+ * Per row of n < 2**10 values q (int8 or int16), s = in_shift:
+ *   X1 = sum(q) 2^s, X2 = sum(q^2) 4^s (exact integers), mean = round(X1 / n),
+ *   ssd = X2 - 2 X1 mean + n mean^2, v = round(ssd 2^G / n) + eps,
+ *   k = (frexp_exponent(v) - 14) >> 1, vn = clamp(round(v 2^-2k), 0, 32767),
+ *   c = rsqrt[vn] 2^(F - 17 - k), y = round(q (c 2^s) - mean c),
+ *   out = clamp(round(y w[j] + b[j]), lo, hi)        (w, b already times out_mult 2^-out_shift)
+ * Every value is an exact float64 (the proofs are in exec_dense's docstrings) except the two
+ * quotients, which round_quotient rounds exactly; |y| must stay <= y_top (checked here: the
+ * call returns 1 and the caller runs the reference instead).
+ */
+#include <math.h>
+
+#include "qsimd.h"
+
+TGT AI double round_mode(double y, int half_even) {
+    return half_even ? __builtin_roundeven(y) : copysign(floor(fabs(y) + 0.5), y);
+}
+
+TGT AI double qat(const void *q, int64_t i, int wide) {
+    return wide ? (double)((const int16_t *)q)[i] : (double)((const int8_t *)q)[i];
+}
+
+/* One row: the statistics, then the normalized, affine, clamped outputs. 1 on a bound. */
+TGT AI int ln_row(const void *q, int wide, int64_t r, int64_t n, int in_shift, int guard,
+              double eps, int half_even, const double *rsqrt, int64_t rsqrt_qmin, int frac,
+              const double *w, const double *b, double y_top, double lo, double hi, void *out,
+              int out_shift) {
+    int64_t s1 = 0, s2 = 0;
+    for (int64_t j = 0; j < n; j++) {
+        int64_t v = wide ? ((const int16_t *)q)[r * n + j] : ((const int8_t *)q)[r * n + j];
+        s1 += v, s2 += v * v;
+    }
+    double x1 = (double)s1 * ldexp(1.0, in_shift), x2 = (double)s2 * ldexp(1.0, 2 * in_shift);
+    double mean = round_mode(x1 / (double)n, half_even);
+    double ssd = x2 - x1 * mean * 2.0 + mean * mean * (double)n;
+    double v = round_mode(ssd * ldexp(1.0, guard) / (double)n, half_even) + eps;
+    int e;
+    frexp(v, &e);
+    int k = (e - 14) >> 1;
+    double vn = round_mode(v * ldexp(1.0, -2 * k), half_even);
+    vn = vn < 0 ? 0 : vn > 32767 ? 32767 : vn;
+    double c = rsqrt[(int64_t)vn - rsqrt_qmin] * ldexp(1.0, frac - 17 - k);
+    double cs = c * ldexp(1.0, in_shift), mc = mean * c;
+    int bad = 0;
+    for (int64_t j = 0; j < n; j++) {
+        double y = round_mode(qat(q, r * n + j, wide) * cs - mc, half_even);
+        bad |= fabs(y) > y_top;
+        double o = round_mode(y * w[j] + b[j], half_even);
+        o = o < lo ? lo : o > hi ? hi : o;
+        if (out_shift == 0) ((int8_t *)out)[r * n + j] = (int8_t)o;
+        else if (out_shift == 1) ((int16_t *)out)[r * n + j] = (int16_t)o;
+        else ((int32_t *)out)[r * n + j] = (int32_t)o;
+    }
+    return bad;
+}
+
+TGT int qp_layernorm(const void *q, int64_t wide, int64_t rows, int64_t n, int64_t in_shift,
+                 int64_t guard, double eps, int64_t half_even, const double *rsqrt,
+                 int64_t rsqrt_qmin, int64_t frac, const double *w, const double *b,
+                 double y_top, double lo, double hi, void *out, int64_t out_shift) {
+    int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad) if (rows * n >= 32768)
+    for (int64_t r = 0; r < rows; r++)
+        bad |= ln_row(q, (int)wide, r, n, (int)in_shift, (int)guard, eps, (int)half_even, rsqrt,
+                      rsqrt_qmin, (int)frac, w, b, y_top, lo, hi, out, (int)out_shift);
+    return bad;
+}

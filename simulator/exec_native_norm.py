@@ -1,0 +1,47 @@
+"""LAYERNORM through the compiled kernel (simulator/csrc/qnorm.c).
+
+:func:`layernorm` is :func:`simulator.exec_dense.int_layernorm` in one pass per row: the
+same float64 operations on the same exact values (the bounds and their proofs are in
+that function's docstrings, rows of ``n < 2**10``), the dense rsqrt table and
+:func:`~simulator.exec_dense.ln_affine`'s per-channel factors. It returns None when it does
+not apply (no compiled library, long rows, an input dtype or table it does not take) or
+when the data break the runtime bound ``max|y| <= y_top``; the caller then runs the torch
+path, which makes the same check and falls back to :func:`simulator.composite.int_layernorm`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from simulator import fixedpoint as fp
+from simulator import native
+from simulator.composite import NORM_FRAC, VAR_GUARD, LayerNormTables
+from simulator.exec_dense import LN_ROWS_MAX, Dense
+from simulator.exec_kernels import TORCH_DTYPES
+
+OUT_SHIFT = {"int8": 0, "int16": 1, "int32": 2}
+
+
+def layernorm(q: torch.Tensor, t: LayerNormTables, rsqrt: Dense, affine: tuple):
+    """FORMULA (as int_layernorm): ``mean = round(sum(q) 2^s / n)``, ``v = round((X2 -
+    2 X1 mean + n mean^2) 2^9 / n) + eps``, ``c = rsqrt[vn] 2^(16 - 17 - k)``, ``y =
+    round(q c 2^s - mean c)``, ``out = clamp(round(y w M + b M))``; or None."""
+    wm, bm, y_top = affine
+    lib = native.library()
+    if lib is None or t.n >= LN_ROWS_MAX or q.dtype not in (torch.int8, torch.int16):
+        return None
+    if not q.numel() or q.shape[-1] != t.n or t.out_dtype not in OUT_SHIFT or y_top < 0:
+        return None
+    ok_table = rsqrt.values.dtype == torch.float64 and rsqrt.qmin <= 0 and rsqrt.qmax >= 32767
+    if not ok_table or t.rounding not in ("half_even", "bpu_round"):
+        return None
+    q = q.contiguous()
+    out = torch.empty(q.shape, dtype=TORCH_DTYPES[t.out_dtype])
+    lo, hi = fp.qrange(t.out_dtype)
+    wm, bm = wm.contiguous(), bm.contiguous()
+    bad = lib.qp_layernorm(native.ptr(q), int(q.dtype == torch.int16), q.numel() // t.n, t.n,
+                           t.in_shift, VAR_GUARD, float(t.eps_fx),
+                           int(t.rounding == "half_even"), native.ptr(rsqrt.values), rsqrt.qmin,
+                           NORM_FRAC, native.ptr(wm), native.ptr(bm), float(y_top), float(lo),
+                           float(hi), native.ptr(out), OUT_SHIFT[t.out_dtype])  # fmt: skip
+    return None if bad else out
