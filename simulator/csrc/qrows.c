@@ -18,25 +18,6 @@
 
 #define PAR_MIN 32768 /* elements below which one thread does the work */
 
-/* n <= 8 values from p + i as float64: int8, int16 or int32 for t = 0, 1, 2 (exact). */
-TGT AI __m512d load8(const void *p, int64_t i, int t, int n) {
-    __mmask8 m = (__mmask8)((1u << n) - 1);
-    __m256i v = t == 2   ? _mm256_maskz_loadu_epi32(m, (const int32_t *)p + i)
-                : t == 1 ? _mm256_cvtepi16_epi32(_mm_maskz_loadu_epi16(m, (const int16_t *)p + i))
-                         : _mm256_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, (const int8_t *)p + i));
-    return _mm512_cvtepi32_pd(v);
-}
-
-/* round, clamp to [lo, hi], store n <= 8 values at out + i (1 << out_shift bytes each). */
-TGT AI void finish8(__m512d y, int half_even, __m512d lo, __m512d hi, void *out, int64_t i,
-                    int out_shift, int n) {
-    __mmask8 m = (__mmask8)((1u << n) - 1);
-    __m256i r = _mm512_cvtpd_epi32(_mm512_min_pd(_mm512_max_pd(round_pd(y, half_even), lo), hi));
-    if (out_shift == 0) _mm256_mask_cvtepi32_storeu_epi8((int8_t *)out + i, m, r);
-    else if (out_shift == 1) _mm256_mask_cvtepi32_storeu_epi16((int16_t *)out + i, m, r);
-    else _mm256_mask_storeu_epi32((int32_t *)out + i, m, r);
-}
-
 /* sum of x[start .. start+inner) (int8 or int16), 16 lanes at a time in int32, folded
  * into int64 every 2**19 elements (2**15 per lane: |lane sum| <= 2**30). */
 TGT AI int64_t row_sum(const void *x, int64_t start, int64_t inner, int wide) {
