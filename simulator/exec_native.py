@@ -12,13 +12,13 @@ in float32 or float64, with the bounds of :mod:`simulator.exec_epilogue`:
 
 - ``A = acc_bound(wmat, in_dtype, bias) < 2**31``: the int32 accumulator is exact (the
   kernel's sums wrap modulo 2**32 and land on the true value);
-- ``T = A * max|scale numerator| (+ 128 * max|b numerator|) < exact_limit(mode, ftype)``:
+- ``T = A * max|scale numerator| (+ max|b| * max|b numerator|) < exact_limit(mode, ftype)``:
   the product, the sum and the rounding are exact in ``ftype``; float32 when ``T`` is below
   the float32 limit (2**24 half_even, 2**23 bpu_round), else float64.
 
 int8 or int16 inputs (int8 weights), int8 / int16 requantized outputs or an int32
 output without requantize (``acc + bias``, relu; ``A < 2**31`` makes its saturation a
-no-op) and an int8 add operand run here; the caller keeps the torch path for the rest, and
+no-op) and an int8 / int16 / int32 add operand run here; the caller keeps the torch path for the rest, and
 for everything when :func:`simulator.native.library` is None. QLinear runs as a 1x1
 convolution over its rows (:func:`linear`).
 """
@@ -35,6 +35,8 @@ from simulator.exec_kernels import exact_limit
 LANES = 16
 """Output channels per kernel block (one 512-bit register of int32)."""
 IN_DTYPES = (torch.int8, torch.int16)
+B_DTYPES = (torch.int8, torch.int16, torch.int32)
+"""The fused add's operand (an int32 one: a downsample branch's accumulator)."""
 OUT_DTYPES = (torch.int8, torch.int16)
 """Requantized outputs; an int32 output without requantize also runs (``Epilogue.int_bias``)."""
 
@@ -92,7 +94,7 @@ def plan(wmat, kernel, channels: int, in_dtype, epi, bias, b_dtype, bound: int, 
     runs (:func:`_layout`)."""
     if native.library() is None or epi is None or wmat.dtype != torch.int8 or bound >= 2**31:
         return None
-    if in_dtype not in IN_DTYPES or b_dtype not in (None, torch.int8):
+    if in_dtype not in IN_DTYPES or b_dtype not in (None, *B_DTYPES):
         return None
     o, has_bias = wmat.shape[1], bias is not None and bias.numel() > 0
     b = bias.reshape(-1).long() if has_bias else torch.zeros(o, dtype=torch.long)
@@ -133,8 +135,8 @@ def _layout(wmat, kernel, channels: int, in_dtype, unit_w_dilation: bool):
 
 def run(nc: NativeConv, geometry, x: torch.Tensor, b, out: torch.Tensor) -> None:
     """``out[..., :O] = conv(x) (+ b)`` for ``x [N, H, W, C_stored]`` into
-    ``out [N, OH, OW, O_pad]`` (contiguous, ``nc.out_dtype``); ``b [N, OH, OW, B_pad]`` int8
-    or None."""
+    ``out [N, OH, OW, O_pad]`` (contiguous, ``nc.out_dtype``); ``b [N, OH, OW, B_pad]``
+    (:data:`B_DTYPES`) or None."""
     strides, pads, dil = geometry
     xs = _padded(nc, x.contiguous(), pads)
     b = None if b is None else b.contiguous()
@@ -145,7 +147,8 @@ def run(nc: NativeConv, geometry, x: torch.Tensor, b, out: torch.Tensor) -> None
         native.ptr(nc.weights), *nc.taps, nc.blocks, nc.out_channels, *strides,
         dil[0], 1 if nc.row_runs else dil[1], *out.shape[1:3], native.ptr(nc.corr),
         native.ptr(nc.scale), native.ptr(nc.scale_b), int(f64), native.ptr(b),
-        0 if b is None else b.shape[3], nc.lo, nc.hi, int(nc.half_even),
+        0 if b is None else b.shape[3], 0 if b is None else b.element_size().bit_length() - 1,
+        nc.lo, nc.hi, int(nc.half_even),
         native.ptr(out), out.element_size().bit_length() - 1, out.shape[3])  # fmt: skip
 
 

@@ -24,7 +24,8 @@
  * Row runs (channels not a multiple of 4 bytes, unit W dilation): Cs = C, and each kernel
  * row's kw * C contiguous values are one tap of a (kh, 1) kernel (4x fewer products for a
  * 1-channel 3x3 stem);
- * b [N, OH, OW, stride] int8; out [N, OH, OW, stride] int8, int16 or int32, channels >= O
+ * b [N, OH, OW, stride] int8, int16 or int32; out [N, OH, OW, stride] int8, int16 or int32,
+ * channels >= O
  * untouched.
  */
 #include <string.h>
@@ -74,6 +75,7 @@ typedef struct {
     const void *scale_b;  /* [Ob*16] or NULL without a fused add */
     double lo, hi;
     int f64, half_even, out_shift; /* output element size 1 << out_shift bytes */
+    int bshift;                    /* add operand element size 1 << bshift bytes */
 } epi_t;
 
 TGT AI __m256i half_pd(__m256i a, __m256i bi, const epi_t *e, int64_t o0, int has_b) {
@@ -88,7 +90,7 @@ TGT AI __m256i half_pd(__m256i a, __m256i bi, const epi_t *e, int64_t o0, int ha
 
 /* The epilogue of 16 channels o0.. of one pixel; lanes outside m are not stored. int32
  * output has no scale: y = max(acc, lo) (the caller proves acc fits int32). */
-TGT AI void epilogue16(__m512i acc, const epi_t *e, int64_t o0, const int8_t *b,
+TGT AI void epilogue16(__m512i acc, const epi_t *e, int64_t o0, const char *b,
                        void *out, __mmask16 m) {
     acc = _mm512_add_epi32(acc, _mm512_loadu_si512(e->corr + o0));
     if (!e->scale) {
@@ -96,7 +98,10 @@ TGT AI void epilogue16(__m512i acc, const epi_t *e, int64_t o0, const int8_t *b,
         _mm512_mask_storeu_epi32(out, m, acc);
         return;
     }
-    __m512i bi = b ? _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, b)) : _mm512_setzero_si512();
+    __m512i bi = !b                ? _mm512_setzero_si512()
+                 : e->bshift == 2 ? _mm512_maskz_loadu_epi32(m, b)
+                 : e->bshift == 1 ? _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(m, b))
+                                  : _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, b));
     __m512i r;
     if (!e->f64) {
         __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_loadu_ps((const float *)e->scale + o0));
@@ -121,7 +126,7 @@ typedef struct {
     int64_t hp, wp, pix, c4; /* pix: bytes per input pixel; c4: 4-byte groups per tap */
     const int8_t *wk;
     int64_t kh, kw, ob, o, sh, sw, dh, dw, oh, ow;
-    const int8_t *b;
+    const char *b; /* the add operand (int8, int16 or int32: epi_t.bshift) */
     int64_t bstride;
     char *out;
     int64_t ostride; /* elements */
@@ -173,7 +178,7 @@ TGT AI void conv_block(const conv_t *c, const epi_t *e, int64_t q0, int64_t nq, 
         __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
         for (int p = 0; p < nq; p++) {
             int64_t q = q0 + p;
-            const int8_t *bp = c->b ? c->b + q * c->bstride + o0 : 0;
+            const char *bp = c->b ? c->b + ((q * c->bstride + o0) << e->bshift) : 0;
             epilogue16(acc[b * NP + p], e, o0, bp, c->out + ((q * c->ostride + o0) << e->out_shift), m);
         }
     }
@@ -215,13 +220,13 @@ TGT void qp_conv(const void *xs, int64_t wide, int64_t n, int64_t hp, int64_t wp
                  int64_t groups, const int8_t *wk, int64_t kh, int64_t kw, int64_t ob, int64_t o,
                  int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t oh, int64_t ow,
                  const int32_t *corr, const void *scale, const void *scale_b, int64_t f64,
-                 const int8_t *b, int64_t bstride, int64_t lo, int64_t hi,
+                 const void *b, int64_t bstride, int64_t bshift, int64_t lo, int64_t hi,
                  int64_t half_even, void *out, int64_t out_shift, int64_t ostride) {
     epi_t e = {corr, scale, scale_b, (double)lo, (double)hi, (int)f64, (int)half_even,
-               (int)out_shift};
+               (int)out_shift, (int)bshift};
     int64_t pix = cs << (wide ? 1 : 0);
     conv_t c = {(const uint8_t *)xs, hp, wp, pix, groups, wk, kh, kw, ob, o, sh, sw, dh, dw,
-                oh, ow, b, bstride, (char *)out, ostride};
+                oh, ow, (const char *)b, bstride, (char *)out, ostride};
     int np = ob >= 4 ? 6 : ob >= 2 ? 10 : 16;
     int64_t total = n * oh * ow, tiles = ((total + np - 1) / np + TILE - 1) / TILE;
 #pragma omp parallel for schedule(static)
