@@ -18,7 +18,6 @@ kernels evaluate the torch path's float64 formulas operation for operation:
 - :func:`add`: FORMULA ``y = clamp(round(a * sa + b * sb))`` on the scales of
   :func:`exec_epilogue.add_epilogue` (which proves the bound);
 - :func:`gather`: a dense table lookup ``values[clamp(q) - qmin]`` (LUT);
-- :func:`maxpool`: NHWC window maxima (exact);
 - :func:`bmm`: FORMULA ``y = clamp(round(sum_k a[.., i, k] b[.., k, j] * m * 2**-s))`` on
   the scale of :func:`exec_epilogue.scaled_epilogue` (bound ``max|a| max|b| K |m|``); the
   sum of exact products stays exact in float64 below that bound.
@@ -216,24 +215,4 @@ def gather(values: torch.Tensor, qmin: int, qmax: int, q: torch.Tensor):
     native.library().qp_gather(native.ptr(q), LOAD_CODES[q.dtype], q.numel(), qmin, qmax,
                                native.ptr(values), values.element_size().bit_length() - 1,
                                native.ptr(out))  # fmt: skip
-    return out
-
-
-def maxpool(x: torch.Tensor, kernel, strides, pads, dilations):
-    """MAXPOOL of an NHWC ``x [N, H, W, C]`` (int8 / int16) over H, W, or None.
-
-    FORMULA: ``y[n, p, c] = max_k x_pad[n, p*stride + k*dilation, c]``, ``x_pad = qmin``
-    outside ``x`` (:func:`simulator.exec_kernels.max_pool`; a maximum is exact)."""
-    if native.library() is None or x.ndim != 4 or x.dtype not in IN_DTYPES or len(kernel) != 2:
-        return None
-    n, h, w, c = x.shape
-    (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilations
-    oh = (h + pads[0] + pads[2] - dh * (kh - 1) - 1) // sh + 1
-    ow = (w + pads[1] + pads[3] - dw * (kw - 1) - 1) // sw + 1
-    if oh < 1 or ow < 1 or not x.numel():
-        return None  # the torch path names the error
-    x = x.contiguous()
-    out = torch.empty((n, oh, ow, c), dtype=x.dtype)
-    native.library().qp_maxpool(native.ptr(x), int(x.dtype == torch.int16), n, h, w, c, kh, kw,
-                                sh, sw, dh, dw, pads[0], pads[1], oh, ow, native.ptr(out))  # fmt: skip
     return out

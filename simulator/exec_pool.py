@@ -111,9 +111,4 @@ def k_maxpool(instr, bufs, consts):
     (x,) = operands(instr, bufs, consts, 1)
     kernel = [int(k) for k in instr.attrs["kernel_shape"]]
     strides, pads, dil = ek.geometry(len(kernel), instr.attrs)
-    if (
-        is_nhwc(instr)
-        and (y := exec_native_rows.maxpool(x, kernel, strides, pads, dil)) is not None
-    ):
-        return [y]  # one compiled pass
     return [ek.max_pool(x, _pool_axes(instr, x, len(kernel)), kernel, strides, pads, dil)]

@@ -1,5 +1,5 @@
 /* The executor's compiled row kernels: REDUCE_MEAN over trailing axes, QMul, QAdd and
- * batched QMatMul, requantize fused, and the table gather and NHWC max pooling (simulator/exec_native_rows.py proves the bounds and
+ * batched QMatMul, requantize fused (simulator/exec_native_rows.py proves the bounds and
  * calls them).
  *
  * Both evaluate the float64 formulas of the torch path, operation for operation, on
@@ -210,31 +210,5 @@ TGT void qp_gather(const void *x, int64_t tx, int64_t n, int64_t qmin, int64_t q
             else if (vshift == 1) ((int16_t *)out)[i] = ((const int16_t *)values)[q];
             else ((int32_t *)out)[i] = ((const int32_t *)values)[q];
         }
-    }
-}
-
-/* MAXPOOL on NHWC: y[n, oy, ox, c] = max over the window of x (positions outside x count
- * as the dtype's minimum, as the torch path pads); int8, or int16 when wide. */
-#define POOL_MAX(T, LOWEST)                                                                  \
-    do {                                                                                     \
-        T *y = (T *)out + p * c;                                                             \
-        for (int64_t k = 0; k < c; k++) y[k] = LOWEST;                                       \
-        for (int64_t i = 0; i < kh; i++)                                                     \
-            for (int64_t j = 0; j < kw; j++) {                                               \
-                int64_t iy = oy * sh + i * dh - pt, ix = ox * sw + j * dw - pl;              \
-                if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;                        \
-                const T *s = (const T *)x + ((ni * h + iy) * w + ix) * c;                    \
-                for (int64_t k = 0; k < c; k++) y[k] = s[k] > y[k] ? s[k] : y[k];             \
-            }                                                                                \
-    } while (0)
-
-TGT void qp_maxpool(const void *x, int64_t wide, int64_t n, int64_t h, int64_t w, int64_t c,
-                    int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
-                    int64_t pt, int64_t pl, int64_t oh, int64_t ow, void *out) {
-#pragma omp parallel for schedule(static) if (n * oh * ow * c >= PAR_MIN)
-    for (int64_t p = 0; p < n * oh * ow; p++) {
-        int64_t ni = p / (oh * ow), oy = p / ow % oh, ox = p % ow;
-        if (wide) POOL_MAX(int16_t, INT16_MIN);
-        else POOL_MAX(int8_t, INT8_MIN);
     }
 }
