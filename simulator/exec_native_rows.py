@@ -18,6 +18,7 @@ kernels evaluate the torch path's float64 formulas operation for operation:
 - :func:`add`: FORMULA ``y = clamp(round(a * sa + b * sb))`` on the scales of
   :func:`exec_epilogue.add_epilogue` (which proves the bound);
 - :func:`gather`: a dense table lookup ``values[clamp(q) - qmin]`` (LUT);
+- :func:`quantize`: float input to int8/int16 in x's float type (QUANTIZE);
 - :func:`bmm`: FORMULA ``y = clamp(round(sum_k a[.., i, k] b[.., k, j] * m * 2**-s))`` on
   the scale of :func:`exec_epilogue.scaled_epilogue` (bound ``max|a| max|b| K |m|``); the
   sum of exact products stays exact in float64 below that bound.
@@ -216,3 +217,32 @@ def gather(values: torch.Tensor, qmin: int, qmax: int, q: torch.Tensor):
                                native.ptr(values), values.element_size().bit_length() - 1,
                                native.ptr(out))  # fmt: skip
     return out
+
+
+def quantize(x: torch.Tensor, scale: torch.Tensor, axis: int | None, dtype: str, mode: str):
+    """QUANTIZE ``clamp(round_by(x / s), qrange(dtype))`` of a float32/float64 ``x`` in its
+    own float type (``s`` cast to it; per channel along ``axis`` or one value), or None:
+    other dtypes, or a non-finite ``x / s`` anywhere (the torch path then decides).
+
+    FORMULA: :func:`simulator.fixedpoint.round_by` (bpu_round as ``round_half_away``:
+    ``t = trunc(q)``, ``t + sign(q)`` when ``|q - t| >= 0.5``), then the clamp; the int8 /
+    int16 bounds are exact floats, so the clamped value casts exactly."""
+    ok = native.library() is not None and x.dtype in (torch.float32, torch.float64)
+    if not ok or dtype not in ("int8", "int16") or mode not in ("half_even", "bpu_round"):
+        return None
+    if not x.numel() or (axis is not None and scale.numel() != x.shape[axis]):
+        return None
+    x = x.contiguous()
+    c = 1 if axis is None else x.shape[axis]
+    inner = 1 if axis is None else math.prod(x.shape[axis + 1 :])
+    scales = (
+        scale.to(x.dtype).double().reshape(-1).contiguous()
+    )  # x's float type, as the torch path
+    out = torch.empty(x.shape, dtype=TORCH_DTYPES[dtype])
+    lo, hi = fp.qrange(dtype)
+    inner = x.numel() if axis is None else inner
+    bad = native.library().qp_quantize(native.ptr(x), int(x.dtype == torch.float64),
+                                       x.numel() // (c * inner), c, inner, native.ptr(scales),
+                                       int(mode == "half_even"), float(lo), float(hi),
+                                       native.ptr(out), OUT_SHIFT[dtype])  # fmt: skip
+    return None if bad else out

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from schemas.errors import SimulatorError
-from simulator import composite, exec_native_norm
+from simulator import composite, exec_native_norm, exec_native_rows
 from simulator import exec_kernels as ek
 from simulator import fixedpoint as fp
 from simulator.composite import LayerNormTables, SoftmaxTables
@@ -89,6 +89,8 @@ def k_quantize(instr, bufs, consts):
     mode = instr.attrs.get("rounding", "bpu_round")
     if dtype == "int32" or not x.is_floating_point():
         return [fp.quantize(x, s, dtype, mode, axis).to(ek.TORCH_DTYPES[dtype])]
+    if (fast := exec_native_rows.quantize(x, s, axis, dtype, mode)) is not None:
+        return [fast]  # one compiled pass, same float operations
     s = s.to(x.dtype).reshape(
         [-1 if i == axis else 1 for i in range(x.ndim)] if axis is not None else ()
     )

@@ -45,6 +45,7 @@ SIGNATURES = {
     "qp_add": ([P, I64, P, I64, I64, I64, I64, P, P, F64, F64, I64, P, I64], None),
     "qp_bmm": ([P, I64, P, I64, I64, I64, I64, I64, F64, F64, F64, I64, P, I64], None),
     "qp_gather": ([P, I64, I64, I64, I64, P, I64, P], None),
+    "qp_quantize": ([P, I64, I64, I64, I64, P, I64, F64, F64, P, I64], ctypes.c_int),
     "qp_layernorm": ([P, *[I64] * 5, F64, I64, P, I64, I64, P, P, F64, F64, F64, P, I64],
                      ctypes.c_int),
 }  # fmt: skip

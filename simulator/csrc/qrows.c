@@ -212,3 +212,74 @@ TGT void qp_gather(const void *x, int64_t tx, int64_t n, int64_t qmin, int64_t q
         }
     }
 }
+
+/* QUANTIZE of float input: y = clamp(round(x / s), lo, hi) in x's float type (float32, or
+ * float64 when f64), s per channel of a [outer, C, inner] view (C = 1: one scale); round
+ * half_even, or bpu_round as fixedpoint.round_half_away: t = trunc(q), t + sign(q) when
+ * |q - t| >= 0.5 (exact: no |q| + 0.5). Returns 1 (and the caller discards the output)
+ * when some q is not finite. */
+#define NOT_FINITE 0x99 /* fpclass: QNaN | SNaN | +Inf | -Inf */
+
+/* fixedpoint.round_half_away on any float: t = trunc(q), plus sign(q) when |q - t| >= 0.5
+ * (q - t is exact; |q| + 0.5 would round for the float below 0.5 and large odd values). */
+TGT AI __m512 away_ps(__m512 q) {
+    __m512 t = _mm512_roundscale_ps(q, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(q, t)), _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    return _mm512_mask_add_ps(t, up, t, _mm512_or_ps(_mm512_set1_ps(1.0f), _mm512_and_ps(q, _mm512_set1_ps(-0.0f))));
+}
+
+TGT AI __m512d away_pd(__m512d q) {
+    __m512d t = _mm512_roundscale_pd(q, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __mmask8 up = _mm512_cmp_pd_mask(_mm512_abs_pd(_mm512_sub_pd(q, t)), _mm512_set1_pd(0.5), _CMP_GE_OQ);
+    return _mm512_mask_add_pd(t, up, t, _mm512_or_pd(_mm512_set1_pd(1.0), _mm512_and_pd(q, _mm512_set1_pd(-0.0))));
+}
+
+TGT AI int quant_ps(const float *x, int64_t i0, int64_t i1, float s, int half_even, float lo,
+                    float hi, void *out, int out_shift) {
+    __m512 vs = _mm512_set1_ps(s);
+    __mmask16 bad = 0;
+    for (int64_t i = i0; i < i1; i += 16) {
+        __mmask16 m = i1 - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (i1 - i)) - 1);
+        __m512 q = _mm512_div_ps(_mm512_maskz_loadu_ps(m, x + i), vs), r;
+        bad |= _mm512_mask_fpclass_ps_mask(m, q, NOT_FINITE);
+        r = half_even ? _mm512_roundscale_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+                      : away_ps(q);
+        r = _mm512_min_ps(_mm512_max_ps(r, _mm512_set1_ps(lo)), _mm512_set1_ps(hi));
+        __m512i v = _mm512_cvttps_epi32(r); /* integral and in range: exact */
+        if (out_shift == 0) _mm_mask_storeu_epi8((int8_t *)out + i, m, _mm512_cvtepi32_epi8(v));
+        else _mm256_mask_storeu_epi16((int16_t *)out + i, m, _mm512_cvtepi32_epi16(v));
+    }
+    return bad != 0;
+}
+
+TGT AI int quant_pd(const double *x, int64_t i0, int64_t i1, double s, int half_even,
+                    double lo, double hi, void *out, int out_shift) {
+    __m512d vs = _mm512_set1_pd(s);
+    __mmask8 bad = 0;
+    for (int64_t i = i0; i < i1; i += 8) {
+        int n = i1 - i >= 8 ? 8 : (int)(i1 - i);
+        __mmask8 m = (__mmask8)((1u << n) - 1);
+        __m512d q = _mm512_div_pd(_mm512_maskz_loadu_pd(m, x + i), vs), r;
+        bad |= _mm512_mask_fpclass_pd_mask(m, q, NOT_FINITE);
+        r = half_even ? _mm512_roundscale_pd(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+                      : away_pd(q);
+        finish8(r, 1, _mm512_set1_pd(lo), _mm512_set1_pd(hi), out, i, out_shift, n);
+    }
+    return bad != 0;
+}
+
+TGT int qp_quantize(const void *x, int64_t f64, int64_t outer, int64_t c, int64_t inner,
+                    const double *scale, int64_t half_even, double lo, double hi, void *out,
+                    int64_t out_shift) {
+    int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad) if (outer * c * inner >= PAR_MIN)
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t k = 0; k < c; k++) {
+            int64_t i0 = (o * c + k) * inner, i1 = i0 + inner;
+            bad |= f64 ? quant_pd((const double *)x, i0, i1, scale[k], (int)half_even, lo, hi,
+                                  out, (int)out_shift)
+                       : quant_ps((const float *)x, i0, i1, (float)scale[k], (int)half_even,
+                                  (float)lo, (float)hi, out, (int)out_shift);
+        }
+    return bad;
+}

@@ -172,7 +172,9 @@ def test_run_sql_reads(store):
     assert run_sql(root, "DESCRIBE runs").num_rows == len(SCHEMAS["runs"].names)
     assert run_sql(root, "PRAGMA table_info('metrics')").num_rows == len(SCHEMAS["metrics"].names)
     assert run_sql(root, "EXPLAIN SELECT * FROM runs").num_rows >= 1
-    assert {"chain", "first_divergences"} <= set(run_sql(root, "SHOW TABLES").column("name").to_pylist())
+    assert {"chain", "first_divergences"} <= set(
+        run_sql(root, "SHOW TABLES").column("name").to_pylist()
+    )
 
 
 def test_the_first_divergences_view_holds_the_localized_runs(store):

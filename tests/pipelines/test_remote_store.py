@@ -46,8 +46,13 @@ def run_ids(fs) -> list[str]:
 
 
 def qparity(env: dict, mirror: Path, *args: str) -> str:
-    full = {**os.environ, **env, "PYTHONPATH": str(ROOT), "QPARITY_MIRROR": str(mirror),
-            "COLUMNS": "250"}
+    full = {
+        **os.environ,
+        **env,
+        "PYTHONPATH": str(ROOT),
+        "QPARITY_MIRROR": str(mirror),
+        "COLUMNS": "250",
+    }
     proc = subprocess.run(
         [sys.executable, "-m", "qparity.cli", *args], env=full, cwd=ROOT,
         capture_output=True, text=True, timeout=300,
@@ -59,14 +64,26 @@ def qparity(env: dict, mirror: Path, *args: str) -> str:
 def test_two_machines_share_runs_and_cache_through_s3(s3, tmp_path):
     fs, env = s3
     spec = "examples/digits/spec.yaml"
-    qparity(env, tmp_path / "a", "run", spec, "--runs", URL, "--set", "stages.stop_after=export", *QUICK)
+    qparity(
+        env, tmp_path / "a", "run", spec, "--runs", URL, "--set", "stages.stop_after=export", *QUICK
+    )
     (first,) = run_ids(fs)
     manifest = json.loads(fs.cat(f"qparity/runs/{first}/manifest.json"))
     assert manifest["status"] == "complete"
 
     listed = qparity(env, tmp_path / "b", "runs", "--runs", URL)
     assert first in listed
-    qparity(env, tmp_path / "b", "run", spec, "--runs", URL, "--set", "stages.stop_after=convert", *QUICK)
+    qparity(
+        env,
+        tmp_path / "b",
+        "run",
+        spec,
+        "--runs",
+        URL,
+        "--set",
+        "stages.stop_after=convert",
+        *QUICK,
+    )
     (second,) = set(run_ids(fs)) - {first}
     stages = json.loads(fs.cat(f"qparity/runs/{second}/manifest.json"))["stages"]
     for name in ("prepare", "calibrate", "pre_export", "export"):

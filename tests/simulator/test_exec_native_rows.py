@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator import exec_native_rows, native
+from simulator import fixedpoint as fp
 from simulator.custom_ops import CUSTOM_OPS
 from simulator.isa import Op
 from tests.simulator.test_executor import MODES, check
@@ -190,3 +191,38 @@ def test_gather_equals_clamped_indexing(data, qmin, width, shape, seed):
     got = exec_native_rows.gather(torch.from_numpy(values), qmin, qmax, torch.from_numpy(q))
     assert got is not None and got.dtype == torch.from_numpy(values).dtype
     np.testing.assert_array_equal(got.numpy(), want)
+
+
+def _torch_quantize(x: torch.Tensor, s: torch.Tensor, axis, dtype: str, mode: str):
+    """k_quantize's torch formula: round_by(x / s) in x's float type, clamp, cast."""
+    s = s.to(x.dtype).reshape(
+        [-1 if i == axis else 1 for i in range(x.ndim)] if axis is not None else ()
+    )
+    q = fp.round_by(x / s, mode) if mode != "half_even" else (x / s).round_()
+    return q.clamp_(*fp.qrange(dtype)).to(getattr(torch, dtype))
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), shape=st.lists(st.integers(1, 6), min_size=1, max_size=4),
+       f64=st.booleans(), seed=st.integers(0, 2**31))  # fmt: skip
+def test_quantize_equals_the_torch_formula(data, shape, f64, seed):
+    """Ties (halves of power-of-two scales), the float just below 0.5, values far out of
+    range, per-channel or one scale, float32 and float64."""
+    rng = np.random.default_rng(seed)
+    ft = torch.float64 if f64 else torch.float32
+    axis = data.draw(st.sampled_from([None, *range(len(shape))]))
+    c = 1 if axis is None else shape[axis]
+    pow2 = data.draw(st.booleans())
+    s = torch.tensor(2.0 ** rng.integers(-6, 3, c) if pow2 else rng.uniform(0.001, 2.0, c))
+    x = torch.from_numpy(rng.normal(0, 1, shape) * rng.choice([0.01, 1, 50, 1e5]))
+    halves = torch.from_numpy(rng.integers(-300, 300, shape) + 0.5)
+    x = torch.where(torch.from_numpy(rng.random(shape) < 0.3), halves * s.max(), x).to(ft)
+    x.reshape(-1)[0] = float(np.nextafter(np.float32(0.5), 0)) * float(s.reshape(-1)[0])
+    dtype, mode = data.draw(st.sampled_from(["int8", "int16"])), data.draw(st.sampled_from(MODES))
+    got = exec_native_rows.quantize(x, s, axis, dtype, mode)
+    np.testing.assert_array_equal(got.numpy(), _torch_quantize(x, s, axis, dtype, mode).numpy())
+
+
+def test_quantize_leaves_non_finite_inputs_to_the_torch_path():
+    x = torch.tensor([1.0, float("nan"), 2.0])
+    assert exec_native_rows.quantize(x, torch.tensor([0.1]), None, "int8", "bpu_round") is None
