@@ -1,5 +1,5 @@
-"""REDUCE_MEAN, QMul, QAdd and batched QMatMul through the compiled row kernels
-(simulator/csrc/qrows.c).
+"""REDUCE_MEAN, QMul, QAdd, batched QMatMul, the LUT gather and QUANTIZE through the
+compiled row kernels (simulator/csrc/qrows.c).
 
 Each function returns None when its kernel does not apply (no compiled library, a layout
 or dtype it does not take, a bound not met); the caller then keeps its torch path. The
@@ -13,8 +13,7 @@ kernels evaluate the torch path's float64 formulas operation for operation:
   :func:`~simulator.exec_kernels.exact_limit` (:func:`exec_epilogue.scaled_epilogue`).
   ``b`` has ``a``'s shape or is constant along ``a``'s trailing axes (a per-row operand
   such as ``[N, C, 1, 1]`` against ``[N, C, H, W]``); the product commutes, so the
-  operands may come in either order.
-
+  operands may come in either order;
 - :func:`add`: FORMULA ``y = clamp(round(a * sa + b * sb))`` on the scales of
   :func:`exec_epilogue.add_epilogue` (which proves the bound);
 - :func:`gather`: a dense table lookup ``values[clamp(q) - qmin]`` (LUT);
