@@ -179,7 +179,7 @@ def im2col_view(xp: torch.Tensor, kernel, strides, dilations) -> torch.Tensor:
     xp = _wide(xp.contiguous())
     n, hp, wp, c = xp.shape
     (kh, kw), (sh, sw), dh = kernel, strides, dilations[0]
-    oh, ow = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - kw) // sw + 1
+    oh, ow = ek.out_size(hp, kh, sh, 0, dh), ek.out_size(wp, kw, sw)
     if oh < 1 or ow < 1:
         raise SimulatorError(f"window {kernel} larger than padded input {(hp, wp)}")
     size, row = (n, oh, ow, kh, kw * c), wp * c
@@ -240,8 +240,8 @@ def _run_native(plan: ConvPlan, x: torch.Tensor, b: torch.Tensor | None) -> torc
     """:func:`run_conv` through the compiled kernel (:mod:`simulator.exec_native`)."""
     n, h, w, _ = x.shape
     (kh, kw), (strides, pads, dil) = plan.kernel, plan.geometry
-    oh = (h + pads[0] + pads[2] - dil[0] * (kh - 1) - 1) // strides[0] + 1
-    ow = (w + pads[1] + pads[3] - dil[1] * (kw - 1) - 1) // strides[1] + 1
+    oh = ek.out_size(h, kh, strides[0], pads[0] + pads[2], dil[0])
+    ow = ek.out_size(w, kw, strides[1], pads[1] + pads[3], dil[1])
     if oh < 1 or ow < 1:
         raise SimulatorError(f"window {plan.kernel} larger than padded input {(h, w)}")
     out = torch.empty((n, oh, ow, plan.out_padded), dtype=plan.native.out_dtype)

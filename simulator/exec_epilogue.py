@@ -135,15 +135,19 @@ class Epilogue:
         return y.to(self.dtype) if out is None else out.copy_(y.view(out.shape))
 
 
+def out_range(attrs: dict) -> tuple[int, int]:
+    """``(lo, hi)`` of ``attrs["out_dtype"]`` with ``relu`` folded in: ``lo = max(qmin, 0)``."""
+    lo, hi = fp.qrange(attrs["out_dtype"])
+    return (max(lo, 0) if int(attrs.get("relu") or 0) else lo), hi
+
+
 def epilogue(attrs: dict, bias, mult, shift, mult_b=None) -> Epilogue:
     """The :class:`Epilogue` of ``attrs`` (out_dtype, relu, rounding) and the constants.
 
     ``mult``/``shift`` empty: int32 output, saturate only (as :func:`int_ops._requant`).
     With ``mult_b`` (a fused add) ``mult`` is the add's ``ma`` and ``shift`` its shift.
     """
-    lo, hi = fp.qrange(attrs["out_dtype"])
-    if int(attrs.get("relu") or 0):
-        lo = max(lo, 0)
+    lo, hi = out_range(attrs)
     has_bias = bias is not None and bias.numel() > 0
     scale = None
     if mult is not None and mult.numel() and shift.numel():
@@ -170,8 +174,7 @@ def add_epilogue(attrs: dict, a_dtype, b_dtype, ma, mb, shift) -> Epilogue | Non
     if bound >= exact_limit(mode):
         return None
     ftype = torch.float32 if bound < exact_limit(mode, torch.float32) else torch.float64
-    lo, hi = fp.qrange(attrs["out_dtype"])
-    lo = max(lo, 0) if int(attrs.get("relu") or 0) else lo
+    lo, hi = out_range(attrs)
     sa, sb = scale_of(ma, shift.reshape(())), scale_of(mb, shift.reshape(()))
     return Epilogue(None, sa.to(ftype), sb.to(ftype), lo, hi, TORCH_DTYPES[attrs["out_dtype"]],
                     attrs["rounding"], ftype)  # fmt: skip
@@ -201,8 +204,7 @@ def scaled_epilogue(attrs: dict, bound: int, mult, shift, shape) -> Epilogue | N
     top = bound * int(mult.abs().max()) if mult.numel() and shift.numel() else 2**64
     if top >= exact_limit(mode):
         return None
-    lo, hi = fp.qrange(attrs["out_dtype"])
-    lo = max(lo, 0) if int(attrs.get("relu") or 0) else lo
+    lo, hi = out_range(attrs)
     ftype = torch.float32 if top < exact_limit(mode, torch.float32) else torch.float64
     scale = scale_of(mult.reshape(shape(mult)), shift.reshape(shape(shift))).to(ftype)
     return Epilogue(None, scale, None, lo, hi, TORCH_DTYPES[attrs["out_dtype"]], attrs["rounding"],

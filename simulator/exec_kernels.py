@@ -301,6 +301,13 @@ def max_pool(x: torch.Tensor, axes, kernel, strides, pads, dilations) -> torch.T
     return x
 
 
+def out_size(size: int, kernel: int, stride: int, pad_total: int = 0, dilation: int = 1) -> int:
+    """Output length of a window op along one axis (ONNX Conv / pooling).
+
+    FORMULA: ``(size + pad_total - dilation * (kernel - 1) - 1) // stride + 1``."""
+    return (size + pad_total - dilation * (kernel - 1) - 1) // stride + 1
+
+
 def geometry(nd: int, attrs: dict) -> tuple[list[int], list[int], list[int]]:
     """(strides, pads, dilations) from ONNX attrs; absent means 1s / 0s / 1s."""
     strides = [int(v) for v in attrs.get("strides") or [1] * nd]

@@ -29,14 +29,16 @@ from dataclasses import dataclass
 
 import torch
 
+from simulator import fixedpoint as fp
 from simulator import native
 from simulator.exec_kernels import exact_limit
 
 LANES = 16
 """Output channels per kernel block (one 512-bit register of int32)."""
 IN_DTYPES = (torch.int8, torch.int16)
-B_DTYPES = (torch.int8, torch.int16, torch.int32)
-"""The fused add's operand (an int32 one: a downsample branch's accumulator)."""
+INT_DTYPES = (torch.int8, torch.int16, torch.int32)
+"""The fused add's operand (int32: a downsample branch's accumulator), the row kernels'
+operands and outputs; :func:`simulator.native.code` is their dtype code."""
 OUT_DTYPES = (torch.int8, torch.int16)
 """Requantized outputs; an int32 output without requantize also runs (``Epilogue.int_bias``)."""
 
@@ -63,9 +65,9 @@ class NativeConv:
     row_runs: bool
 
 
-def _lanes(v: torch.Tensor, o: int, blocks: int, dtype: torch.dtype) -> torch.Tensor:
-    """A scalar or per-channel constant as ``[blocks * 16]`` of ``dtype`` (0 past ``o``)."""
-    out = torch.zeros(blocks * LANES, dtype=dtype)
+def _lanes(v: torch.Tensor, o: int, dtype: torch.dtype) -> torch.Tensor:
+    """A scalar or per-channel constant as ``[Ob * 16]`` of ``dtype`` (0 past ``o``)."""
+    out = torch.zeros(-(-o // LANES) * LANES, dtype=dtype)
     out[:o] = v.reshape(-1).to(dtype).expand(o) if v.numel() == 1 else v.reshape(-1).to(dtype)
     return out
 
@@ -94,7 +96,7 @@ def plan(wmat, kernel, channels: int, in_dtype, epi, bias, b_dtype, bound: int, 
     runs (:func:`_layout`)."""
     if native.library() is None or epi is None or wmat.dtype != torch.int8 or bound >= 2**31:
         return None
-    if in_dtype not in IN_DTYPES or b_dtype not in (None, *B_DTYPES):
+    if in_dtype not in IN_DTYPES or b_dtype not in (None, *INT_DTYPES):
         return None
     o, has_bias = wmat.shape[1], bias is not None and bias.numel() > 0
     b = bias.reshape(-1).long() if has_bias else torch.zeros(o, dtype=torch.long)
@@ -102,15 +104,15 @@ def plan(wmat, kernel, channels: int, in_dtype, epi, bias, b_dtype, bound: int, 
     if epi.int_bias is None:  # requantize: float32 or float64 as proven exact
         if epi.scale is None or epi.dtype not in OUT_DTYPES or top >= exact_limit(epi.rounding):
             return None
-        if epi.rounding not in ("half_even", "bpu_round"):
+        if epi.rounding not in fp.ROUNDING_MODES:
             return None
         f32 = top < exact_limit(epi.rounding, torch.float32)
         ftype = torch.float32 if f32 else torch.float64
-        scale, scale_b = (None if v is None else _lanes(v, o, -(-o // LANES), ftype)
+        scale, scale_b = (None if v is None else _lanes(v, o, ftype)
                           for v in (epi.scale, epi.scale_b))  # fmt: skip
     weights, cs, blocks, groups, taps = _layout(wmat, kernel, channels, in_dtype, unit_w_dilation)
     offset = 128 * wmat.long().sum(0) if in_dtype == torch.int8 else 0  # the uint8 offset
-    corr = _lanes(b - offset, o, blocks, torch.int32)
+    corr = _lanes(b - offset, o, torch.int32)
     return NativeConv(weights, corr, scale, scale_b, channels, cs, blocks, o, epi.lo, epi.hi,
                       epi.rounding == "half_even", in_dtype, epi.dtype, groups, taps,
                       taps != tuple(kernel))  # fmt: skip
@@ -136,20 +138,20 @@ def _layout(wmat, kernel, channels: int, in_dtype, unit_w_dilation: bool):
 def run(nc: NativeConv, geometry, x: torch.Tensor, b, out: torch.Tensor) -> None:
     """``out[..., :O] = conv(x) (+ b)`` for ``x [N, H, W, C_stored]`` into
     ``out [N, OH, OW, O_pad]`` (contiguous, ``nc.out_dtype``); ``b [N, OH, OW, B_pad]``
-    (:data:`B_DTYPES`) or None."""
+    (:data:`INT_DTYPES`) or None."""
     strides, pads, dil = geometry
     xs = _padded(nc, x.contiguous(), pads)
     b = None if b is None else b.contiguous()
     n, hp, wp = xs.shape[:3]
     f64 = nc.scale is not None and nc.scale.dtype == torch.float64
     native.library().qp_conv(
-        native.ptr(xs), int(nc.in_dtype == torch.int16), n, hp, wp, nc.cs, nc.groups,
+        native.ptr(xs), native.code(xs), n, hp, wp, nc.cs, nc.groups,
         native.ptr(nc.weights), *nc.taps, nc.blocks, nc.out_channels, *strides,
         dil[0], 1 if nc.row_runs else dil[1], *out.shape[1:3], native.ptr(nc.corr),
         native.ptr(nc.scale), native.ptr(nc.scale_b), int(f64), native.ptr(b),
-        0 if b is None else b.shape[3], 0 if b is None else b.element_size().bit_length() - 1,
+        0 if b is None else b.shape[3], 0 if b is None else native.code(b),
         nc.lo, nc.hi, int(nc.half_even),
-        native.ptr(out), out.element_size().bit_length() - 1, out.shape[3])  # fmt: skip
+        native.ptr(out), native.code(out), out.shape[3])  # fmt: skip
 
 
 def _padded(nc: NativeConv, x: torch.Tensor, pads) -> torch.Tensor:

@@ -18,8 +18,8 @@ from simulator import native
 from simulator.composite import NORM_FRAC, VAR_GUARD, LayerNormTables
 from simulator.exec_dense import LN_ROWS_MAX, Dense
 from simulator.exec_kernels import TORCH_DTYPES
-
-OUT_SHIFT = {"int8": 0, "int16": 1, "int32": 2}
+from simulator.exec_native import IN_DTYPES
+from simulator.exec_native_rows import OUT_NAMES
 
 
 def layernorm(q: torch.Tensor, t: LayerNormTables, rsqrt: Dense, affine: tuple):
@@ -28,20 +28,20 @@ def layernorm(q: torch.Tensor, t: LayerNormTables, rsqrt: Dense, affine: tuple):
     round(q c 2^s - mean c)``, ``out = clamp(round(y w M + b M))``; or None."""
     wm, bm, y_top = affine
     lib = native.library()
-    if lib is None or t.n >= LN_ROWS_MAX or q.dtype not in (torch.int8, torch.int16):
+    if lib is None or t.n >= LN_ROWS_MAX or q.dtype not in IN_DTYPES:
         return None
-    if not q.numel() or q.shape[-1] != t.n or t.out_dtype not in OUT_SHIFT or y_top < 0:
+    if not q.numel() or q.shape[-1] != t.n or t.out_dtype not in OUT_NAMES or y_top < 0:
         return None
     ok_table = rsqrt.values.dtype == torch.float64 and rsqrt.qmin <= 0 and rsqrt.qmax >= 32767
-    if not ok_table or t.rounding not in ("half_even", "bpu_round"):
+    if not ok_table or t.rounding not in fp.ROUNDING_MODES:
         return None
     q = q.contiguous()
     out = torch.empty(q.shape, dtype=TORCH_DTYPES[t.out_dtype])
     lo, hi = fp.qrange(t.out_dtype)
     wm, bm = wm.contiguous(), bm.contiguous()
-    bad = lib.qp_layernorm(native.ptr(q), int(q.dtype == torch.int16), q.numel() // t.n, t.n,
+    bad = lib.qp_layernorm(native.ptr(q), native.code(q), q.numel() // t.n, t.n,
                            t.in_shift, VAR_GUARD, float(t.eps_fx),
                            int(t.rounding == "half_even"), native.ptr(rsqrt.values), rsqrt.qmin,
                            NORM_FRAC, native.ptr(wm), native.ptr(bm), float(y_top), float(lo),
-                           float(hi), native.ptr(out), OUT_SHIFT[t.out_dtype])  # fmt: skip
+                           float(hi), native.ptr(out), native.code(out))  # fmt: skip
     return None if bad else out

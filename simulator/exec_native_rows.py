@@ -36,26 +36,24 @@ import torch
 
 from simulator import fixedpoint as fp
 from simulator import native
-from simulator.exec_epilogue import QUOTIENT_EXACT, dtype_bound
+from simulator.exec_epilogue import QUOTIENT_EXACT, dtype_bound, out_range
 from simulator.exec_kernels import TORCH_DTYPES, exact_limit
+from simulator.exec_native import IN_DTYPES, INT_DTYPES
 
-IN_DTYPES = (torch.int8, torch.int16)
-OUT_SHIFT = {"int8": 0, "int16": 1, "int32": 2}
+OUT_NAMES = ("int8", "int16", "int32")
+"""Output dtypes of the row kernels (:func:`simulator.native.code` 0, 1, 2)."""
 
 
 def _bounds(attrs: dict) -> tuple[float, float]:
-    """``(lo, hi)`` of ``out_dtype`` with relu folded into ``lo``."""
-    lo, hi = fp.qrange(attrs["out_dtype"])
-    return float(max(lo, 0) if int(attrs.get("relu") or 0) else lo), float(hi)
+    """:func:`~simulator.exec_epilogue.out_range` as floats."""
+    lo, hi = out_range(attrs)
+    return float(lo), float(hi)
 
 
 def _usable(attrs: dict, *xs: torch.Tensor) -> bool:
-    ok = native.library() is not None and attrs.get("out_dtype") in OUT_SHIFT
-    return (
-        ok
-        and attrs.get("rounding") in ("half_even", "bpu_round")
-        and all(x.dtype in IN_DTYPES for x in xs)
-    )
+    ok = native.library() is not None and attrs.get("out_dtype") in OUT_NAMES
+    ok = ok and attrs.get("rounding") in fp.ROUNDING_MODES
+    return ok and all(x.dtype in IN_DTYPES for x in xs)
 
 
 def channels_last(x: torch.Tensor) -> tuple[int, int] | None:
@@ -83,9 +81,9 @@ def mean(x: torch.Tensor, axes: tuple[int, ...], keep: bool, mult, shift, attrs:
         return None
     lead = x.shape[: x.ndim - len(axes)]
     out = torch.empty(math.prod(lead), dtype=TORCH_DTYPES[attrs["out_dtype"]])
-    lib, wide = native.library(), int(x.dtype == torch.int16)
+    lib, wide = native.library(), native.code(x)
     tail = (float(m), n * 2.0**s, *_bounds(attrs), int(attrs["rounding"] == "half_even"),
-            native.ptr(out), OUT_SHIFT[attrs["out_dtype"]])  # fmt: skip
+            native.ptr(out), native.code(out))  # fmt: skip
     cl = channels_last(x) if axes == (2, 3) and not x.is_contiguous() else None
     if cl is not None:
         lib.qp_mean_cl(native.ptr(x), wide, x.shape[0], n, x.shape[1], *cl, *tail)
@@ -120,24 +118,20 @@ def mul(a: torch.Tensor, b: torch.Tensor, mult, shift, attrs: dict):
         return None
     dtype, lib = TORCH_DTYPES[attrs["out_dtype"]], native.library()
     tail = (m * 2.0**-s, *_bounds(attrs), int(attrs["rounding"] == "half_even"))
-    wa, wb = int(a.dtype == torch.int16), int(b.dtype == torch.int16)
+    wa, wb = native.code(a), native.code(b)
     cl = None if same or a.is_contiguous() else channels_last(a)
     if cl is not None and b.shape[2:] == (1, 1):  # [N, C, H, W] view x [N, C, 1, 1]
         n, c, h, w = a.shape
         out = torch.empty((n, h, w, c), dtype=dtype)
         lib.qp_mul_cl(native.ptr(a), wa, native.ptr(b.contiguous()), wb, n, h * w, c, *cl,
-                      *tail, native.ptr(out), OUT_SHIFT[attrs["out_dtype"]])  # fmt: skip
+                      *tail, native.ptr(out), native.code(out))  # fmt: skip
         return out.permute(0, 3, 1, 2)  # channels-last, as the input
     a, b = a.contiguous(), b.contiguous()
     rows = a.numel() // max(a.shape[-1], 1) if same and a.ndim else b.numel()
     out = torch.empty(a.shape, dtype=dtype)
     lib.qp_mul(native.ptr(a), wa, native.ptr(b), wb, rows, a.numel() // rows, int(not same),
-               *tail, native.ptr(out), OUT_SHIFT[attrs["out_dtype"]])  # fmt: skip
+               *tail, native.ptr(out), native.code(out))  # fmt: skip
     return out
-
-
-LOAD_CODES = {torch.int8: 0, torch.int16: 1, torch.int32: 2}
-"""dtype codes of the kernels' loads (QAdd takes an int32 accumulator operand)."""
 
 
 def _epi_args(epi) -> tuple:
@@ -162,23 +156,22 @@ def add(a: torch.Tensor, b: torch.Tensor, epi, attrs: dict):
     :func:`~simulator.exec_epilogue.add_epilogue` (its bounds proven), or None: ``b`` of
     ``a``'s shape or broadcast over leading axes (either order), ``sa``/``sb`` scalars or
     per channel of the last axis, int8/int16/int32 operands."""
-    if epi is None or native.library() is None or attrs.get("out_dtype") not in OUT_SHIFT:
+    if epi is None or native.library() is None or attrs.get("out_dtype") not in OUT_NAMES:
         return None
     sa, sb = epi.scale, epi.scale_b
     if tuple(a.shape) != tuple(b.shape) and _trailing(b, a) and not _trailing(a, b):
         a, b, sa, sb = b, a, sb, sa  # the broadcast operand second
     c = a.shape[-1] if a.ndim else 1
-    ok = a.dtype in LOAD_CODES and b.dtype in LOAD_CODES and a.numel() and _trailing(a, b)
+    ok = a.dtype in INT_DTYPES and b.dtype in INT_DTYPES and a.numel() and _trailing(a, b)
     ok = ok and b.ndim > 0 and b.shape[-1] == c  # whole rows of b: it repeats every b.numel()
     if not ok or not (_on_last_axis(sa, c) and _on_last_axis(sb, c)):
         return None
     a, b = a.contiguous(), b.contiguous()
     sa, sb = (v.double().reshape(-1).expand(c).contiguous() for v in (sa, sb))
     out = torch.empty(a.shape, dtype=TORCH_DTYPES[attrs["out_dtype"]])
-    native.library().qp_add(native.ptr(a), LOAD_CODES[a.dtype], native.ptr(b),
-                            LOAD_CODES[b.dtype], a.numel() // c, c, b.numel(), native.ptr(sa),
-                            native.ptr(sb), *_epi_args(epi), native.ptr(out),
-                            OUT_SHIFT[attrs["out_dtype"]])  # fmt: skip
+    native.library().qp_add(native.ptr(a), native.code(a), native.ptr(b), native.code(b),
+                            a.numel() // c, c, b.numel(), native.ptr(sa), native.ptr(sb),
+                            *_epi_args(epi), native.ptr(out), native.code(out))  # fmt: skip
     return out
 
 
@@ -195,10 +188,9 @@ def bmm(a: torch.Tensor, b: torch.Tensor, epi, attrs: dict):
     (m, k), n = a.shape[-2:], b.shape[-1]
     a, b = a.contiguous(), b.contiguous()
     out = torch.empty((*a.shape[:-1], n), dtype=TORCH_DTYPES[attrs["out_dtype"]])
-    native.library().qp_bmm(native.ptr(a), int(a.dtype == torch.int16), native.ptr(b),
-                            int(b.dtype == torch.int16), a.numel() // (m * k), m, k, n,
-                            float(epi.scale), *_epi_args(epi), native.ptr(out),
-                            OUT_SHIFT[attrs["out_dtype"]])  # fmt: skip
+    native.library().qp_bmm(native.ptr(a), native.code(a), native.ptr(b), native.code(b),
+                            a.numel() // (m * k), m, k, n, float(epi.scale), *_epi_args(epi),
+                            native.ptr(out), native.code(out))  # fmt: skip
     return out
 
 
@@ -206,15 +198,14 @@ def gather(values: torch.Tensor, qmin: int, qmax: int, q: torch.Tensor):
     """``values[clamp(q, qmin, qmax) - qmin]`` (a dense table, :class:`exec_dense.Dense`)
     in one pass, or None: integer ``q`` and ``values`` of int8 / int16 / int32 (exact: the
     same entries, the same clamp)."""
-    if native.library() is None or q.dtype not in LOAD_CODES or values.dtype not in LOAD_CODES:
+    if native.library() is None or q.dtype not in INT_DTYPES or values.dtype not in INT_DTYPES:
         return None
     if not values.is_contiguous() or values.numel() != qmax - qmin + 1:
         return None
     q = q.contiguous()
     out = torch.empty(q.shape, dtype=values.dtype)
-    native.library().qp_gather(native.ptr(q), LOAD_CODES[q.dtype], q.numel(), qmin, qmax,
-                               native.ptr(values), values.element_size().bit_length() - 1,
-                               native.ptr(out))  # fmt: skip
+    native.library().qp_gather(native.ptr(q), native.code(q), q.numel(), qmin, qmax,
+                               native.ptr(values), native.code(values), native.ptr(out))  # fmt: skip
     return out
 
 
@@ -227,21 +218,20 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, axis: int | None, dtype: str,
     ``t = trunc(q)``, ``t + sign(q)`` when ``|q - t| >= 0.5``), then the clamp; the int8 /
     int16 bounds are exact floats, so the clamped value casts exactly."""
     ok = native.library() is not None and x.dtype in (torch.float32, torch.float64)
-    if not ok or dtype not in ("int8", "int16") or mode not in ("half_even", "bpu_round"):
+    if not ok or dtype not in ("int8", "int16") or mode not in fp.ROUNDING_MODES:
         return None
     if not x.numel() or (axis is not None and scale.numel() != x.shape[axis]):
         return None
     x = x.contiguous()
     c = 1 if axis is None else x.shape[axis]
-    inner = 1 if axis is None else math.prod(x.shape[axis + 1 :])
+    inner = x.numel() if axis is None else math.prod(x.shape[axis + 1 :])
     scales = (
         scale.to(x.dtype).double().reshape(-1).contiguous()
     )  # x's float type, as the torch path
     out = torch.empty(x.shape, dtype=TORCH_DTYPES[dtype])
     lo, hi = fp.qrange(dtype)
-    inner = x.numel() if axis is None else inner
     bad = native.library().qp_quantize(native.ptr(x), int(x.dtype == torch.float64),
                                        x.numel() // (c * inner), c, inner, native.ptr(scales),
                                        int(mode == "half_even"), float(lo), float(hi),
-                                       native.ptr(out), OUT_SHIFT[dtype])  # fmt: skip
+                                       native.ptr(out), native.code(out))  # fmt: skip
     return None if bad else out

@@ -74,10 +74,9 @@ def _reduce_axes(instr, x) -> tuple[tuple[int, ...], bool]:
     return axes, bool(int(instr.attrs.get("keepdims", 1)))
 
 
-def _reduce(instr, bufs, consts) -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]:
-    """(sum over ``axes``, elements per output, mult, shift): float64 (exact integers, see
-    :func:`_divide_float`) when ``n max|x| max|mult| < 2**50``, else int64."""
-    x, mult, shift = operands(instr, bufs, consts, 3)
+def _reduce(instr, consts, x, mult) -> tuple[torch.Tensor, int]:
+    """(sum of ``x`` over the instruction's axes, elements per output): float64 (exact
+    integers, see :func:`_divide_float`) when ``n max|x| max|mult| < 2**50``, else int64."""
     axes, keep = _reduce_axes(instr, x)
     n = ek.numel(x.shape[a] for a in axes)
     m_top = consts.cached(("max_abs", instr.consts[0]), lambda: max_abs(mult))
@@ -85,7 +84,7 @@ def _reduce(instr, bufs, consts) -> tuple[torch.Tensor, int, torch.Tensor, torch
     total = (
         x.sum(dim=axes, keepdim=keep, dtype=torch.int64) if wide else ek.sum_exact(x, axes, keep)
     )
-    return total, n, mult, shift
+    return total, n
 
 
 def k_reduce_mean(instr, bufs, consts):
@@ -96,13 +95,14 @@ def k_reduce_mean(instr, bufs, consts):
     fast = exec_native_rows.mean(x, *_reduce_axes(instr, x), mult, shift, instr.attrs)
     if fast is not None:
         return [fast]
-    total, n, mult, shift = _reduce(instr, bufs, consts)
+    total, n = _reduce(instr, consts, x, mult)
     return [_divide(total, n, mult, shift, instr.attrs)]
 
 
 def k_reduce_sum(instr, bufs, consts):
     """REDUCE_SUM. FORMULA: ``y = clamp(round_div(sum(x) * mult, 2**shift))``."""
-    total, _, mult, shift = _reduce(instr, bufs, consts)
+    x, mult, shift = operands(instr, bufs, consts, 3)
+    total, _ = _reduce(instr, consts, x, mult)
     return [_divide(total, 1, mult, shift, instr.attrs)]
 
 

@@ -133,6 +133,12 @@ def status() -> str:
     return _state()[1]
 
 
+def code(t) -> int:
+    """The kernels' dtype code of tensor ``t``: log2 of its element size (int8 / uint8 0,
+    int16 1, int32 2)."""
+    return t.element_size().bit_length() - 1
+
+
 def ptr(t) -> ctypes.c_void_p | None:
     """A tensor's data pointer for a ctypes call (None for None)."""
     return None if t is None else ctypes.c_void_p(t.data_ptr())

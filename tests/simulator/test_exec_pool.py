@@ -25,7 +25,8 @@ def _total_dtype(x, mult, attrs) -> torch.dtype:
     """Which path ``_reduce`` takes for these operands (float64 = the fast one)."""
     prog = program(Op.REDUCE_MEAN, [x], [mult, np.array([0])], attrs)
     consts = exec_ops.ConstPool(prog.constants)
-    total, *_ = exec_pool._reduce(prog.instructions[0], {"x0": torch.from_numpy(x)}, consts)
+    total, _ = exec_pool._reduce(prog.instructions[0], consts, torch.from_numpy(x),
+                                 torch.from_numpy(mult))  # fmt: skip
     return total.dtype
 
 
