@@ -13,14 +13,17 @@ import torch.nn.functional as F
 
 from schemas.errors import SimulatorError
 from simulator.exec_kernels import numel
+from simulator.memo import derived
 
 
-def _ints(t) -> list[int] | None:
-    """A constant input as Python ints (``None`` when absent)."""
-    return None if t is None else [int(v) for v in t.reshape(-1).tolist()]
+def _ints(t) -> tuple[int, ...] | None:
+    """A constant input as Python ints (``None`` when absent), converted once per tensor."""
+    if t is None:
+        return None
+    return derived(t, "ints", lambda: tuple(int(i) for i in t.reshape(-1).tolist()))
 
 
-def _arg(cs: list, i: int, attrs: dict, name: str) -> list[int] | None:
+def _arg(cs: list, i: int, attrs: dict, name: str) -> tuple[int, ...] | list[int] | None:
     """Const input ``i`` (opset >= 13 style) or the older attribute ``name``."""
     v = _ints(cs[i]) if len(cs) > i else None
     return v if v is not None else attrs.get(name)
@@ -57,23 +60,26 @@ def _unsqueeze(xs, cs, attrs, n):
     return [x]
 
 
-def _slice_index(dim: int, start: int, end: int, step: int) -> torch.Tensor:
+def _slice_bounds(dim: int, start: int, end: int, step: int) -> tuple[int, int]:
     """ONNX Slice clamping: negatives + dim; step > 0: [0, dim]; step < 0: [0|-1, dim-1]."""
     start, end = (v + dim if v < 0 else v for v in (start, end))
     if step > 0:
-        start, end = min(max(start, 0), dim), min(max(end, 0), dim)
-    else:
-        start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
-    return torch.arange(start, end, step)
+        return min(max(start, 0), dim), min(max(end, 0), dim)
+    return min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
 
 
 def _slice(xs, cs, attrs, n):
+    """Positive steps as views (a whole-axis slice costs nothing), negative ones gathered."""
     x, starts, ends = xs[0], _arg(cs, 0, attrs, "starts"), _arg(cs, 1, attrs, "ends")
     axes = _arg(cs, 2, attrs, "axes") or list(range(len(starts)))
     steps = _arg(cs, 3, attrs, "steps") or [1] * len(starts)
     for a, s, e, st in zip(axes, starts, ends, steps, strict=True):
         a %= x.ndim
-        x = x.index_select(a, _slice_index(x.shape[a], s, e, st))
+        start, end = _slice_bounds(x.shape[a], s, e, st)
+        if st > 0:
+            x = x[(slice(None),) * a + (slice(start, max(start, end), st),)]
+        else:
+            x = x.index_select(a, torch.arange(start, end, st))
     return [x]
 
 
@@ -125,8 +131,12 @@ def _expand(xs, cs, attrs, n):
 def _to_nhwc(xs, cs, attrs, n):
     """NCHW -> NHWC with the channel axis zero-padded to ``channels_padded``."""
     y = xs[0].permute(0, 2, 3, 1)
-    extra = int(attrs.get("channels_padded") or y.shape[3]) - y.shape[3]
-    return [F.pad(y, (0, extra)) if extra > 0 else y]
+    padded = int(attrs.get("channels_padded") or y.shape[3])
+    if padded <= y.shape[3]:
+        return [y]
+    out = torch.zeros((*y.shape[:3], padded), dtype=y.dtype)  # one memset, one copy
+    out[..., : y.shape[3]] = y
+    return [out]
 
 
 def _to_nchw(xs, cs, attrs, n):

@@ -36,6 +36,7 @@ import torch
 
 from simulator import fixedpoint as fp
 from simulator import native
+from simulator.memo import as_int, derived
 from simulator.exec_epilogue import QUOTIENT_EXACT, dtype_bound, out_range
 from simulator.exec_kernels import TORCH_DTYPES, exact_limit
 from simulator.exec_native import IN_DTYPES, INT_DTYPES
@@ -75,7 +76,7 @@ def mean(x: torch.Tensor, axes: tuple[int, ...], keep: bool, mult, shift, attrs:
         return None
     if mult.numel() != 1 or shift.numel() != 1:
         return None
-    m, s = int(mult.reshape(())), int(shift.reshape(()))
+    m, s = as_int(mult), as_int(shift)
     n = math.prod(x.shape[a] for a in axes)
     if not 0 <= s <= 62 or n * dtype_bound(x.dtype) * abs(m) >= QUOTIENT_EXACT:
         return None
@@ -112,7 +113,7 @@ def mul(a: torch.Tensor, b: torch.Tensor, mult, shift, attrs: dict):
     same = tuple(a.shape) == tuple(b.shape)
     if not (same or _per_row(a, b)) or not a.numel():
         return None
-    m, s = int(mult.reshape(())), int(shift.reshape(()))
+    m, s = as_int(mult), as_int(shift)
     bound = dtype_bound(a.dtype) * dtype_bound(b.dtype) * abs(m)
     if not 0 <= s <= 62 or bound >= exact_limit(attrs["rounding"]):
         return None
@@ -159,7 +160,8 @@ def add(a: torch.Tensor, b: torch.Tensor, epi, attrs: dict):
     if epi is None or native.library() is None or attrs.get("out_dtype") not in OUT_NAMES:
         return None
     sa, sb = epi.scale, epi.scale_b
-    if tuple(a.shape) != tuple(b.shape) and _trailing(b, a) and not _trailing(a, b):
+    swap = tuple(a.shape) != tuple(b.shape) and _trailing(b, a) and not _trailing(a, b)
+    if swap:
         a, b, sa, sb = b, a, sb, sa  # the broadcast operand second
     c = a.shape[-1] if a.ndim else 1
     ok = a.dtype in INT_DTYPES and b.dtype in INT_DTYPES and a.numel() and _trailing(a, b)
@@ -167,12 +169,18 @@ def add(a: torch.Tensor, b: torch.Tensor, epi, attrs: dict):
     if not ok or not (_on_last_axis(sa, c) and _on_last_axis(sb, c)):
         return None
     a, b = a.contiguous(), b.contiguous()
-    sa, sb = (v.double().reshape(-1).expand(c).contiguous() for v in (sa, sb))
+    lanes = derived(epi, ("lanes", c), lambda: (_lanes(epi.scale, c), _lanes(epi.scale_b, c)))
+    sa, sb = lanes[::-1] if swap else lanes
     out = torch.empty(a.shape, dtype=TORCH_DTYPES[attrs["out_dtype"]])
     native.library().qp_add(native.ptr(a), native.code(a), native.ptr(b), native.code(b),
                             a.numel() // c, c, b.numel(), native.ptr(sa), native.ptr(sb),
                             *_epi_args(epi), native.ptr(out), native.code(out))  # fmt: skip
     return out
+
+
+def _lanes(v: torch.Tensor, c: int) -> torch.Tensor:
+    """A scalar or per-channel scale as ``c`` contiguous float64 values."""
+    return v.double().reshape(-1).expand(c).contiguous()
 
 
 def bmm(a: torch.Tensor, b: torch.Tensor, epi, attrs: dict):
@@ -225,9 +233,8 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, axis: int | None, dtype: str,
     x = x.contiguous()
     c = 1 if axis is None else x.shape[axis]
     inner = x.numel() if axis is None else math.prod(x.shape[axis + 1 :])
-    scales = (
-        scale.to(x.dtype).double().reshape(-1).contiguous()
-    )  # x's float type, as the torch path
+    scales = derived(scale, ("quantize", x.dtype),  # x's float type, as the torch path
+                     lambda: scale.to(x.dtype).double().reshape(-1).contiguous())
     out = torch.empty(x.shape, dtype=TORCH_DTYPES[dtype])
     lo, hi = fp.qrange(dtype)
     bad = native.library().qp_quantize(native.ptr(x), int(x.dtype == torch.float64),

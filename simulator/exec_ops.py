@@ -30,6 +30,7 @@ from simulator.exec_epilogue import (
 )
 from simulator.intmath import PRODUCT_LIMIT, max_abs
 from simulator.isa import Instruction
+from simulator.memo import derived
 
 _NCHW_TO_NHWC = {0: 0, 1: 3, 2: 1, 3: 2}
 
@@ -187,9 +188,10 @@ def _scalar(v: torch.Tensor) -> tuple[int, ...]:
 
 
 def _channel_const(v, instr) -> torch.Tensor:
-    """A per-channel constant: nhwc flattens it onto the last axis; int64."""
-    v = v.long()
-    return v.reshape(-1) if is_nhwc(instr) and v.numel() > 1 else v
+    """A per-channel constant: nhwc flattens it onto the last axis; int64 (once per
+    constant)."""
+    flat = is_nhwc(instr) and v.numel() > 1
+    return derived(v, ("channel", flat), lambda: v.long().reshape(-1) if flat else v.long())
 
 
 def k_add(instr, bufs, consts):

@@ -25,6 +25,7 @@ from simulator.custom_ops import decode
 from simulator.exec_dense import Dense, dense, exp_of_gap, int_layernorm, int_softmax, ln_affine
 from simulator.exec_ops import ConstPool, operands
 from simulator.lut import LutTable
+from simulator.memo import derived
 
 
 def _table(instr, consts: ConstPool, cls):
@@ -72,11 +73,16 @@ def k_layernorm(instr, bufs, consts):
 
 
 def _scale(instr, consts, x: torch.Tensor) -> tuple[torch.Tensor, int | None]:
-    """(scale tensor, channel axis or None) from ``attrs["scale"]`` or the first const."""
-    s = instr.attrs.get("scale")
-    s = consts[instr.consts[0]] if s is None else torch.as_tensor(s, dtype=torch.float64)
-    s = s.reshape(-1)
-    return s, (None if s.numel() == 1 else int(instr.attrs.get("axis", 1)) % x.ndim)
+    """(scale tensor, channel axis or None) from ``attrs["scale"]`` or the first const;
+    once per instruction and input rank."""
+
+    def build():
+        s = instr.attrs.get("scale")
+        s = consts[instr.consts[0]] if s is None else torch.as_tensor(s, dtype=torch.float64)
+        s = s.reshape(-1)
+        return s, (None if s.numel() == 1 else int(instr.attrs.get("axis", 1)) % x.ndim)
+
+    return consts.cached(("scale", instr.outputs[0], x.ndim), build)
 
 
 def k_quantize(instr, bufs, consts):
@@ -102,9 +108,8 @@ def k_dequantize(instr, bufs, consts):
     """DEQUANTIZE. FORMULA: ``y = float32(q) * float32(scale[c])`` (ONNX DequantizeLinear)."""
     q = bufs[instr.inputs[0]]
     s, axis = _scale(instr, consts, q)
-    s = s.float().reshape(
-        [-1 if i == axis else 1 for i in range(q.ndim)] if axis is not None else ()
-    )
+    shape = [-1 if i == axis else 1 for i in range(q.ndim)] if axis is not None else ()
+    s = derived(s, ("dequantize", q.ndim), lambda: s.float().reshape(shape))
     return [q.float() * s]
 
 

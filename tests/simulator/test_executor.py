@@ -190,6 +190,8 @@ LAYOUT_CASES = [
     ("Flatten", [], {"axis": 2}),
     ("Unsqueeze", [np.array([0, -1])], {}),
     ("Slice", [np.array([1, -1]), np.array([100, -5]), np.array([1, 2]), np.array([1, -2])], {}),
+    ("Slice", [np.array([0]), np.array([2**63 - 1]), np.array([-1])], {}),  # whole axis
+    ("Slice", [np.array([-2, 5]), np.array([-100, 1]), np.array([2, 0]), np.array([3, 1])], {}),
     ("Gather", [np.array([[2, -1], [0, 0]])], {"axis": 1}),
     ("Split", [np.array([1, 3])], {"axis": 1}),
     ("Pad", [np.array([0, 1, 1, 0, 2, 1]), np.array(-3, np.int8)], {"mode": "constant"}),
