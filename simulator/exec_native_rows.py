@@ -36,10 +36,10 @@ import torch
 
 from simulator import fixedpoint as fp
 from simulator import native
-from simulator.memo import as_int, derived
 from simulator.exec_epilogue import QUOTIENT_EXACT, dtype_bound, out_range
 from simulator.exec_kernels import TORCH_DTYPES, exact_limit
 from simulator.exec_native import IN_DTYPES, INT_DTYPES
+from simulator.memo import as_int, derived
 
 OUT_NAMES = ("int8", "int16", "int32")
 """Output dtypes of the row kernels (:func:`simulator.native.code` 0, 1, 2)."""
@@ -233,8 +233,11 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, axis: int | None, dtype: str,
     x = x.contiguous()
     c = 1 if axis is None else x.shape[axis]
     inner = x.numel() if axis is None else math.prod(x.shape[axis + 1 :])
-    scales = derived(scale, ("quantize", x.dtype),  # x's float type, as the torch path
-                     lambda: scale.to(x.dtype).double().reshape(-1).contiguous())
+    scales = derived(
+        scale,
+        ("quantize", x.dtype),  # x's float type, as the torch path
+        lambda: scale.to(x.dtype).double().reshape(-1).contiguous(),
+    )
     out = torch.empty(x.shape, dtype=TORCH_DTYPES[dtype])
     lo, hi = fp.qrange(dtype)
     bad = native.library().qp_quantize(native.ptr(x), int(x.dtype == torch.float64),
