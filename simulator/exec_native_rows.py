@@ -1,5 +1,5 @@
-"""REDUCE_MEAN, QMul, QAdd, batched QMatMul, the LUT gather and QUANTIZE through the
-compiled row kernels (simulator/csrc/qrows.c).
+"""REDUCE_MEAN, QMul, QAdd, batched QMatMul, the LUT gather, QUANTIZE and MAXPOOL through
+the compiled row kernels (simulator/csrc/qrows.c, qpool.c).
 
 Each function returns None when its kernel does not apply (no compiled library, a layout
 or dtype it does not take, a bound not met); the caller then keeps its torch path. The
@@ -18,6 +18,9 @@ kernels evaluate the torch path's float64 formulas operation for operation:
   :func:`exec_epilogue.add_epilogue` (which proves the bound);
 - :func:`gather`: a dense table lookup ``values[clamp(q) - qmin]`` (LUT);
 - :func:`quantize`: float input to int8/int16 in x's float type (QUANTIZE);
+- :func:`maxpool`: window maxima of an NHWC int8/int16 buffer, taps in the padding
+  skipped (the padding value is the dtype's minimum), as
+  :func:`~simulator.exec_kernels.max_pool` (simulator/csrc/qpool.c);
 - :func:`bmm`: FORMULA ``y = clamp(round(sum_k a[.., i, k] b[.., k, j] * m * 2**-s))`` on
   the scale of :func:`exec_epilogue.scaled_epilogue` (bound ``max|a| max|b| K |m|``); the
   sum of exact products stays exact in float64 below that bound.
@@ -34,6 +37,7 @@ import math
 
 import torch
 
+from simulator import exec_kernels as ek
 from simulator import fixedpoint as fp
 from simulator import native
 from simulator.exec_epilogue import QUOTIENT_EXACT, dtype_bound, out_range
@@ -245,3 +249,21 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, axis: int | None, dtype: str,
                                        int(mode == "half_even"), float(lo), float(hi),
                                        native.ptr(out), native.code(out))  # fmt: skip
     return None if bad else out
+
+
+def maxpool(x: torch.Tensor, kernel, strides, pads, dilations):
+    """MAXPOOL of ``x [N, H, W, C]`` (int8/int16) over H, W, or None (no library, another
+    dtype or rank). FORMULA: ``y[n, p, c] = max over in-bounds taps k of x[n, p*stride -
+    pad + k*dilation, c]`` (the dtype's minimum when no tap is in bounds)."""
+    if native.library() is None or x.ndim != 4 or x.dtype not in IN_DTYPES or len(kernel) != 2:
+        return None
+    n, h, w, c = x.shape
+    oh, ow = (ek.out_size(size, kernel[i], strides[i], pads[i] + pads[i + 2], dilations[i])
+              for i, size in enumerate((h, w)))  # fmt: skip
+    if min(oh, ow) < 1:
+        return None  # the torch path names the geometry error
+    x = x.contiguous()
+    out = torch.empty((n, oh, ow, c), dtype=x.dtype)
+    native.library().qp_maxpool(native.ptr(x), native.code(x), n, h, w, c, *kernel, *strides,
+                                *dilations, pads[0], pads[1], oh, ow, native.ptr(out))  # fmt: skip
+    return out

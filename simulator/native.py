@@ -31,7 +31,8 @@ HINT = (
     "install a C compiler (e.g. apt install gcc) or set $CC; the executor runs its torch "
     "kernels meanwhile (same integers, slower); QPARITY_NATIVE=0 turns the kernels off"
 )
-SOURCES = tuple(Path(__file__).with_name("csrc") / n for n in ("qconv.c", "qrows.c", "qnorm.c"))
+SOURCES = tuple(Path(__file__).with_name("csrc") / n
+                for n in ("qconv.c", "qrows.c", "qnorm.c", "qpool.c"))  # fmt: skip
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-fno-strict-aliasing")
 P, I64, F64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 SIGNATURES = {
@@ -46,6 +47,7 @@ SIGNATURES = {
     "qp_bmm": ([P, I64, P, I64, I64, I64, I64, I64, F64, F64, F64, I64, P, I64], None),
     "qp_gather": ([P, I64, I64, I64, I64, P, I64, P], None),
     "qp_quantize": ([P, I64, I64, I64, I64, P, I64, F64, F64, P, I64], ctypes.c_int),
+    "qp_maxpool": ([P, *[I64] * 15, P], None),
     "qp_layernorm": ([P, *[I64] * 5, F64, I64, P, I64, I64, P, P, F64, F64, F64, P, I64],
                      ctypes.c_int),
 }  # fmt: skip

@@ -1,0 +1,49 @@
+/* The executor's compiled MAXPOOL over NHWC (simulator/exec_native_rows.py calls it).
+ *
+ *   y[n, oy, ox, c] = max over the window taps (i, j) inside x of
+ *                     x[n, oy*sh - pt + i*dh, ox*sw - pl + j*dw, c]
+ * Taps in the padding are skipped, which is max over x padded with the dtype's minimum
+ * (the torch path's exec_kernels.max_pool): a window wholly in padding gives the minimum.
+ * x [N, H, W, C] and y [N, OH, OW, C] contiguous, int8 or int16 (wide); 64 bytes of
+ * channels per vector op, masked at the end.
+ */
+#include "qsimd.h"
+
+TGT AI __m512i vmax(__m512i a, __m512i b, int wide) {
+    return wide ? _mm512_max_epi16(a, b) : _mm512_max_epi8(a, b);
+}
+
+/* One output pixel: all C channels, chunks of 64 bytes. */
+TGT AI void pool_pixel(const char *x, int64_t h, int64_t w, int64_t row, int64_t y0, int64_t x0,
+                       int64_t kh, int64_t kw, int64_t dh, int64_t dw, int64_t bytes, int wide,
+                       char *out) {
+    __m512i lowest = wide ? _mm512_set1_epi16(-32768) : _mm512_set1_epi8(-128);
+    for (int64_t b0 = 0; b0 < bytes; b0 += 64) {
+        __mmask64 m = bytes - b0 >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (bytes - b0)) - 1);
+        __m512i acc = lowest;
+        for (int64_t i = 0; i < kh; i++) {
+            int64_t yy = y0 + i * dh;
+            if (yy < 0 || yy >= h) continue;
+            for (int64_t j = 0; j < kw; j++) {
+                int64_t xx = x0 + j * dw;
+                if (xx < 0 || xx >= w) continue;
+                acc = vmax(acc, _mm512_maskz_loadu_epi8(m, x + (yy * w + xx) * row + b0), wide);
+            }
+        }
+        _mm512_mask_storeu_epi8(out + b0, m, acc);
+    }
+}
+
+TGT void qp_maxpool(const void *x, int64_t wide, int64_t n, int64_t h, int64_t w, int64_t c,
+                    int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
+                    int64_t pt, int64_t pl, int64_t oh, int64_t ow, void *out) {
+    int64_t row = c << wide; /* bytes per pixel */
+#pragma omp parallel for schedule(static) if (n * oh * ow * c >= 65536)
+    for (int64_t r = 0; r < n * oh; r++) {
+        int64_t ni = r / oh, oy = r % oh;
+        const char *img = (const char *)x + ni * h * w * row;
+        for (int64_t ox = 0; ox < ow; ox++)
+            pool_pixel(img, h, w, row, oy * sh - pt, ox * sw - pl, kh, kw, dh, dw, row, (int)wide,
+                       (char *)out + (r * ow + ox) * row);
+    }
+}
