@@ -140,12 +140,12 @@ def run(nc: NativeConv, geometry, x: torch.Tensor, b, out: torch.Tensor) -> None
     ``out [N, OH, OW, O_pad]`` (contiguous, ``nc.out_dtype``); ``b [N, OH, OW, B_pad]``
     (:data:`INT_DTYPES`) or None."""
     strides, pads, dil = geometry
-    xs = _padded(nc, x.contiguous(), pads)
+    xs, mode = _padded(nc, x.contiguous(), pads)
     b = None if b is None else b.contiguous()
     n, hp, wp = xs.shape[:3]
     f64 = nc.scale is not None and nc.scale.dtype == torch.float64
     native.library().qp_conv(
-        native.ptr(xs), native.code(xs), n, hp, wp, nc.cs, nc.groups,
+        native.ptr(xs), mode, n, hp, wp, nc.cs, nc.groups,
         native.ptr(nc.weights), *nc.taps, nc.blocks, nc.out_channels, *strides,
         dil[0], 1 if nc.row_runs else dil[1], *out.shape[1:3], native.ptr(nc.corr),
         native.ptr(nc.scale), native.ptr(nc.scale_b), int(f64), native.ptr(b),
@@ -154,20 +154,22 @@ def run(nc: NativeConv, geometry, x: torch.Tensor, b, out: torch.Tensor) -> None
         native.ptr(out), native.code(out), out.shape[3])  # fmt: skip
 
 
-def _padded(nc: NativeConv, x: torch.Tensor, pads) -> torch.Tensor:
-    """The kernel's input: ``x`` padded, ``nc.cs`` values per pixel, uint8-offset for int8
-    (``x ^ 0x80``), followed by 4 bytes of slack for the last row run's over-read."""
+def _padded(nc: NativeConv, x: torch.Tensor, pads) -> tuple[torch.Tensor, int]:
+    """The kernel's input and its mode (qconv.c ``wide``): ``x`` padded, ``nc.cs`` values per
+    pixel, uint8-offset for int8 (``x ^ 0x80``), followed by 4 bytes of slack for the last
+    row run's over-read (mode 0; int16: 1); an input with nothing to pad is used in place
+    (int16: 1; int8: 2, offset by the kernel as it reads)."""
     n, h, w, cx = x.shape
     wide = nc.in_dtype == torch.int16
-    if wide and not any(pads) and cx == nc.cs and not nc.row_runs:
-        return x  # int16 with nothing to pad: used in place
+    if not any(pads) and cx == nc.cs and not nc.row_runs:
+        return x, 1 if wide else 2
     hp, wp = h + pads[0] + pads[2], w + pads[1] + pads[3]
     size = n * hp * wp * nc.cs
     xs = torch.empty(size + 4, dtype=torch.int16 if wide else torch.uint8)[:size]
     xs = xs.view(n, hp, wp, nc.cs)
     native.library().qp_pad(native.ptr(x), int(wide), n, h, w, cx, nc.channels, pads[0],
                             pads[2], pads[1], pads[3], nc.cs, native.ptr(xs))  # fmt: skip
-    return xs
+    return xs, int(wide)
 
 
 def linear(nc: NativeConv, x: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,9 @@
  * removed per output channel:
  *   acc[o] = sum_k xu[k] * w[k, o] + corr[o],   corr[o] = bias[o] - 128 * sum_k w[k, o]
  * which is sum_k x[k] w[k, o] + bias[o] exactly: VPDPBUSD wraps modulo 2**32, and the
- * caller proves |acc| < 2**31, so the wrapped sum is the true one.
+ * caller proves |acc| < 2**31, so the wrapped sum is the true one. An input that needs no
+ * padding (a QLinear's rows, an unpadded 1x1 conv) is read in place and offset as each
+ * 4-byte group is broadcast (tile_s8), saving the copy.
  * int16 input: VPDPWSSD (int16 x int16 pairs, weights widened), corr[o] = bias[o].
  *
  * Epilogue (exec_epilogue.Epilogue in one pass, float32 or float64 as proven exact):
@@ -137,7 +139,7 @@ typedef struct {
  * Each 4-byte group is 4 uint8 x int8 products (VPDPBUSD) or, WIDE, 2 int16 x int16
  * (VPDPWSSD); both wrap modulo 2**32 like the int8 sums. */
 TGT AI void micro(const uint8_t *const *xs, const int8_t *wb, const conv_t *c, int NB, int NP,
-                  int WIDE, __m512i *acc) {
+                  int WIDE, int FLIP, __m512i *acc) {
     int64_t kstep = c->ob * 64, rstep = c->dh * c->wp * c->pix, cstep = c->dw * c->pix;
     for (int q = 0; q < NB * NP; q++) acc[q] = _mm512_setzero_si512();
     for (int64_t i = 0; i < c->kh; i++)
@@ -150,7 +152,7 @@ TGT AI void micro(const uint8_t *const *xs, const int8_t *wb, const conv_t *c, i
                 for (int p = 0; p < NP; p++) {
                     int32_t four;
                     memcpy(&four, xs[p] + off + 4 * k, 4);
-                    __m512i bx = _mm512_set1_epi32(four);
+                    __m512i bx = _mm512_set1_epi32(FLIP ? four ^ (int32_t)0x80808080 : four);
                     for (int b = 0; b < NB; b++)
                         acc[b * NP + p] = WIDE ? _mm512_dpwssd_epi32(acc[b * NP + p], bx, wv[b])
                                                : _mm512_dpbusd_epi32(acc[b * NP + p], bx, wv[b]);
@@ -161,7 +163,7 @@ TGT AI void micro(const uint8_t *const *xs, const int8_t *wb, const conv_t *c, i
 
 /* Output pixels q0 .. q0+nq-1 (flat over N, OH, OW), channel blocks b0 .. b0+NB-1. */
 TGT AI void conv_block(const conv_t *c, const epi_t *e, int64_t q0, int64_t nq, int64_t b0,
-                       int NB, int NP, int WIDE) {
+                       int NB, int NP, int WIDE, int FLIP) {
     const uint8_t *xs[16];
     int64_t per = c->oh * c->ow, ni = q0 / per, y = q0 % per / c->ow, x = q0 % c->ow;
     for (int p = 0; p < NP; p++) { /* pixels past nq repeat the last one (not stored) */
@@ -172,7 +174,7 @@ TGT AI void conv_block(const conv_t *c, const epi_t *e, int64_t q0, int64_t nq, 
         }
     }
     __m512i acc[24];
-    micro(xs, c->wk + b0 * 64, c, NB, NP, WIDE, acc);
+    micro(xs, c->wk + b0 * 64, c, NB, NP, WIDE, FLIP, acc);
     for (int b = 0; b < NB; b++) {
         int64_t o0 = (b0 + b) * 16, left = c->o - o0;
         __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
@@ -188,30 +190,36 @@ TGT AI void conv_block(const conv_t *c, const epi_t *e, int64_t q0, int64_t nq, 
 
 /* All channel blocks of TILE pixel blocks from block t0, NB blocks at a time. */
 TGT AI void conv_tile(const conv_t *c, const epi_t *e, int64_t t0, int64_t total, int np,
-                      int WIDE) {
+                      int WIDE, int FLIP) {
     for (int64_t b0 = 0; b0 < c->ob;) {
         int nb = c->ob - b0 >= 4 && np == 6 ? 4 : c->ob - b0 >= 2 && np == 10 ? 2 : 1;
         for (int64_t t = t0; t < t0 + TILE && t * np < total; t++) {
             int64_t q0 = t * np, nq = total - q0 < np ? total - q0 : np;
-            if (nb == 4) conv_block(c, e, q0, nq, b0, 4, 6, WIDE);
-            else if (nb == 2) conv_block(c, e, q0, nq, b0, 2, 10, WIDE);
-            else if (np == 6) conv_block(c, e, q0, nq, b0, 1, 6, WIDE);
-            else if (np == 10) conv_block(c, e, q0, nq, b0, 1, 10, WIDE);
-            else conv_block(c, e, q0, nq, b0, 1, 16, WIDE);
+            if (nb == 4) conv_block(c, e, q0, nq, b0, 4, 6, WIDE, FLIP);
+            else if (nb == 2) conv_block(c, e, q0, nq, b0, 2, 10, WIDE, FLIP);
+            else if (np == 6) conv_block(c, e, q0, nq, b0, 1, 6, WIDE, FLIP);
+            else if (np == 10) conv_block(c, e, q0, nq, b0, 1, 10, WIDE, FLIP);
+            else conv_block(c, e, q0, nq, b0, 1, 16, WIDE, FLIP);
         }
         b0 += nb;
     }
 }
 
 TGT static void tile_u8(const conv_t *c, const epi_t *e, int64_t t0, int64_t total, int np) {
-    conv_tile(c, e, t0, total, np, 0);
+    conv_tile(c, e, t0, total, np, 0, 0);
+}
+
+/* Raw int8 input (no pad copy): each 4-byte group is offset to uint8 as it is broadcast. */
+TGT static void tile_s8(const conv_t *c, const epi_t *e, int64_t t0, int64_t total, int np) {
+    conv_tile(c, e, t0, total, np, 0, 1);
 }
 
 TGT static void tile_i16(const conv_t *c, const epi_t *e, int64_t t0, int64_t total, int np) {
-    conv_tile(c, e, t0, total, np, 1);
+    conv_tile(c, e, t0, total, np, 1, 0);
 }
 
-/* xs: the padded input (uint8, or int16 when wide), cs channels per pixel; groups: 4-byte
+/* xs: the padded input (uint8, or int16 when wide; wide 2: raw int8, offset in the kernel,
+ * for inputs that need no padding), cs channels per pixel; groups: 4-byte
  * groups read per kernel tap from the tap's first byte (cs * bytes / 4, or, for row runs,
  * the kernel row's kw * cs values as one tap of a (kh, 1) kernel; the bytes past the run
  * meet zero weights, and the caller leaves 4 bytes of slack after xs). scale NULL: int32
@@ -224,14 +232,15 @@ TGT void qp_conv(const void *xs, int64_t wide, int64_t n, int64_t hp, int64_t wp
                  int64_t half_even, void *out, int64_t out_shift, int64_t ostride) {
     epi_t e = {corr, scale, scale_b, (double)lo, (double)hi, (int)f64, (int)half_even,
                (int)out_shift, (int)bshift};
-    int64_t pix = cs << (wide ? 1 : 0);
+    int64_t pix = cs << (wide == 1 ? 1 : 0);
     conv_t c = {(const uint8_t *)xs, hp, wp, pix, groups, wk, kh, kw, ob, o, sh, sw, dh, dw,
                 oh, ow, (const char *)b, bstride, (char *)out, ostride};
     int np = ob >= 4 ? 6 : ob >= 2 ? 10 : 16;
     int64_t total = n * oh * ow, tiles = ((total + np - 1) / np + TILE - 1) / TILE;
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
-        if (wide) tile_i16(&c, &e, t * TILE, total, np);
+        if (wide == 1) tile_i16(&c, &e, t * TILE, total, np);
+        else if (wide == 2) tile_s8(&c, &e, t * TILE, total, np);
         else tile_u8(&c, &e, t * TILE, total, np);
     }
 }
