@@ -49,13 +49,16 @@ def k_lut(instr, bufs, consts):
 
 def k_softmax(instr, bufs, consts):
     """SOFTMAX. FORMULA: :func:`simulator.composite.int_softmax` along ``axis``
-    (:func:`simulator.exec_dense.int_softmax`: gap-indexed exp, dense reciprocal)."""
+    (:func:`simulator.exec_dense.int_softmax`: gap-indexed exp, dense reciprocal; on the
+    last axis in the compiled kernel, :func:`simulator.exec_native_norm.softmax`)."""
     t = _table(instr, consts, SoftmaxTables)
     q = bufs[instr.inputs[0]]
     exp = consts.cached(("exp_gap", instr.consts, q.dtype), lambda: exp_of_gap(t, q.dtype))
     recip = _dense(instr, consts, t.recip, "recip", torch.float64)
-    y = int_softmax(q, int(instr.attrs["axis"]), t, exp, recip)
-    return [y.to(ek.TORCH_DTYPES[t.out_dtype])]
+    axis = int(instr.attrs["axis"])
+    if (y := exec_native_norm.softmax(q, axis, t, exp, recip)) is not None:
+        return [y]  # one compiled pass per row
+    return [int_softmax(q, axis, t, exp, recip).to(ek.TORCH_DTYPES[t.out_dtype])]
 
 
 def k_layernorm(instr, bufs, consts):

@@ -68,3 +68,60 @@ TGT int qp_layernorm(const void *q, int64_t wide, int64_t rows, int64_t n, int64
                       rsqrt_qmin, (int)frac, w, b, y_top, vlo, vhi, out, (int)out_shift);
     return bad;
 }
+
+/* SOFTMAX along the last axis: exec_dense.int_softmax row by row, in the same float ops.
+ *   g = max(q) - q, e = exp[g] (float32 integers < 2^15), s = sum(e) (exact in float64),
+ *   r_in = min(round(s * 2^-sum_shift), 32767), c = recip[r_in - recip_qmin] * mult,
+ *   y = clamp(round(e * c), lo, hi)
+ * with mult = out_mult * 2^-out_shift as the caller computes it; q int8 or int16 (every gap
+ * is inside the exp table), 16 lanes at a time. */
+TGT AI __m512i load16(const void *q, int64_t i, int wide, __mmask16 m) {
+    return wide ? _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(m, (const int16_t *)q + i))
+                : _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, (const int8_t *)q + i));
+}
+
+TGT AI __mmask16 mask16(int64_t left) {
+    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+}
+
+TGT AI void softmax_row(const void *q, int wide, int64_t r, int64_t n, const float *exp,
+                        const double *recip, int64_t recip_qmin, double sum_scale, double mult,
+                        int half_even, __m512d lo, __m512d hi, void *out, int out_shift) {
+    int64_t base = r * n;
+    __m512i top = _mm512_set1_epi32(INT32_MIN);
+    for (int64_t j = 0; j < n; j += 16)
+        top = _mm512_mask_max_epi32(top, mask16(n - j), top, load16(q, base + j, wide, mask16(n - j)));
+    __m512i vmax = _mm512_set1_epi32(_mm512_reduce_max_epi32(top));
+    __m512d sum = _mm512_setzero_pd();
+    for (int64_t j = 0; j < n; j += 16) {
+        __mmask16 m = mask16(n - j);
+        __m512i g = _mm512_sub_epi32(vmax, load16(q, base + j, wide, m));
+        __m512 e = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, g, exp, 4);
+        sum = _mm512_add_pd(sum, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        sum = _mm512_add_pd(sum, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
+    }
+    double r_in = round_mode(_mm512_reduce_add_pd(sum) * sum_scale, half_even);
+    r_in = r_in > 32767 ? 32767 : r_in;
+    __m512d c = _mm512_set1_pd(recip[(int64_t)r_in - recip_qmin] * mult);
+    for (int64_t j = 0; j < n; j += 16) {
+        __mmask16 m = mask16(n - j);
+        __m512i g = _mm512_sub_epi32(vmax, load16(q, base + j, wide, m));
+        __m512 e = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, g, exp, 4);
+        int k = n - j < 16 ? (int)(n - j) : 16;
+        finish8(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(e)), c), half_even, lo, hi,
+                out, base + j, out_shift, k < 8 ? k : 8);
+        if (k > 8)
+            finish8(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)), c), half_even,
+                    lo, hi, out, base + j + 8, out_shift, k - 8);
+    }
+}
+
+TGT void qp_softmax(const void *q, int64_t wide, int64_t rows, int64_t n, const float *exp,
+                    const double *recip, int64_t recip_qmin, double sum_scale, double mult,
+                    int64_t half_even, double lo, double hi, void *out, int64_t out_shift) {
+    __m512d vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
+#pragma omp parallel for schedule(static) if (rows * n >= 32768)
+    for (int64_t r = 0; r < rows; r++)
+        softmax_row(q, (int)wide, r, n, exp, recip, recip_qmin, sum_scale, mult, (int)half_even,
+                    vlo, vhi, out, (int)out_shift);
+}

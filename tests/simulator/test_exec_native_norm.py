@@ -83,3 +83,43 @@ def test_mean_and_variance_ties(mode):
     a = np.arange(-9, 10, dtype=np.int16)
     q = np.stack([a, a + 1], axis=1)  # sums 2a + 1: every one a tie
     np.testing.assert_array_equal(_native(q, t).numpy(), composite.int_layernorm(q, t))
+
+
+def _native_softmax(q: np.ndarray, t, axis: int = -1):
+    qt = torch.from_numpy(q)
+    exp = exec_dense.exp_of_gap(t, qt.dtype)
+    return exec_native_norm.softmax(qt, axis, t, exp, exec_dense.dense(t.recip, torch.float64))
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(2, 70), dt=st.sampled_from(["int8", "int16"]), mode=st.sampled_from(MODES),
+       out=st.sampled_from(["int8", "int16"]), in_scale=st.sampled_from([1e-4, 1e-3, 0.05]),
+       out_scale=st.sampled_from([1 / 255, 2**-15]), seed=st.integers(0, 2**31))  # fmt: skip
+def test_native_softmax_equals_composite(n, dt, mode, out, in_scale, out_scale, seed):
+    """Rows across the 16-lane chunks; near-equal rows make ties in the sums frequent."""
+    rng = np.random.default_rng(seed)
+    t = composite.build_softmax(in_scale, "int16", out_scale, out, mode, n)
+    q = rand_ints(rng, (3, 5, n), np.dtype(dt))
+    q[0] = rng.integers(-3, 3, (5, n))
+    got = _native_softmax(q, t)
+    assert got is not None and got.dtype == getattr(torch, out)
+    np.testing.assert_array_equal(got.numpy().astype(np.int64), composite.int_softmax(q, -1, t))
+
+
+@pytest.mark.parametrize("n", [2, 16, 17, 300])
+@pytest.mark.parametrize("dt", ["int8", "int16"])
+def test_native_softmax_extremes(n, dt):
+    """All-qmin, all-qmax, alternating (the widest gaps) and spiky rows, both modes."""
+    rng = np.random.default_rng(n)
+    for mode in MODES:
+        t = composite.build_softmax(2e-3, "int16", 2**-15, "int16", mode, n)
+        q = _extreme_rows(rng, 6, n, np.dtype(dt))
+        got = _native_softmax(q, t)
+        np.testing.assert_array_equal(got.numpy().astype(np.int64), composite.int_softmax(q, -1, t))
+
+
+def test_softmax_off_the_last_axis_or_wide_is_left_to_the_torch_path():
+    t = composite.build_softmax(2e-3, "int16", 2**-15, "int16", "half_even", 4)
+    q = rand_ints(np.random.default_rng(2), (4, 4), np.int8)
+    assert _native_softmax(q, t, axis=0) is None
+    assert _native_softmax(q.astype(np.int32), t) is None
