@@ -12,6 +12,7 @@
  * call returns 1 and the caller runs the reference instead).
  */
 #include <math.h>
+#include <string.h>
 
 #include "qsimd.h"
 
@@ -19,10 +20,27 @@ TGT AI double round_mode(double y, int half_even) {
     return half_even ? __builtin_roundeven(y) : copysign(floor(fabs(y) + 0.5), y);
 }
 
-/* One row: the statistics, then the normalized, affine, clamped outputs, 8 at a time.
- * Returns 1 when some |y| passes y_top. Sums of q and q^2 in float64 are exact (< 2^41). */
-TGT AI int ln_row(const void *q, int wide, int64_t r, int64_t n, int in_shift, int guard,
-                  double eps, int half_even, const double *rsqrt, int64_t rsqrt_qmin, int frac,
+/* 2^e as a double, built from its bits (-1022 <= e <= 1023): no libm call in the row loop. */
+AI double pow2i(int e) {
+    uint64_t bits = (uint64_t)(e + 1023) << 52;
+    double d;
+    memcpy(&d, &bits, 8);
+    return d;
+}
+
+/* frexp's exponent of v >= 0 (v = m 2^e, 0.5 <= m < 1; 0 for v = 0), read from its bits
+ * (v is an integer-valued double here: never subnormal). */
+AI int frexp_exponent(double v) {
+    uint64_t bits;
+    memcpy(&bits, &v, 8);
+    return v == 0 ? 0 : (int)((bits >> 52) & 0x7ff) - 1022;
+}
+
+/* One row: the statistics, then the normalized, affine, clamped outputs, 8 at a time
+ * (p_in = 2^s, p_in2 = 4^s, p_guard = 2^G). Returns 1 when some |y| passes y_top. Sums of q and q^2 in float64 are exact (< 2^41). */
+TGT AI int ln_row(const void *q, int wide, int64_t r, int64_t n, double p_in, double p_in2,
+                  double p_guard, double eps, int half_even, const double *rsqrt,
+                  int64_t rsqrt_qmin, int frac,
                   const double *w, const double *b, double y_top, __m512d lo, __m512d hi,
                   void *out, int out_shift) {
     __m512d v1 = _mm512_setzero_pd(), v2 = v1;
@@ -30,18 +48,16 @@ TGT AI int ln_row(const void *q, int wide, int64_t r, int64_t n, int in_shift, i
         __m512d x = load8(q, r * n + j, wide, n - j < 8 ? (int)(n - j) : 8);
         v1 = _mm512_add_pd(v1, x), v2 = _mm512_fmadd_pd(x, x, v2);
     }
-    double x1 = _mm512_reduce_add_pd(v1) * ldexp(1.0, in_shift);
-    double x2 = _mm512_reduce_add_pd(v2) * ldexp(1.0, 2 * in_shift);
+    double x1 = _mm512_reduce_add_pd(v1) * p_in;
+    double x2 = _mm512_reduce_add_pd(v2) * p_in2;
     double mean = round_mode(x1 / (double)n, half_even);
     double ssd = x2 - x1 * mean * 2.0 + mean * mean * (double)n;
-    double v = round_mode(ssd * ldexp(1.0, guard) / (double)n, half_even) + eps;
-    int e;
-    frexp(v, &e);
-    int k = (e - 14) >> 1;
-    double vn = round_mode(v * ldexp(1.0, -2 * k), half_even);
+    double v = round_mode(ssd * p_guard / (double)n, half_even) + eps;
+    int k = (frexp_exponent(v) - 14) >> 1;
+    double vn = round_mode(v * pow2i(-2 * k), half_even);
     vn = vn < 0 ? 0 : vn > 32767 ? 32767 : vn;
-    double c = rsqrt[(int64_t)vn - rsqrt_qmin] * ldexp(1.0, frac - 17 - k);
-    __m512d cs = _mm512_set1_pd(c * ldexp(1.0, in_shift)), mc = _mm512_set1_pd(mean * c);
+    double c = rsqrt[(int64_t)vn - rsqrt_qmin] * pow2i(frac - 17 - k);
+    __m512d cs = _mm512_set1_pd(c * p_in), mc = _mm512_set1_pd(mean * c);
     __m512d top = _mm512_set1_pd(y_top);
     __mmask8 bad = 0;
     for (int64_t j = 0; j < n; j += 8) {
@@ -64,7 +80,8 @@ TGT int qp_layernorm(const void *q, int64_t wide, int64_t rows, int64_t n, int64
     __m512d vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
 #pragma omp parallel for schedule(static) reduction(| : bad) if (rows * n >= 32768)
     for (int64_t r = 0; r < rows; r++)
-        bad |= ln_row(q, (int)wide, r, n, (int)in_shift, (int)guard, eps, (int)half_even, rsqrt,
+        bad |= ln_row(q, (int)wide, r, n, pow2i((int)in_shift), pow2i(2 * (int)in_shift),
+                      pow2i((int)guard), eps, (int)half_even, rsqrt,
                       rsqrt_qmin, (int)frac, w, b, y_top, vlo, vhi, out, (int)out_shift);
     return bad;
 }
