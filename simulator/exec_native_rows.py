@@ -6,7 +6,7 @@ or dtype it does not take, a bound not met); the caller then keeps its torch pat
 kernels evaluate the torch path's float64 formulas operation for operation:
 
 - :func:`mean`: FORMULA ``y[r] = clamp(round(fl(S[r] * m) / (n * 2**s)))`` with
-  ``S[r] = sum_i x[r, i]`` over trailing axes (:func:`simulator.exec_pool._divide_float`,
+  ``S[r] = sum_i x[r, i]`` over a block of adjacent axes (:func:`simulator.exec_pool._divide_float`,
   exact while ``n * max|x| * |m| < 2**50``: :func:`exec_epilogue.round_quotient`);
 - :func:`mul`: FORMULA ``y = clamp(round(a * b * m * 2**-s))`` with a scalar
   ``m``/``s``, exact while ``max|a| max|b| |m|`` is below the float64
@@ -73,10 +73,11 @@ def channels_last(x: torch.Tensor) -> tuple[int, int] | None:
 
 
 def mean(x: torch.Tensor, axes: tuple[int, ...], keep: bool, mult, shift, attrs: dict):
-    """REDUCE_MEAN of ``x`` over ``axes`` (sorted), or None (module docstring): trailing
-    axes of a contiguous tensor, or H, W of a :func:`channels_last` one."""
-    trailing = axes == tuple(range(x.ndim - len(axes), x.ndim))
-    if not (_usable(attrs, x) and trailing and x.numel()):
+    """REDUCE_MEAN of ``x`` over ``axes`` (sorted), or None (module docstring): one block
+    of adjacent axes of a contiguous tensor (trailing, or between leading and trailing
+    ones: a mean over tokens), or H, W of a :func:`channels_last` one."""
+    block = bool(axes) and axes == tuple(range(axes[0], axes[-1] + 1))
+    if not (_usable(attrs, x) and block and x.numel()):
         return None
     if mult.numel() != 1 or shift.numel() != 1:
         return None
@@ -84,18 +85,21 @@ def mean(x: torch.Tensor, axes: tuple[int, ...], keep: bool, mult, shift, attrs:
     n = math.prod(x.shape[a] for a in axes)
     if not 0 <= s <= 62 or n * dtype_bound(x.dtype) * abs(m) >= QUOTIENT_EXACT:
         return None
-    lead = x.shape[: x.ndim - len(axes)]
-    out = torch.empty(math.prod(lead), dtype=TORCH_DTYPES[attrs["out_dtype"]])
+    lead, rest = x.shape[: axes[0]], x.shape[axes[-1] + 1 :]
+    out = torch.empty(math.prod(lead) * math.prod(rest), dtype=TORCH_DTYPES[attrs["out_dtype"]])
     lib, wide = native.library(), native.code(x)
     tail = (float(m), n * 2.0**s, *_bounds(attrs), int(attrs["rounding"] == "half_even"),
             native.ptr(out), native.code(out))  # fmt: skip
     cl = channels_last(x) if axes == (2, 3) and not x.is_contiguous() else None
     if cl is not None:
         lib.qp_mean_cl(native.ptr(x), wide, x.shape[0], n, x.shape[1], *cl, *tail)
+    elif rest:  # x[l, i, t] at (l * n + i) * c + t: the channels-last walk with pix = c
+        x, c = x.contiguous(), math.prod(rest)
+        lib.qp_mean_cl(native.ptr(x), wide, math.prod(lead), n, c, c, n * c, *tail)
     else:
         x = x.contiguous()
         lib.qp_mean(native.ptr(x), wide, out.numel(), n, *tail)
-    return out.reshape(*lead, *([1] * len(axes))) if keep else out.reshape(lead)
+    return out.reshape((*lead, *([1] * len(axes) if keep else []), *rest))
 
 
 def _per_row(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -1,4 +1,4 @@
-/* The executor's compiled row kernels: REDUCE_MEAN over trailing axes, QMul, QAdd and
+/* The executor's compiled row kernels: REDUCE_MEAN over adjacent axes, QMul, QAdd and
  * batched QMatMul, requantize fused (simulator/exec_native_rows.py proves the bounds and
  * calls them).
  *
