@@ -15,7 +15,8 @@ kernels evaluate the torch path's float64 formulas operation for operation:
   such as ``[N, C, 1, 1]`` against ``[N, C, H, W]``); the product commutes, so the
   operands may come in either order;
 - :func:`add`: FORMULA ``y = clamp(round(a * sa + b * sb))`` on the scales of
-  :func:`exec_epilogue.add_epilogue` (which proves the bound);
+  :func:`exec_epilogue.add_epilogue` (which proves the bound); :func:`requant` is that
+  kernel with ``b = a``, ``sb = 0``;
 - :func:`gather`: a dense table lookup ``values[clamp(q) - qmin]`` (LUT);
 - :func:`quantize`: float input to int8/int16 in x's float type (QUANTIZE);
 - :func:`maxpool`: window maxima of an NHWC int8/int16 buffer, taps in the padding
@@ -33,6 +34,7 @@ squeeze-excite block (mean, gate, product, mean) never transposes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -184,6 +186,17 @@ def add(a: torch.Tensor, b: torch.Tensor, epi, attrs: dict):
                             a.numel() // c, c, b.numel(), native.ptr(sa), native.ptr(sb),
                             *_epi_args(epi), native.ptr(out), native.code(out))  # fmt: skip
     return out
+
+
+def requant(x: torch.Tensor, epi, attrs: dict):
+    """QRequant ``clamp(round(x * s))`` with ``epi`` from
+    :func:`~simulator.exec_epilogue.scaled_epilogue` (no bias; ``s`` a scalar or per
+    channel of the last axis), or None: the QAdd kernel on ``(x, x)`` with a zero second
+    scale (``x * s + x * 0`` is ``x * s`` exactly)."""
+    if epi is None or epi.bias is not None or epi.scale is None or epi.scale_b is not None:
+        return None
+    as_add = derived(epi, "as_add", lambda: dataclasses.replace(epi, scale_b=torch.zeros(())))
+    return add(x, x, as_add, attrs)
 
 
 def _lanes(v: torch.Tensor, c: int) -> torch.Tensor:

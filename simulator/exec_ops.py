@@ -237,13 +237,17 @@ def _axis(instr, axis: int, ndim: int) -> int:
 
 
 def k_requant(instr, bufs, consts):
-    """REQUANT = QRequant. FORMULA: ``y = req(x, mult[c], shift[c])`` along ``axis``."""
+    """REQUANT = QRequant. FORMULA: ``y = req(x, mult[c], shift[c])`` along ``axis``; in the
+    compiled QAdd kernel when the scale is a scalar or runs along the last axis
+    (:func:`exec_native_rows.requant`)."""
     x, mult, shift = operands(instr, bufs, consts, 3)
     axis = int(instr.attrs.get("axis", -1))
     axis = None if axis == -1 else _axis(instr, axis, x.ndim)
     key = ("requant", instr.outputs[0], x.dtype, x.ndim)
     epi = consts.cached(key, lambda: scaled_epilogue(instr.attrs, dtype_bound(x.dtype), mult,
                                                      shift, _shaper(x, axis)))  # fmt: skip
+    if (fast := exec_native_rows.requant(x, epi, instr.attrs)) is not None:
+        return [fast]  # one compiled pass
     return [epi.apply(x) if epi is not None else _req(x, mult, shift, instr.attrs, axis)]
 
 

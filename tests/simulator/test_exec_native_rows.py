@@ -15,7 +15,7 @@ from simulator import exec_native_rows, native
 from simulator import fixedpoint as fp
 from simulator.custom_ops import CUSTOM_OPS
 from simulator.isa import Op
-from tests.simulator.test_executor import MODES, check
+from tests.simulator.test_executor import MODES, check, req_consts
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=native.status())
 DTYPES = (np.int8, np.int16)
@@ -157,6 +157,24 @@ def test_add_equals_qadd(data, shape, lead, swap, seed):
     bound = sum(-int(np.iinfo(v.dtype).min) * int(np.abs(m).max()) for v, m in ((a, ma), (b, mb)))
     native_expected = bound < 2**52  # add_epilogue's float64 bound (bpu_round's is lower)
     assert calls and (calls[0] is not None or not native_expected)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), shape=st.lists(st.integers(1, 7), min_size=1, max_size=4),
+       per_channel=st.booleans(), seed=st.integers(0, 2**31))  # fmt: skip
+def test_requant_equals_qrequant(data, shape, per_channel, seed):
+    """Scalar or last-axis multipliers and shifts (exact ties at small shifts) on int8 /
+    int16 / int32 inputs run in the QAdd kernel with a zero second scale (15-bit
+    multipliers keep even int32 inputs below the float64 bound); no multiplier (an int32
+    output that only saturates) stays on the torch path."""
+    rng = np.random.default_rng(seed)
+    x = _ints(rng, shape, data.draw(st.sampled_from(ADD_DTYPES)))
+    attrs = _attrs(data.draw)
+    mult, shift = req_consts(rng, shape[-1], per_channel, attrs["out_dtype"])
+    axis = len(shape) - 1 if per_channel else -1
+    with _spy("requant") as calls:
+        check(Op.REQUANT, "QRequant", [x], [mult, shift], {**attrs, "axis": axis})
+    assert calls and (calls[0] is not None) == (mult.size > 0)
 
 
 @settings(max_examples=50, deadline=None)
