@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from schemas.errors import SimulatorError
+from simulator import native
 from simulator.exec_kernels import numel
 from simulator.memo import derived
 
@@ -129,11 +130,18 @@ def _expand(xs, cs, attrs, n):
 
 
 def _to_nhwc(xs, cs, attrs, n):
-    """NCHW -> NHWC with the channel axis zero-padded to ``channels_padded``."""
+    """NCHW -> NHWC with the channel axis zero-padded to ``channels_padded`` (a narrow
+    int8/int16 input, up to 32 padded channels, in one compiled pass)."""
     y = xs[0].permute(0, 2, 3, 1)
     padded = int(attrs.get("channels_padded") or y.shape[3])
     if padded <= y.shape[3]:
         return [y]
+    lib, x = native.library(), xs[0]
+    if lib is not None and x.ndim == 4 and x.dtype in (torch.int8, torch.int16) and padded <= 32:
+        x, out = x.contiguous(), torch.empty((*y.shape[:3], padded), dtype=x.dtype)
+        lib.qp_to_nhwc(native.ptr(x), native.code(x), x.shape[0], x.shape[1],
+                       x.shape[2] * x.shape[3], padded, native.ptr(out))  # fmt: skip
+        return [out]
     out = torch.zeros((*y.shape[:3], padded), dtype=y.dtype)  # one memset, one copy
     out[..., : y.shape[3]] = y
     return [out]

@@ -7,6 +7,8 @@
  * x [N, H, W, C] and y [N, OH, OW, C] contiguous, int8 or int16 (wide); 64 bytes of
  * channels per vector op, masked at the end.
  */
+#include <string.h>
+
 #include "qsimd.h"
 
 TGT AI __m512i vmax(__m512i a, __m512i b, int wide) {
@@ -45,5 +47,21 @@ TGT void qp_maxpool(const void *x, int64_t wide, int64_t n, int64_t h, int64_t w
         for (int64_t ox = 0; ox < ow; ox++)
             pool_pixel(img, h, w, row, oy * sh - pt, ox * sw - pl, kh, kw, dh, dw, row, (int)wide,
                        (char *)out + (r * ow + ox) * row);
+    }
+}
+
+/* LAYOUT ToNHWC of a narrow input: x [N, C, HW] -> y [N, HW, Cp], channels C..Cp zero
+ * (int8, or int16 when wide): per image one memset, then each channel scattered. */
+void qp_to_nhwc(const void *x, int64_t wide, int64_t n, int64_t c, int64_t hw, int64_t cp,
+                void *out) {
+#pragma omp parallel for schedule(static) if (n * hw * cp >= 65536)
+    for (int64_t ni = 0; ni < n; ni++) {
+        memset((char *)out + (ni * hw * cp << wide), 0, hw * cp << wide);
+        for (int64_t ch = 0; ch < c; ch++)
+            for (int64_t p = 0; p < hw; p++) {
+                int64_t src = (ni * c + ch) * hw + p, dst = (ni * hw + p) * cp + ch;
+                if (wide) ((int16_t *)out)[dst] = ((const int16_t *)x)[src];
+                else ((int8_t *)out)[dst] = ((const int8_t *)x)[src];
+            }
     }
 }

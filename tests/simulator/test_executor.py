@@ -347,3 +347,16 @@ def test_round_shift_equals_round_div(mode):
     v[10:13] = np.array([-(2**62) + 1, 2**62 - 1, 0])[:, None]
     got = ek.round_shift(torch.from_numpy(v), torch.from_numpy(s), mode)
     np.testing.assert_array_equal(got.numpy(), intmath.round_div(v, np.int64(1) << s, mode))
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32])
+@pytest.mark.parametrize("c,padded", [(1, 16), (3, 4), (5, 32), (16, 16), (3, 48)])
+def test_to_nhwc_pads_channels_with_zeros(dtype, c, padded):
+    """ToNHWC (compiled for narrow int8/int16 inputs, torch otherwise) equals a permute
+    and a zero pad of the channel axis."""
+    from simulator.exec_layout import LAYOUT_OPS
+
+    x = torch.randint(-300, 300, (3, c, 5, 7)).clamp(-128, 127).to(dtype)
+    (got,) = LAYOUT_OPS["ToNHWC"]([x], [], {"channels_padded": padded}, 1)
+    want = torch.nn.functional.pad(x.permute(0, 2, 3, 1), (0, padded - c))
+    assert got.dtype == dtype and torch.equal(got, want)
