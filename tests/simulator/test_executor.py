@@ -360,3 +360,24 @@ def test_to_nhwc_pads_channels_with_zeros(dtype, c, padded):
     (got,) = LAYOUT_OPS["ToNHWC"]([x], [], {"channels_padded": padded}, 1)
     want = torch.nn.functional.pad(x.permute(0, 2, 3, 1), (0, padded - c))
     assert got.dtype == dtype and torch.equal(got, want)
+
+
+def test_view_layouts_replay_per_input_geometry():
+    """A view-only LAYOUT chain is replayed from its first run's views; another batch size
+    or a copying layout (a Reshape of a transposed buffer) is computed afresh."""
+    instrs = [
+        Instruction(Op.LAYOUT, ("x",), ("t",), (), {"op_type": "Transpose", "perm": [0, 2, 1]}),
+        Instruction(Op.LAYOUT, ("t",), ("r",), ("shape",), {"op_type": "Reshape"}),
+        Instruction(Op.LAYOUT, ("r",), ("s", "u"), ("split",), {"op_type": "Split", "axis": 1}),
+        Instruction(Op.LAYOUT, ("u",), ("out",), ("axes",), {"op_type": "Unsqueeze"}),
+    ]
+    consts = {"shape": np.array([0, -1]), "split": np.array([5, 7]), "axes": np.array([1])}
+    prog = Program("nash-e", {"x": {"dtype": "int8"}}, {"out": {}, "s": {}}, instrs, consts)
+    ex = Executor(prog)
+    for n in (2, 2, 3, 2):
+        x = rand_ints(np.random.default_rng(n), (n, 4, 3), np.int8)
+        outs, _ = ex.run({"x": x})
+        flat = x.transpose(0, 2, 1).reshape(n, -1)
+        np.testing.assert_array_equal(outs["s"], flat[:, :5])
+        np.testing.assert_array_equal(outs["out"], flat[:, None, 5:])
+    assert set(ex._views) == {0, 2, 3}  # the Reshape of a transposed buffer copies
