@@ -19,6 +19,8 @@ kernels evaluate the torch path's float64 formulas operation for operation:
   kernel with ``b = a``, ``sb = 0``;
 - :func:`gather`: a dense table lookup ``values[clamp(q) - qmin]`` (LUT);
 - :func:`quantize`: float input to int8/int16 in x's float type (QUANTIZE);
+- :func:`dequantize`: ``float32(q) * float32(s)`` (DEQUANTIZE, one float32 rounding as in
+  torch);
 - :func:`maxpool`: window maxima of an NHWC int8/int16 buffer, taps in the padding
   skipped (the padding value is the dtype's minimum), as
   :func:`~simulator.exec_kernels.max_pool` (simulator/csrc/qpool.c);
@@ -283,4 +285,24 @@ def maxpool(x: torch.Tensor, kernel, strides, pads, dilations):
     out = torch.empty((n, oh, ow, c), dtype=x.dtype)
     native.library().qp_maxpool(native.ptr(x), native.code(x), n, h, w, c, *kernel, *strides,
                                 *dilations, pads[0], pads[1], oh, ow, native.ptr(out))  # fmt: skip
+    return out
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, axis: int | None):
+    """DEQUANTIZE ``float32(q) * s`` (``s`` float32: one value, or per channel along
+    ``axis``) in one pass, or None: no library, a dtype it does not take."""
+    if native.library() is None or q.dtype not in INT_DTYPES or not q.numel():
+        return None
+    q = q.contiguous()
+    if axis is None:  # one scale: rows of the last axis, all scaled alike
+        inner = q.shape[-1] if q.ndim and q.shape[-1] else q.numel()
+        outer, c = q.numel() // inner, 1
+    else:
+        outer, c, inner = math.prod(q.shape[:axis]), q.shape[axis], math.prod(q.shape[axis + 1 :])
+    if scale.numel() != c:
+        return None
+    s = derived(scale, "f32", lambda: scale.float().reshape(-1).contiguous())
+    out = torch.empty(q.shape, dtype=torch.float32)
+    native.library().qp_dequantize(native.ptr(q), native.code(q), outer, c, inner,
+                                   native.ptr(s), native.ptr(out))  # fmt: skip
     return out

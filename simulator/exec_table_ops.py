@@ -111,6 +111,8 @@ def k_dequantize(instr, bufs, consts):
     """DEQUANTIZE. FORMULA: ``y = float32(q) * float32(scale[c])`` (ONNX DequantizeLinear)."""
     q = bufs[instr.inputs[0]]
     s, axis = _scale(instr, consts, q)
+    if (fast := exec_native_rows.dequantize(q, s, axis)) is not None:
+        return [fast]  # one compiled pass, the same float32 product
     shape = [-1 if i == axis else 1 for i in range(q.ndim)] if axis is not None else ()
     s = derived(s, ("dequantize", q.ndim), lambda: s.float().reshape(shape))
     return [q.float() * s]

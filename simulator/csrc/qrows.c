@@ -283,3 +283,22 @@ TGT int qp_quantize(const void *x, int64_t f64, int64_t outer, int64_t c, int64_
         }
     return bad;
 }
+
+/* DEQUANTIZE: y = float32(q) * s[c] in float32 (ONNX DequantizeLinear, as torch computes
+ * it: both factors exact floats, one rounding), q int8 / int16 / int32 of shape
+ * [outer, c, inner]. */
+TGT void qp_dequantize(const void *q, int64_t tq, int64_t outer, int64_t c, int64_t inner,
+                       const float *s, float *out) {
+#pragma omp parallel for schedule(static) if (outer * c * inner >= PAR_MIN)
+    for (int64_t r = 0; r < outer * c; r++) {
+        __m512 vs = _mm512_set1_ps(s[r % c]);
+        for (int64_t i = 0; i < inner; i += 16) {
+            __mmask16 m = inner - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (inner - i)) - 1);
+            int64_t k = r * inner + i;
+            __m512i v = tq == 2   ? _mm512_maskz_loadu_epi32(m, (const int32_t *)q + k)
+                        : tq == 1 ? _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(m, (const int16_t *)q + k))
+                                  : _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, (const int8_t *)q + k));
+            _mm512_mask_storeu_ps(out + k, m, _mm512_mul_ps(_mm512_cvtepi32_ps(v), vs));
+        }
+    }
+}

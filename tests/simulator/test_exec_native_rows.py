@@ -282,3 +282,20 @@ def test_maxpool_of_a_window_in_padding_is_the_minimum():
         got = exec_native_rows.maxpool(x, [2, 2], [1, 1], [1, 1, 1, 1], [2, 2])
         assert torch.equal(got, ek.max_pool(x, (1, 2), [2, 2], [1, 1], [1, 1, 1, 1], [2, 2]))
         assert got[0, 0, 0, 0] == torch.iinfo(dtype).min and got.shape == (1, 1, 1, 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), shape=st.lists(st.integers(1, 20), min_size=1, max_size=4),
+       seed=st.integers(0, 2**31))  # fmt: skip
+def test_dequantize_equals_the_float32_product(data, shape, seed):
+    """float32(q) * float32(s), scalar or per channel along any axis; int32 values past
+    2**24 round in the conversion exactly as torch's."""
+    rng = np.random.default_rng(seed)
+    q = torch.from_numpy(_ints(rng, shape, data.draw(st.sampled_from(ADD_DTYPES))))
+    axis = data.draw(st.sampled_from([None, *range(len(shape))]))
+    c = 1 if axis is None else shape[axis]
+    s = torch.from_numpy(rng.uniform(1e-4, 3.0, c))  # float64, as the program stores it
+    got = exec_native_rows.dequantize(q, s, axis)
+    view = [-1 if i == axis else 1 for i in range(q.ndim)] if axis is not None else ()
+    want = q.float() * s.float().reshape(view)
+    assert got is not None and got.dtype == torch.float32 and torch.equal(got, want)
