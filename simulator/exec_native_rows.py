@@ -217,12 +217,35 @@ def bmm(a: torch.Tensor, b: torch.Tensor, epi, attrs: dict):
     if epi.scale is None or epi.scale.numel() != 1 or not a.numel() or not b.numel():
         return None
     (m, k), n = a.shape[-2:], b.shape[-1]
-    a, b = a.contiguous(), b.contiguous()
     out = torch.empty((*a.shape[:-1], n), dtype=TORCH_DTYPES[attrs["out_dtype"]])
+    small = m * k <= BMM_BUF and -(-n // 8) * 8 * k <= BMM_BUF
+    if small and a.ndim <= 4 and not (a.is_contiguous() and b.is_contiguous()):
+        (nb1, nb2), sa, sb = _batch2(a.shape), _strides4(a), _strides4(b)
+        native.library().qp_bmm_strided(native.ptr(a), native.code(a), native.ptr(sa),
+                                        native.ptr(b), native.code(b), native.ptr(sb), nb1, nb2,
+                                        m, k, n, float(epi.scale), *_epi_args(epi),
+                                        native.ptr(out), native.code(out))  # fmt: skip
+        return out  # views (a transposed k, a head split) read in place
+    a, b = a.contiguous(), b.contiguous()
     native.library().qp_bmm(native.ptr(a), native.code(a), native.ptr(b), native.code(b),
                             a.numel() // (m * k), m, k, n, float(epi.scale), *_epi_args(epi),
                             native.ptr(out), native.code(out))  # fmt: skip
     return out
+
+
+BMM_BUF = 4096
+"""qrows.c's float64 buffer per batch (values): operands that fit are widened once."""
+
+
+def _batch2(shape) -> tuple[int, int]:
+    """The batch axes of a 3-D or 4-D operand as two sizes ``(nb1, nb2)``."""
+    return (1, shape[0]) if len(shape) == 3 else (shape[0], shape[1])
+
+
+def _strides4(t: torch.Tensor) -> torch.Tensor:
+    """Element strides ``[batch1, batch2, row, col]`` of a 3-D or 4-D tensor, int64."""
+    st = t.stride()
+    return torch.tensor(((0,) if t.ndim == 3 else ()) + st, dtype=torch.int64)
 
 
 def gather(values: torch.Tensor, qmin: int, qmax: int, q: torch.Tensor):

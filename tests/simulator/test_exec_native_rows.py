@@ -299,3 +299,34 @@ def test_dequantize_equals_the_float32_product(data, shape, seed):
     view = [-1 if i == axis else 1 for i in range(q.ndim)] if axis is not None else ()
     want = q.float() * s.float().reshape(view)
     assert got is not None and got.dtype == torch.float32 and torch.equal(got, want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), nb=st.integers(1, 3), heads=st.integers(1, 3), m=st.integers(1, 9),
+       k=st.integers(1, 20), n=st.integers(1, 19), seed=st.integers(0, 2**31))  # fmt: skip
+def test_bmm_reads_transposed_views_in_place(data, nb, heads, m, k, n, seed):
+    """q @ k^T as the transformer runs it: a head split (a permuted view) times a
+    transposed buffer, both read in place with their strides, equals QMatMul on the
+    materialized operands."""
+    from simulator.executor import Executor
+    from simulator.isa import Instruction, Program
+
+    rng = np.random.default_rng(seed)
+    dt = data.draw(st.sampled_from(DTYPES))
+    a = _ints(rng, (nb, m, heads, k), dt)  # [N, tokens, heads, d] before the head split
+    bt = _ints(rng, (nb, heads, n, k), data.draw(st.sampled_from(DTYPES)))  # b^T, contiguous
+    mult, s = np.array([int(rng.integers(1, 2**12))]), np.array([int(rng.integers(0, 21))])
+    attrs = _attrs(data.draw)
+    instrs = [
+        Instruction(Op.LAYOUT, ("a",), ("ah",), (), {"op_type": "Transpose", "perm": [0, 2, 1, 3]}),
+        Instruction(Op.LAYOUT, ("bt",), ("b",), (), {"op_type": "Transpose", "perm": [0, 1, 3, 2]}),
+        Instruction(Op.MATMUL, ("ah", "b"), ("y",), ("m", "s"), attrs),
+    ]
+    prog = Program("nash-e", {"a": {"dtype": str(a.dtype)}, "bt": {"dtype": str(bt.dtype)}},
+                   {"y": {}}, instrs, {"m": mult, "s": s})  # fmt: skip
+    with _spy("bmm") as calls:
+        got = Executor(prog).run({"a": a, "bt": bt})[0]["y"]
+    ah, b = np.ascontiguousarray(a.transpose(0, 2, 1, 3)), np.ascontiguousarray(bt.swapaxes(2, 3))
+    want = CUSTOM_OPS["QMatMul"].evaluate([ah, b, mult, s], attrs)
+    assert calls and calls[0] is not None and got.dtype == np.dtype(attrs["out_dtype"])
+    np.testing.assert_array_equal(got, want)
