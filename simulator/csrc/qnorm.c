@@ -4,7 +4,7 @@
  * Per row of n < 2**10 values q (int8 or int16), s = in_shift:
  *   X1 = sum(q) 2^s, X2 = sum(q^2) 4^s (exact integers), mean = round(X1 / n),
  *   ssd = X2 - 2 X1 mean + n mean^2, v = round(ssd 2^G / n) + eps,
- *   k = (frexp_exponent(v) - 14) >> 1, vn = clamp(round(v 2^-2k), 0, 32767),
+ *   k = (e - 14) >> 1 (e: frexp's exponent of v), vn = clamp(round(v 2^-2k), 0, 32767),
  *   c = rsqrt[vn] 2^(F - 17 - k), y = round(q (c 2^s) - mean c),
  *   out = clamp(round(y w[j] + b[j]), lo, hi)        (w, b already times out_mult 2^-out_shift)
  * Every value is an exact float64 (the proofs are in exec_dense's docstrings) except the two
@@ -28,46 +28,63 @@ AI double pow2i(int e) {
     return d;
 }
 
-/* frexp's exponent of v >= 0 (v = m 2^e, 0.5 <= m < 1; 0 for v = 0), read from its bits
- * (v is an integer-valued double here: never subnormal). */
-AI int frexp_exponent(double v) {
-    uint64_t bits;
-    memcpy(&bits, &v, 8);
-    return v == 0 ? 0 : (int)((bits >> 52) & 0x7ff) - 1022;
+typedef struct {
+    const void *q;
+    int wide, half_even, frac, out_shift;
+    int64_t n, rsqrt_qmin;
+    double p_in, p_in2, p_guard, eps, y_top; /* p_in = 2^s, p_in2 = 4^s, p_guard = 2^G */
+    const double *rsqrt, *w, *b;
+    __m512d lo, hi;
+    void *out;
+} ln_t;
+
+/* Statistics of rows r0 .. r0+7 (fewer at the end: nr), the scalar steps done 8 rows per
+ * vector in the same float64 operations: the row sums X1, X2 (exact, < 2^41), then
+ * mean, v, k (frexp's exponent from getexp: e = floor(log2 v) + 1, 0 for v = 0), vn, the
+ * rsqrt lookup (a gather) and c; 2^x factors by scalef (exact). Out: cs = c 2^s, mc = mean c. */
+TGT AI void ln_stats8(const ln_t *t, int64_t r0, int nr, double *cs, double *mc) {
+    double x1[8] = {0}, x2[8] = {0};
+    for (int i = 0; i < nr; i++) {
+        __m512d v1 = _mm512_setzero_pd(), v2 = v1;
+        for (int64_t j = 0; j < t->n; j += 8) {
+            __m512d x = load8(t->q, (r0 + i) * t->n + j, t->wide, t->n - j < 8 ? (int)(t->n - j) : 8);
+            v1 = _mm512_add_pd(v1, x), v2 = _mm512_fmadd_pd(x, x, v2);
+        }
+        x1[i] = _mm512_reduce_add_pd(v1) * t->p_in, x2[i] = _mm512_reduce_add_pd(v2) * t->p_in2;
+    }
+    __m512d X1 = _mm512_loadu_pd(x1), X2 = _mm512_loadu_pd(x2), N = _mm512_set1_pd((double)t->n);
+    __m512d mean = round_pd(_mm512_div_pd(X1, N), t->half_even);
+    __m512d ssd = _mm512_add_pd(_mm512_sub_pd(X2, _mm512_mul_pd(_mm512_mul_pd(X1, mean), _mm512_set1_pd(2.0))),
+                                _mm512_mul_pd(_mm512_mul_pd(mean, mean), N));
+    __m512d v = _mm512_add_pd(round_pd(_mm512_div_pd(_mm512_mul_pd(ssd, _mm512_set1_pd(t->p_guard)), N),
+                                       t->half_even), _mm512_set1_pd(t->eps));
+    __mmask8 nz = _mm512_cmp_pd_mask(v, _mm512_setzero_pd(), _CMP_NEQ_OQ);
+    __m512d e = _mm512_maskz_add_pd(nz, _mm512_getexp_pd(v), _mm512_set1_pd(1.0));
+    __m512d k = _mm512_floor_pd(_mm512_mul_pd(_mm512_sub_pd(e, _mm512_set1_pd(14.0)), _mm512_set1_pd(0.5)));
+    __m512d vn = round_pd(_mm512_scalef_pd(v, _mm512_mul_pd(k, _mm512_set1_pd(-2.0))), t->half_even);
+    vn = _mm512_min_pd(_mm512_max_pd(vn, _mm512_setzero_pd()), _mm512_set1_pd(32767.0));
+    __m512i idx = _mm512_sub_epi64(_mm512_cvttpd_epi64(vn), _mm512_set1_epi64(t->rsqrt_qmin));
+    __m512d c = _mm512_mask_i64gather_pd(_mm512_setzero_pd(), (__mmask8)((1u << nr) - 1), idx,
+                                         t->rsqrt, 8);
+    c = _mm512_scalef_pd(c, _mm512_sub_pd(_mm512_set1_pd((double)(t->frac - 17)), k));
+    _mm512_storeu_pd(cs, _mm512_mul_pd(c, _mm512_set1_pd(t->p_in)));
+    _mm512_storeu_pd(mc, _mm512_mul_pd(mean, c));
 }
 
-/* One row: the statistics, then the normalized, affine, clamped outputs, 8 at a time
- * (p_in = 2^s, p_in2 = 4^s, p_guard = 2^G). Returns 1 when some |y| passes y_top. Sums of q and q^2 in float64 are exact (< 2^41). */
-TGT AI int ln_row(const void *q, int wide, int64_t r, int64_t n, double p_in, double p_in2,
-                  double p_guard, double eps, int half_even, const double *rsqrt,
-                  int64_t rsqrt_qmin, int frac,
-                  const double *w, const double *b, double y_top, __m512d lo, __m512d hi,
-                  void *out, int out_shift) {
-    __m512d v1 = _mm512_setzero_pd(), v2 = v1;
-    for (int64_t j = 0; j < n; j += 8) {
-        __m512d x = load8(q, r * n + j, wide, n - j < 8 ? (int)(n - j) : 8);
-        v1 = _mm512_add_pd(v1, x), v2 = _mm512_fmadd_pd(x, x, v2);
-    }
-    double x1 = _mm512_reduce_add_pd(v1) * p_in;
-    double x2 = _mm512_reduce_add_pd(v2) * p_in2;
-    double mean = round_mode(x1 / (double)n, half_even);
-    double ssd = x2 - x1 * mean * 2.0 + mean * mean * (double)n;
-    double v = round_mode(ssd * p_guard / (double)n, half_even) + eps;
-    int k = (frexp_exponent(v) - 14) >> 1;
-    double vn = round_mode(v * pow2i(-2 * k), half_even);
-    vn = vn < 0 ? 0 : vn > 32767 ? 32767 : vn;
-    double c = rsqrt[(int64_t)vn - rsqrt_qmin] * pow2i(frac - 17 - k);
-    __m512d cs = _mm512_set1_pd(c * p_in), mc = _mm512_set1_pd(mean * c);
-    __m512d top = _mm512_set1_pd(y_top);
+/* The normalized, affine, clamped outputs of row r, 8 at a time; 1 when some |y| passes
+ * y_top. */
+TGT AI int ln_out_row(const ln_t *t, int64_t r, double cs1, double mc1) {
+    __m512d cs = _mm512_set1_pd(cs1), mc = _mm512_set1_pd(mc1), top = _mm512_set1_pd(t->y_top);
     __mmask8 bad = 0;
-    for (int64_t j = 0; j < n; j += 8) {
-        int m = n - j < 8 ? (int)(n - j) : 8;
+    for (int64_t j = 0; j < t->n; j += 8) {
+        int m = t->n - j < 8 ? (int)(t->n - j) : 8;
         __mmask8 mk = (__mmask8)((1u << m) - 1);
-        __m512d y = round_pd(_mm512_sub_pd(_mm512_mul_pd(load8(q, r * n + j, wide, m), cs), mc),
-                             half_even);
+        __m512d y = round_pd(_mm512_sub_pd(_mm512_mul_pd(load8(t->q, r * t->n + j, t->wide, m), cs), mc),
+                             t->half_even);
         bad |= _mm512_mask_cmp_pd_mask(mk, _mm512_abs_pd(y), top, _CMP_GT_OQ);
-        __m512d o = _mm512_fmadd_pd(y, _mm512_maskz_loadu_pd(mk, w + j), _mm512_maskz_loadu_pd(mk, b + j));
-        finish8(o, half_even, lo, hi, out, r * n + j, out_shift, m);
+        __m512d o = _mm512_fmadd_pd(y, _mm512_maskz_loadu_pd(mk, t->w + j),
+                                    _mm512_maskz_loadu_pd(mk, t->b + j));
+        finish8(o, t->half_even, t->lo, t->hi, t->out, r * t->n + j, t->out_shift, m);
     }
     return bad != 0;
 }
@@ -76,13 +93,17 @@ TGT int qp_layernorm(const void *q, int64_t wide, int64_t rows, int64_t n, int64
                  int64_t guard, double eps, int64_t half_even, const double *rsqrt,
                  int64_t rsqrt_qmin, int64_t frac, const double *w, const double *b,
                  double y_top, double lo, double hi, void *out, int64_t out_shift) {
+    ln_t t = {q, (int)wide, (int)half_even, (int)frac, (int)out_shift, n, rsqrt_qmin,
+              pow2i((int)in_shift), pow2i(2 * (int)in_shift), pow2i((int)guard), eps, y_top,
+              rsqrt, w, b, _mm512_set1_pd(lo), _mm512_set1_pd(hi), out};
     int bad = 0;
-    __m512d vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
 #pragma omp parallel for schedule(static) reduction(| : bad) if (rows * n >= 32768)
-    for (int64_t r = 0; r < rows; r++)
-        bad |= ln_row(q, (int)wide, r, n, pow2i((int)in_shift), pow2i(2 * (int)in_shift),
-                      pow2i((int)guard), eps, (int)half_even, rsqrt,
-                      rsqrt_qmin, (int)frac, w, b, y_top, vlo, vhi, out, (int)out_shift);
+    for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+        int nr = rows - r0 < 8 ? (int)(rows - r0) : 8;
+        double cs[8], mc[8];
+        ln_stats8(&t, r0, nr, cs, mc);
+        for (int i = 0; i < nr; i++) bad |= ln_out_row(&t, r0 + i, cs[i], mc[i]);
+    }
     return bad;
 }
 

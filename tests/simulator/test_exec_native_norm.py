@@ -123,3 +123,19 @@ def test_softmax_off_the_last_axis_or_wide_is_left_to_the_torch_path():
     q = rand_ints(np.random.default_rng(2), (4, 4), np.int8)
     assert _native_softmax(q, t, axis=0) is None
     assert _native_softmax(q.astype(np.int32), t) is None
+
+
+@pytest.mark.parametrize("dt", ["int8", "int16"])
+def test_native_layernorm_tiny_variances(dt):
+    """Rows of 0/1 and 0/2 values with an eps of 0: variances from 0 up through every small
+    power of two, so the normalizing exponent k = (e - 14) >> 1 is negative and odd and
+    even (floor, not truncation), on rows whose deviations are not all zero."""
+    rng = np.random.default_rng(7)
+    for n in (3, 8, 33):
+        t = composite.build_layernorm(1.5, dt, 0.05, "int16", "half_even", n, 0.0,
+                                      rng.uniform(-2, 2, n), rng.normal(0, 0.3, n))  # fmt: skip
+        q = (rng.random((64, n)) < np.linspace(0.02, 0.5, 64)[:, None]).astype(dt)
+        q[32:] *= 2
+        got = _native(q, t)
+        assert got is not None
+        np.testing.assert_array_equal(got.numpy(), composite.int_layernorm(q, t))
