@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from schemas.errors import SimulatorError
-from simulator import native
+from simulator import exec_native_rows, native
 from simulator.exec_kernels import numel
 from simulator.memo import derived
 
@@ -31,10 +31,14 @@ def _arg(cs: list, i: int, attrs: dict, name: str) -> tuple[int, ...] | list[int
 
 
 def _reshape(xs, cs, attrs, n):
+    """A view when the strides allow it, else one compiled strided copy first."""
     shape, x = _ints(cs[0]), xs[0]
     if not int(attrs.get("allowzero", 0)):
         shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
-    return [x.reshape(shape)]
+    try:
+        return [x.view(shape)]
+    except RuntimeError:  # not expressible as a view of x's strides
+        return [exec_native_rows.contiguous(x).view(shape)]
 
 
 def _transpose(xs, cs, attrs, n):

@@ -65,3 +65,29 @@ void qp_to_nhwc(const void *x, int64_t wide, int64_t n, int64_t c, int64_t hw, i
             }
     }
 }
+
+/* A strided tensor copied contiguous: shape and element strides of up to 6 axes (leading
+ * axes of size 1 pad the front), elements of `size` bytes; the last axis is one memcpy when
+ * its stride is 1 (one masked move up to 64 bytes). The two outer axes split across threads. */
+TGT void qp_copy(const void *x, int64_t size, const int64_t *shape, const int64_t *stride,
+                 void *out) {
+    int64_t inner = shape[2] * shape[3] * shape[4] * shape[5], run = shape[5] * size;
+    __mmask64 m = run >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << run) - 1);
+#pragma omp parallel for schedule(static) if (shape[0] * shape[1] * inner * size >= 65536)
+    for (int64_t r = 0; r < shape[0] * shape[1]; r++) {
+        const char *src01 = (const char *)x + (r / shape[1] * stride[0] + r % shape[1] * stride[1]) * size;
+        char *dst = (char *)out + r * inner * size;
+        for (int64_t i = 0; i < shape[2]; i++)
+            for (int64_t j = 0; j < shape[3]; j++)
+                for (int64_t k = 0; k < shape[4]; k++) {
+                    const char *src = src01 + (i * stride[2] + j * stride[3] + k * stride[4]) * size;
+                    if (stride[5] == 1 && run <= 64) /* a short run: one masked move */
+                        _mm512_mask_storeu_epi8(dst, m, _mm512_maskz_loadu_epi8(m, src));
+                    else if (stride[5] == 1) memcpy(dst, src, run);
+                    else
+                        for (int64_t l = 0; l < shape[5]; l++)
+                            memcpy(dst + l * size, src + l * stride[5] * size, size);
+                    dst += shape[5] * size;
+                }
+    }
+}

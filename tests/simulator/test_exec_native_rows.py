@@ -4,6 +4,7 @@ QReduceMean and QMul, and the cases they leave to the torch path."""
 from __future__ import annotations
 
 import contextlib
+import math
 
 import numpy as np
 import pytest
@@ -330,3 +331,30 @@ def test_bmm_reads_transposed_views_in_place(data, nb, heads, m, k, n, seed):
     want = CUSTOM_OPS["QMatMul"].evaluate([ah, b, mult, s], attrs)
     assert calls and calls[0] is not None and got.dtype == np.dtype(attrs["out_dtype"])
     np.testing.assert_array_equal(got, want)
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), shape=st.lists(st.integers(1, 6), min_size=1, max_size=6),
+       dtype=st.sampled_from([torch.int8, torch.int16, torch.int32, torch.float32]))  # fmt: skip
+def test_contiguous_copies_any_strided_view(data, shape, dtype):
+    """Permuted, sliced (steps, offsets) and expanded views of up to 6 axes, every element
+    size, short and long last-axis runs: the same tensor as torch's copy."""
+    x = (
+        torch.arange(math.prod(shape) * 3)
+        .reshape(3, *shape)
+        .to(dtype)[data.draw(st.integers(0, 2))]
+    )
+    perm = data.draw(st.permutations(range(len(shape))))
+    v = x.permute(*perm)
+    axis = data.draw(st.integers(0, v.ndim - 1))
+    v = (
+        v.narrow(axis, data.draw(st.integers(0, v.shape[axis] - 1)), 1)
+        if data.draw(st.booleans())
+        else v
+    )
+    if data.draw(st.booleans()):
+        v = v[..., :: data.draw(st.integers(1, 3))]
+    got = exec_native_rows.contiguous(v)
+    assert got.is_contiguous() and got.dtype == dtype and torch.equal(got, v.contiguous())
+    e = torch.arange(4, dtype=dtype).reshape(4, 1).expand(4, 70)  # stride 0, a long run
+    assert torch.equal(exec_native_rows.contiguous(e.t()), e.t().contiguous())
