@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from schemas.errors import SimulatorError
-from simulator import exec_native_rows, native
+from simulator import exec_native_move
 from simulator.exec_kernels import numel
 from simulator.memo import derived
 
@@ -38,7 +38,7 @@ def _reshape(xs, cs, attrs, n):
     try:
         return [x.view(shape)]
     except RuntimeError:  # not expressible as a view of x's strides
-        return [exec_native_rows.contiguous(x).view(shape)]
+        return [exec_native_move.contiguous(x).view(shape)]
 
 
 def _transpose(xs, cs, attrs, n):
@@ -140,12 +140,8 @@ def _to_nhwc(xs, cs, attrs, n):
     padded = int(attrs.get("channels_padded") or y.shape[3])
     if padded <= y.shape[3]:
         return [y]
-    lib, x = native.library(), xs[0]
-    if lib is not None and x.ndim == 4 and x.dtype in (torch.int8, torch.int16) and padded <= 32:
-        x, out = x.contiguous(), torch.empty((*y.shape[:3], padded), dtype=x.dtype)
-        lib.qp_to_nhwc(native.ptr(x), native.code(x), x.shape[0], x.shape[1],
-                       x.shape[2] * x.shape[3], padded, native.ptr(out))  # fmt: skip
-        return [out]
+    if (fast := exec_native_move.to_nhwc(xs[0], padded)) is not None:
+        return [fast]
     out = torch.zeros((*y.shape[:3], padded), dtype=y.dtype)  # one memset, one copy
     out[..., : y.shape[3]] = y
     return [out]

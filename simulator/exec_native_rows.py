@@ -1,5 +1,5 @@
-"""REDUCE_MEAN, QMul, QAdd, batched QMatMul, the LUT gather, QUANTIZE and MAXPOOL through
-the compiled row kernels (simulator/csrc/qrows.c, qpool.c).
+"""REDUCE_MEAN, QMul, QAdd, REQUANT, batched QMatMul, the LUT gather, QUANTIZE and
+DEQUANTIZE through the compiled row kernels (simulator/csrc/qrows.c, qbmm.c).
 
 Each function returns None when its kernel does not apply (no compiled library, a layout
 or dtype it does not take, a bound not met); the caller then keeps its torch path. The
@@ -21,9 +21,6 @@ kernels evaluate the torch path's float64 formulas operation for operation:
 - :func:`quantize`: float input to int8/int16 in x's float type (QUANTIZE);
 - :func:`dequantize`: ``float32(q) * float32(s)`` (DEQUANTIZE, one float32 rounding as in
   torch);
-- :func:`maxpool`: window maxima of an NHWC int8/int16 buffer, taps in the padding
-  skipped (the padding value is the dtype's minimum), as
-  :func:`~simulator.exec_kernels.max_pool` (simulator/csrc/qpool.c);
 - :func:`bmm`: FORMULA ``y = clamp(round(sum_k a[.., i, k] b[.., k, j] * m * 2**-s))`` on
   the scale of :func:`exec_epilogue.scaled_epilogue` (bound ``max|a| max|b| K |m|``); the
   sum of exact products stays exact in float64 below that bound.
@@ -36,13 +33,11 @@ squeeze-excite block (mean, gate, product, mean) never transposes.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import math
 
 import torch
 
-from simulator import exec_kernels as ek
 from simulator import fixedpoint as fp
 from simulator import native
 from simulator.exec_epilogue import QUOTIENT_EXACT, dtype_bound, out_range
@@ -294,24 +289,6 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, axis: int | None, dtype: str,
     return None if bad else out
 
 
-def maxpool(x: torch.Tensor, kernel, strides, pads, dilations):
-    """MAXPOOL of ``x [N, H, W, C]`` (int8/int16) over H, W, or None (no library, another
-    dtype or rank). FORMULA: ``y[n, p, c] = max over in-bounds taps k of x[n, p*stride -
-    pad + k*dilation, c]`` (the dtype's minimum when no tap is in bounds)."""
-    if native.library() is None or x.ndim != 4 or x.dtype not in IN_DTYPES or len(kernel) != 2:
-        return None
-    n, h, w, c = x.shape
-    oh, ow = (ek.out_size(size, kernel[i], strides[i], pads[i] + pads[i + 2], dilations[i])
-              for i, size in enumerate((h, w)))  # fmt: skip
-    if min(oh, ow) < 1:
-        return None  # the torch path names the geometry error
-    x = x.contiguous()
-    out = torch.empty((n, oh, ow, c), dtype=x.dtype)
-    native.library().qp_maxpool(native.ptr(x), native.code(x), n, h, w, c, *kernel, *strides,
-                                *dilations, pads[0], pads[1], oh, ow, native.ptr(out))  # fmt: skip
-    return out
-
-
 def dequantize(q: torch.Tensor, scale: torch.Tensor, axis: int | None):
     """DEQUANTIZE ``float32(q) * s`` (``s`` float32: one value, or per channel along
     ``axis``) in one pass, or None: no library, a dtype it does not take."""
@@ -330,20 +307,3 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, axis: int | None):
     native.library().qp_dequantize(native.ptr(q), native.code(q), outer, c, inner,
                                    native.ptr(s), native.ptr(out))  # fmt: skip
     return out
-
-
-def contiguous(x: torch.Tensor) -> torch.Tensor:
-    """``x.contiguous()``, a strided view of up to 6 axes copied in one compiled pass
-    (torch's copy of a permuted int8 tensor is several times slower)."""
-    if x.is_contiguous() or native.library() is None or x.ndim > 6 or not x.numel():
-        return x.contiguous()
-    shape = SIX(*(1,) * (6 - x.ndim), *x.shape)
-    stride = SIX(*(0,) * (6 - x.ndim), *x.stride())
-    out = torch.empty(x.shape, dtype=x.dtype)
-    base = x.data_ptr()  # the view's first element (storage offset applied)
-    native.library().qp_copy(base, x.element_size(), shape, stride, native.ptr(out))
-    return out
-
-
-SIX = ctypes.c_int64 * 6
-"""qp_copy's shape and stride arrays."""

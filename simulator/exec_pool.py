@@ -13,7 +13,7 @@ import torch
 
 from schemas.errors import SimulatorError
 from simulator import exec_kernels as ek
-from simulator import exec_native_rows
+from simulator import exec_native_move, exec_native_rows
 from simulator import fixedpoint as fp
 from simulator.exec_epilogue import QUOTIENT_EXACT, dtype_bound, round_quotient
 from simulator.exec_ops import _axis, _finish, is_nhwc, operands
@@ -108,13 +108,13 @@ def k_reduce_sum(instr, bufs, consts):
 
 def k_maxpool(instr, bufs, consts):
     """MAXPOOL = QMaxPool. FORMULA: ``y[p] = max_k x_pad[p*stride + k*dilation]``; nhwc
-    buffers in the compiled kernel (:func:`exec_native_rows.maxpool`)."""
+    buffers in the compiled kernel (:func:`exec_native_move.maxpool`)."""
     (x,) = operands(instr, bufs, consts, 1)
     kernel = [int(k) for k in instr.attrs["kernel_shape"]]
     strides, pads, dil = ek.geometry(len(kernel), instr.attrs)
     if (
         is_nhwc(instr)
-        and (fast := exec_native_rows.maxpool(x, kernel, strides, pads, dil)) is not None
+        and (fast := exec_native_move.maxpool(x, kernel, strides, pads, dil)) is not None
     ):
         return [fast]  # one compiled pass over the NHWC buffer
     return [ek.max_pool(x, _pool_axes(instr, x, len(kernel)), kernel, strides, pads, dil)]

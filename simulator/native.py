@@ -32,7 +32,7 @@ HINT = (
     "kernels meanwhile (same integers, slower); QPARITY_NATIVE=0 turns the kernels off"
 )
 SOURCES = tuple(Path(__file__).with_name("csrc") / n
-                for n in ("qconv.c", "qrows.c", "qnorm.c", "qpool.c"))  # fmt: skip
+                for n in ("qconv.c", "qrows.c", "qbmm.c", "qnorm.c", "qmove.c"))  # fmt: skip
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-fno-strict-aliasing")
 P, I64, F64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 SIGNATURES = {

@@ -6,6 +6,7 @@
 
 #define TGT __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
 #define AI __attribute__((always_inline)) static inline
+#define PAR_MIN 32768 /* elements below which one thread does the work */
 
 /* half_even: round to nearest even; bpu_round: sign(y) * floor(|y| + 0.5) (exact inputs). */
 TGT AI __m512 round_ps(__m512 y, int half_even) {

@@ -1,7 +1,9 @@
-/* The executor's compiled MAXPOOL over NHWC (simulator/exec_native_rows.py calls it).
+/* The executor's compiled data movement (simulator/exec_native_move.py calls it): MAXPOOL
+ * over NHWC, ToNHWC of a narrow input, and the strided copy of a Reshape that cannot be a
+ * view. No arithmetic: every output value is an input value or a zero.
  *
- *   y[n, oy, ox, c] = max over the window taps (i, j) inside x of
- *                     x[n, oy*sh - pt + i*dh, ox*sw - pl + j*dw, c]
+ * MAXPOOL: y[n, oy, ox, c] = max over the window taps (i, j) inside x of
+ *                            x[n, oy*sh - pt + i*dh, ox*sw - pl + j*dw, c]
  * Taps in the padding are skipped, which is max over x padded with the dtype's minimum
  * (the torch path's exec_kernels.max_pool): a window wholly in padding gives the minimum.
  * x [N, H, W, C] and y [N, OH, OW, C] contiguous, int8 or int16 (wide); 64 bytes of

@@ -1,0 +1,109 @@
+/* The executor's compiled batched QMatMul (simulator/exec_native_rows.py proves the bound
+ * and calls it):
+ *   y[g, i, j] = clamp(round(sum_k a[g, i, k] b[g, k, j] * scale), lo, hi)
+ * with float64 sums of exact products (max|a| max|b| K |m| below the float64 limit, so the
+ * order of the sum cannot change it), four rows per pass. qp_bmm takes contiguous
+ * operands; qp_bmm_strided reads views (a transposed k, a head-split q) in place.
+ */
+#include "qsimd.h"
+
+/* a[row, k] as float64: TA 0 int8, 1 int16, 2 already float64 (a widened copy). */
+AI double lda(const void *a, int64_t i, int TA) {
+    return TA == 2 ? ((const double *)a)[i]
+           : TA    ? (double)((const int16_t *)a)[i]
+                   : (double)((const int8_t *)a)[i];
+}
+
+/* Four rows at a time (independent FMA chains): out rows i0..i0+nr-1, columns j0..j0+n-1;
+ * b from the widened copy wb (row stride cp) or, wb NULL, from b itself. */
+TGT AI void bmm_rows(const void *a, int TA, int64_t r0, int64_t r1, int64_t r2, int64_t r3,
+                     const double *wb, int64_t cp, const void *b, int tb, int64_t bbase,
+                     int64_t cols, int64_t inner, int64_t j0, int n, __m512d *acc) {
+    __m512d c0 = _mm512_setzero_pd(), c1 = c0, c2 = c0, c3 = c0;
+    for (int64_t k = 0; k < inner; k++) {
+        __m512d bv = wb ? _mm512_loadu_pd(wb + k * cp + j0) : load8(b, bbase + k * cols + j0, tb, n);
+        c0 = _mm512_fmadd_pd(_mm512_set1_pd(lda(a, r0 + k, TA)), bv, c0);
+        c1 = _mm512_fmadd_pd(_mm512_set1_pd(lda(a, r1 + k, TA)), bv, c1);
+        c2 = _mm512_fmadd_pd(_mm512_set1_pd(lda(a, r2 + k, TA)), bv, c2);
+        c3 = _mm512_fmadd_pd(_mm512_set1_pd(lda(a, r3 + k, TA)), bv, c3);
+    }
+    acc[0] = c0, acc[1] = c1, acc[2] = c2, acc[3] = c3;
+}
+
+/* QMatMul, batched: y[g, i, j] = sum_k a[g, i, k] * b[g, k, j] * scale, float64 sums of
+ * exact products (the caller proves max|a| max|b| K |m| < the float64 limit). Each batch's
+ * a and b are widened to float64 once when they fit the stack buffers (else on the fly). */
+#define BMM_BUF 4096
+TGT void qp_bmm(const void *a, int64_t ta, const void *b, int64_t tb, int64_t batch, int64_t rows,
+                int64_t inner, int64_t cols, double scale, double lo, double hi,
+                int64_t half_even, void *out, int64_t out_shift) {
+    int64_t cp = (cols + 7) / 8 * 8;
+    int widen = cp * inner <= BMM_BUF && rows * inner <= BMM_BUF;
+#pragma omp parallel for schedule(static) if (batch * rows * inner * cols >= PAR_MIN)
+    for (int64_t g = 0; g < batch; g++) {
+        __m512d vs = _mm512_set1_pd(scale), vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
+        double buf[BMM_BUF], abuf[BMM_BUF];
+        const double *wb = widen ? buf : 0;
+        for (int64_t k = 0; widen && k < inner; k++)
+            for (int64_t j0 = 0; j0 < cols; j0 += 8)
+                _mm512_storeu_pd(buf + k * cp + j0, load8(b, (g * inner + k) * cols + j0, (int)tb,
+                                                          cols - j0 < 8 ? (int)(cols - j0) : 8));
+        for (int64_t i = 0; widen && i < rows * inner; i++) abuf[i] = lda(a, g * rows * inner + i, (int)ta);
+        int64_t abase = widen ? g * rows * inner : 0; /* a's rows, as indexed below */
+        for (int64_t i0 = 0; i0 < rows; i0 += 4)
+            for (int64_t j0 = 0; j0 < cols; j0 += 8) {
+                int n = cols - j0 < 8 ? (int)(cols - j0) : 8, nr = rows - i0 < 4 ? (int)(rows - i0) : 4;
+                int64_t r[4];
+                for (int q = 0; q < 4; q++) r[q] = (g * rows + i0 + (q < nr ? q : 0)) * inner - abase;
+                __m512d acc[4];
+                if (widen) bmm_rows(abuf, 2, r[0], r[1], r[2], r[3], wb, cp, b, (int)tb, g * inner * cols, cols, inner, j0, n, acc);
+                else if (ta) bmm_rows(a, 1, r[0], r[1], r[2], r[3], wb, cp, b, (int)tb, g * inner * cols, cols, inner, j0, n, acc);
+                else bmm_rows(a, 0, r[0], r[1], r[2], r[3], wb, cp, b, (int)tb, g * inner * cols, cols, inner, j0, n, acc);
+                for (int q = 0; q < nr; q++)
+                    finish8(_mm512_mul_pd(acc[q], vs), (int)half_even, vlo, vhi, out,
+                            (g * rows + i0 + q) * cols + j0, (int)out_shift, n);
+            }
+    }
+}
+
+/* x[i] of dtype code t (int8, int16, int32) as float64. */
+AI double ld_any(const void *x, int64_t i, int t) {
+    return t == 2 ? (double)((const int32_t *)x)[i]
+           : t    ? (double)((const int16_t *)x)[i]
+                  : (double)((const int8_t *)x)[i];
+}
+
+/* qp_bmm on strided operands (views such as a transposed k, read in place): batch index
+ * g = (g1, g2) over [nb1, nb2]; a[g, i, k] at g1 sa[0] + g2 sa[1] + i sa[2] + k sa[3],
+ * b[g, k, j] likewise with sb. Each batch is widened into the float64 buffers (the caller
+ * checks that rows * inner and cp * inner fit BMM_BUF), then the same products and
+ * epilogue as qp_bmm; out is contiguous [nb1, nb2, rows, cols]. */
+TGT void qp_bmm_strided(const void *a, int64_t ta, const int64_t *sa, const void *b, int64_t tb,
+                        const int64_t *sb, int64_t nb1, int64_t nb2, int64_t rows, int64_t inner,
+                        int64_t cols, double scale, double lo, double hi, int64_t half_even,
+                        void *out, int64_t out_shift) {
+    int64_t cp = (cols + 7) / 8 * 8;
+#pragma omp parallel for schedule(static) if (nb1 * nb2 * rows * inner * cols >= PAR_MIN)
+    for (int64_t g = 0; g < nb1 * nb2; g++) {
+        __m512d vs = _mm512_set1_pd(scale), vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
+        double buf[BMM_BUF], abuf[BMM_BUF];
+        int64_t oa = g / nb2 * sa[0] + g % nb2 * sa[1], ob = g / nb2 * sb[0] + g % nb2 * sb[1];
+        for (int64_t k = 0; k < inner; k++)
+            for (int64_t j = 0; j < cp; j++)
+                buf[k * cp + j] = j < cols ? ld_any(b, ob + k * sb[2] + j * sb[3], (int)tb) : 0;
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t k = 0; k < inner; k++)
+                abuf[i * inner + k] = ld_any(a, oa + i * sa[2] + k * sa[3], (int)ta);
+        for (int64_t i0 = 0; i0 < rows; i0 += 4)
+            for (int64_t j0 = 0; j0 < cols; j0 += 8) {
+                int n = cols - j0 < 8 ? (int)(cols - j0) : 8, nr = rows - i0 < 4 ? (int)(rows - i0) : 4;
+                int64_t r[4];
+                for (int q = 0; q < 4; q++) r[q] = (i0 + (q < nr ? q : 0)) * inner;
+                __m512d acc[4];
+                bmm_rows(abuf, 2, r[0], r[1], r[2], r[3], buf, cp, b, (int)tb, 0, cols, inner, j0, n, acc);
+                for (int q = 0; q < nr; q++)
+                    finish8(_mm512_mul_pd(acc[q], vs), (int)half_even, vlo, vhi, out,
+                            (g * rows + i0 + q) * cols + j0, (int)out_shift, n);
+            }
+    }
+}
