@@ -32,7 +32,9 @@ where a static bound proves ``|v * m|`` below :func:`simulator.exec_kernels.exac
 gather from dense tables of every input integer, LayerNorm and softmax run on row
 statistics (:mod:`simulator.exec_dense`); reductions sum exactly in float
 (:mod:`simulator.exec_pool`). Everything else, and every case the bounds do not cover,
-keeps the int64 kernels.
+keeps the int64 kernels. The hot instructions also have compiled forms
+(:mod:`simulator.native`, simulator/README.md "Compiled kernels"), and a LAYOUT that only
+re-views its input is replayed from its first run (:meth:`Executor._replay`).
 
 Layouts: ``attrs["layout"] == "nhwc"`` on CONV/ADD/REQUANT/CLIP/MAXPOOL/AVGPOOL/LUT means
 its 4-D buffers are ``[N, H, W, C_pad]``; channels ``C..C_pad`` hold zeros. Conv weights
