@@ -65,7 +65,7 @@ class NativeConv:
     row_runs: bool
 
 
-def _lanes(v: torch.Tensor, o: int, dtype: torch.dtype) -> torch.Tensor:
+def lanes(v: torch.Tensor, o: int, dtype: torch.dtype) -> torch.Tensor:
     """A scalar or per-channel constant as ``[Ob * 16]`` of ``dtype`` (0 past ``o``)."""
     out = torch.zeros(-(-o // LANES) * LANES, dtype=dtype)
     out[:o] = v.reshape(-1).to(dtype).expand(o) if v.numel() == 1 else v.reshape(-1).to(dtype)
@@ -108,11 +108,11 @@ def plan(wmat, kernel, channels: int, in_dtype, epi, bias, b_dtype, bound: int, 
             return None
         f32 = top < exact_limit(epi.rounding, torch.float32)
         ftype = torch.float32 if f32 else torch.float64
-        scale, scale_b = (None if v is None else _lanes(v, o, ftype)
+        scale, scale_b = (None if v is None else lanes(v, o, ftype)
                           for v in (epi.scale, epi.scale_b))  # fmt: skip
     weights, cs, blocks, groups, taps = _layout(wmat, kernel, channels, in_dtype, unit_w_dilation)
     offset = 128 * wmat.long().sum(0) if in_dtype == torch.int8 else 0  # the uint8 offset
-    corr = _lanes(b - offset, o, torch.int32)
+    corr = lanes(b - offset, o, torch.int32)
     return NativeConv(weights, corr, scale, scale_b, channels, cs, blocks, o, epi.lo, epi.hi,
                       epi.rounding == "half_even", in_dtype, epi.dtype, groups, taps,
                       taps != tuple(kernel))  # fmt: skip

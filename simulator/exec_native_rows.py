@@ -42,7 +42,7 @@ from simulator import fixedpoint as fp
 from simulator import native
 from simulator.exec_epilogue import QUOTIENT_EXACT, dtype_bound, out_range
 from simulator.exec_kernels import TORCH_DTYPES, exact_limit
-from simulator.exec_native import IN_DTYPES, INT_DTYPES
+from simulator.exec_native import IN_DTYPES, INT_DTYPES, lanes
 from simulator.memo import as_int, derived
 
 OUT_NAMES = ("int8", "int16", "int32")
@@ -177,8 +177,12 @@ def add(a: torch.Tensor, b: torch.Tensor, epi, attrs: dict):
     if not ok or not (_on_last_axis(sa, c) and _on_last_axis(sb, c)):
         return None
     a, b = a.contiguous(), b.contiguous()
-    lanes = derived(epi, ("lanes", c), lambda: (_lanes(epi.scale, c), _lanes(epi.scale_b, c)))
-    sa, sb = lanes[::-1] if swap else lanes
+    scales = derived(
+        epi,
+        ("lanes", c),
+        lambda: tuple(lanes(v, c, torch.float64) for v in (epi.scale, epi.scale_b)),
+    )
+    sa, sb = scales[::-1] if swap else scales
     out = torch.empty(a.shape, dtype=TORCH_DTYPES[attrs["out_dtype"]])
     native.library().qp_add(native.ptr(a), native.code(a), native.ptr(b), native.code(b),
                             a.numel() // c, c, b.numel(), native.ptr(sa), native.ptr(sb),
@@ -195,11 +199,6 @@ def requant(x: torch.Tensor, epi, attrs: dict):
         return None
     as_add = derived(epi, "as_add", lambda: dataclasses.replace(epi, scale_b=torch.zeros(())))
     return add(x, x, as_add, attrs)
-
-
-def _lanes(v: torch.Tensor, c: int) -> torch.Tensor:
-    """A scalar or per-channel scale as ``c`` contiguous float64 values."""
-    return v.double().reshape(-1).expand(c).contiguous()
 
 
 def bmm(a: torch.Tensor, b: torch.Tensor, epi, attrs: dict):

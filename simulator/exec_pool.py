@@ -74,10 +74,9 @@ def _reduce_axes(instr, x) -> tuple[tuple[int, ...], bool]:
     return axes, bool(int(instr.attrs.get("keepdims", 1)))
 
 
-def _reduce(instr, consts, x, mult) -> tuple[torch.Tensor, int]:
-    """(sum of ``x`` over the instruction's axes, elements per output): float64 (exact
-    integers, see :func:`_divide_float`) when ``n max|x| max|mult| < 2**50``, else int64."""
-    axes, keep = _reduce_axes(instr, x)
+def _reduce(instr, consts, x, mult, axes, keep) -> tuple[torch.Tensor, int]:
+    """(sum of ``x`` over ``axes``, elements per output): float64 (exact integers, see
+    :func:`_divide_float`) when ``n max|x| max|mult| < 2**50``, else int64."""
     n = ek.numel(x.shape[a] for a in axes)
     m_top = consts.cached(("max_abs", instr.consts[0]), lambda: max_abs(mult))
     wide = n * dtype_bound(x.dtype) * m_top >= QUOTIENT_EXACT
@@ -88,21 +87,22 @@ def _reduce(instr, consts, x, mult) -> tuple[torch.Tensor, int]:
 
 
 def k_reduce_mean(instr, bufs, consts):
-    """REDUCE_MEAN. FORMULA: ``y = clamp(round_div(sum(x) * mult, n << shift))``; over
-    trailing axes in one pass of the compiled row kernel when it applies
+    """REDUCE_MEAN. FORMULA: ``y = clamp(round_div(sum(x) * mult, n << shift))``; over a
+    block of adjacent axes in one pass of the compiled row kernel when it applies
     (:func:`exec_native_rows.mean`)."""
     x, mult, shift = operands(instr, bufs, consts, 3)
-    fast = exec_native_rows.mean(x, *_reduce_axes(instr, x), mult, shift, instr.attrs)
+    axes, keep = _reduce_axes(instr, x)
+    fast = exec_native_rows.mean(x, axes, keep, mult, shift, instr.attrs)
     if fast is not None:
         return [fast]
-    total, n = _reduce(instr, consts, x, mult)
+    total, n = _reduce(instr, consts, x, mult, axes, keep)
     return [_divide(total, n, mult, shift, instr.attrs)]
 
 
 def k_reduce_sum(instr, bufs, consts):
     """REDUCE_SUM. FORMULA: ``y = clamp(round_div(sum(x) * mult, 2**shift))``."""
     x, mult, shift = operands(instr, bufs, consts, 3)
-    total, _ = _reduce(instr, consts, x, mult)
+    total, _ = _reduce(instr, consts, x, mult, *_reduce_axes(instr, x))
     return [_divide(total, 1, mult, shift, instr.attrs)]
 
 

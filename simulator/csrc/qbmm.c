@@ -66,17 +66,10 @@ TGT void qp_bmm(const void *a, int64_t ta, const void *b, int64_t tb, int64_t ba
     }
 }
 
-/* x[i] of dtype code t (int8, int16, int32) as float64. */
-AI double ld_any(const void *x, int64_t i, int t) {
-    return t == 2 ? (double)((const int32_t *)x)[i]
-           : t    ? (double)((const int16_t *)x)[i]
-                  : (double)((const int8_t *)x)[i];
-}
-
 /* qp_bmm on strided operands (views such as a transposed k, read in place): batch index
  * g = (g1, g2) over [nb1, nb2]; a[g, i, k] at g1 sa[0] + g2 sa[1] + i sa[2] + k sa[3],
- * b[g, k, j] likewise with sb. Each batch is widened into the float64 buffers (the caller
- * checks that rows * inner and cp * inner fit BMM_BUF), then the same products and
+ * b[g, k, j] likewise with sb (int8 or int16, read by lda). Each batch is widened into
+ * the float64 buffers (the caller checks that rows * inner and cp * inner fit BMM_BUF), then the same products and
  * epilogue as qp_bmm; out is contiguous [nb1, nb2, rows, cols]. */
 TGT void qp_bmm_strided(const void *a, int64_t ta, const int64_t *sa, const void *b, int64_t tb,
                         const int64_t *sb, int64_t nb1, int64_t nb2, int64_t rows, int64_t inner,
@@ -90,10 +83,10 @@ TGT void qp_bmm_strided(const void *a, int64_t ta, const int64_t *sa, const void
         int64_t oa = g / nb2 * sa[0] + g % nb2 * sa[1], ob = g / nb2 * sb[0] + g % nb2 * sb[1];
         for (int64_t k = 0; k < inner; k++)
             for (int64_t j = 0; j < cp; j++)
-                buf[k * cp + j] = j < cols ? ld_any(b, ob + k * sb[2] + j * sb[3], (int)tb) : 0;
+                buf[k * cp + j] = j < cols ? lda(b, ob + k * sb[2] + j * sb[3], (int)tb) : 0;
         for (int64_t i = 0; i < rows; i++)
             for (int64_t k = 0; k < inner; k++)
-                abuf[i * inner + k] = ld_any(a, oa + i * sa[2] + k * sa[3], (int)ta);
+                abuf[i * inner + k] = lda(a, oa + i * sa[2] + k * sa[3], (int)ta);
         for (int64_t i0 = 0; i0 < rows; i0 += 4)
             for (int64_t j0 = 0; j0 < cols; j0 += 8) {
                 int n = cols - j0 < 8 ? (int)(cols - j0) : 8, nr = rows - i0 < 4 ? (int)(rows - i0) : 4;

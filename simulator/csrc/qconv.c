@@ -103,10 +103,7 @@ TGT AI void epilogue16(__m512i acc, const epi_t *e, int64_t o0, const char *b,
         _mm512_mask_storeu_epi32(out, m, acc);
         return;
     }
-    __m512i bi = !b                ? _mm512_setzero_si512()
-                 : e->bshift == 2 ? _mm512_maskz_loadu_epi32(m, b)
-                 : e->bshift == 1 ? _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(m, b))
-                                  : _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, b));
+    __m512i bi = b ? load16(b, 0, e->bshift, m) : _mm512_setzero_si512();
     __m512i r;
     if (!e->f64) {
         __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_loadu_ps((const float *)e->scale + o0));
@@ -179,8 +176,8 @@ TGT AI void conv_block(const conv_t *c, const epi_t *e, int64_t q0, int64_t nq, 
     __m512i acc[24];
     micro(xs, c->wk + b0 * 64, c, NB, NP, WIDE, FLIP, acc);
     for (int b = 0; b < NB; b++) {
-        int64_t o0 = (b0 + b) * 16, left = c->o - o0;
-        __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        int64_t o0 = (b0 + b) * 16;
+        __mmask16 m = mask16(c->o - o0);
         for (int p = 0; p < nq; p++) {
             int64_t q = q0 + p;
             const char *bp = c->b ? c->b + ((q * c->bstride + o0) << e->bshift) : 0;

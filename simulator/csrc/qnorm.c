@@ -113,15 +113,6 @@ TGT int qp_layernorm(const void *q, int64_t wide, int64_t rows, int64_t n, int64
  *   y = clamp(round(e * c), lo, hi)
  * with mult = out_mult * 2^-out_shift as the caller computes it; q int8 or int16 (every gap
  * is inside the exp table), 16 lanes at a time. */
-TGT AI __m512i load16(const void *q, int64_t i, int wide, __mmask16 m) {
-    return wide ? _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(m, (const int16_t *)q + i))
-                : _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, (const int8_t *)q + i));
-}
-
-TGT AI __mmask16 mask16(int64_t left) {
-    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-}
-
 TGT AI void softmax_row(const void *q, int wide, int64_t r, int64_t n, const float *exp,
                         const double *recip, int64_t recip_qmin, double sum_scale, double mult,
                         int half_even, __m512d lo, __m512d hi, void *out, int out_shift) {

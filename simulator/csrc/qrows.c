@@ -22,12 +22,8 @@ TGT AI int64_t row_sum(const void *x, int64_t start, int64_t inner, int wide) {
     for (int64_t c0 = start; c0 < start + inner; c0 += 1 << 19) {
         int64_t c1 = c0 + (1 << 19) < start + inner ? c0 + (1 << 19) : start + inner;
         __m512i acc = _mm512_setzero_si512();
-        for (int64_t i = c0; i < c1; i += 16) {
-            __mmask16 m = c1 - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (c1 - i)) - 1);
-            __m512i v = wide ? _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(m, (const int16_t *)x + i))
-                             : _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, (const int8_t *)x + i));
-            acc = _mm512_add_epi32(acc, v);
-        }
+        for (int64_t i = c0; i < c1; i += 16)
+            acc = _mm512_add_epi32(acc, load16(x, i, wide, mask16(c1 - i)));
         total += _mm512_reduce_add_epi32(acc);
     }
     return total;
@@ -177,7 +173,7 @@ TGT AI int quant_ps(const float *x, int64_t i0, int64_t i1, float s, int half_ev
     __m512 vs = _mm512_set1_ps(s);
     __mmask16 bad = 0;
     for (int64_t i = i0; i < i1; i += 16) {
-        __mmask16 m = i1 - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (i1 - i)) - 1);
+        __mmask16 m = mask16(i1 - i);
         __m512 q = _mm512_div_ps(_mm512_maskz_loadu_ps(m, x + i), vs), r;
         bad |= _mm512_mask_fpclass_ps_mask(m, q, NOT_FINITE);
         r = half_even ? _mm512_roundscale_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
@@ -231,12 +227,9 @@ TGT void qp_dequantize(const void *q, int64_t tq, int64_t outer, int64_t c, int6
     for (int64_t r = 0; r < outer * c; r++) {
         __m512 vs = _mm512_set1_ps(s[r % c]);
         for (int64_t i = 0; i < inner; i += 16) {
-            __mmask16 m = inner - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (inner - i)) - 1);
-            int64_t k = r * inner + i;
-            __m512i v = tq == 2   ? _mm512_maskz_loadu_epi32(m, (const int32_t *)q + k)
-                        : tq == 1 ? _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(m, (const int16_t *)q + k))
-                                  : _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, (const int8_t *)q + k));
-            _mm512_mask_storeu_ps(out + k, m, _mm512_mul_ps(_mm512_cvtepi32_ps(v), vs));
+            __mmask16 m = mask16(inner - i);
+            __m512i v = load16(q, r * inner + i, (int)tq, m);
+            _mm512_mask_storeu_ps(out + r * inner + i, m, _mm512_mul_ps(_mm512_cvtepi32_ps(v), vs));
         }
     }
 }

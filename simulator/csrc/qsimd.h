@@ -30,6 +30,18 @@ TGT AI __m512d load8(const void *p, int64_t i, int t, int n) {
     return _mm512_cvtepi32_pd(v);
 }
 
+/* The first `left` of 16 lanes (all 16 when left >= 16). */
+TGT AI __mmask16 mask16(int64_t left) {
+    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+}
+
+/* 16 values (lanes in m; the rest 0) from p + i as int32: int8, int16 or int32 for t = 0, 1, 2. */
+TGT AI __m512i load16(const void *p, int64_t i, int t, __mmask16 m) {
+    return t == 2   ? _mm512_maskz_loadu_epi32(m, (const int32_t *)p + i)
+           : t == 1 ? _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(m, (const int16_t *)p + i))
+                    : _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, (const int8_t *)p + i));
+}
+
 /* round, clamp to [lo, hi], store n <= 8 values at out + i (1 << out_shift bytes each). */
 TGT AI void finish8(__m512d y, int half_even, __m512d lo, __m512d hi, void *out, int64_t i,
                     int out_shift, int n) {

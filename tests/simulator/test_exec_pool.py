@@ -24,9 +24,13 @@ def _extremes(rng, shape, dt) -> np.ndarray:
 def _total_dtype(x, mult, attrs) -> torch.dtype:
     """Which path ``_reduce`` takes for these operands (float64 = the fast one)."""
     prog = program(Op.REDUCE_MEAN, [x], [mult, np.array([0])], attrs)
-    consts = exec_ops.ConstPool(prog.constants)
-    total, _ = exec_pool._reduce(prog.instructions[0], consts, torch.from_numpy(x),
-                                 torch.from_numpy(mult))  # fmt: skip
+    consts, instr, xt = (
+        exec_ops.ConstPool(prog.constants),
+        prog.instructions[0],
+        torch.from_numpy(x),
+    )
+    total, _ = exec_pool._reduce(instr, consts, xt, torch.from_numpy(mult),
+                                 *exec_pool._reduce_axes(instr, xt))  # fmt: skip
     return total.dtype
 
 
