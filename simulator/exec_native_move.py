@@ -8,8 +8,6 @@ apply: no compiled library, a dtype or rank it does not take.
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from simulator import exec_kernels as ek
@@ -47,17 +45,13 @@ def to_nhwc(x: torch.Tensor, padded: int):
     return out
 
 
-SIX = ctypes.c_int64 * 6
-"""qp_copy's shape and stride arrays."""
-
-
 def contiguous(x: torch.Tensor) -> torch.Tensor:
     """``x.contiguous()``, a strided view of up to 6 axes copied in one compiled pass
     (torch's copy of a permuted int8 tensor is several times slower)."""
     if x.is_contiguous() or native.library() is None or x.ndim > 6 or not x.numel():
         return x.contiguous()
-    shape = SIX(*(1,) * (6 - x.ndim), *x.shape)
-    stride = SIX(*(0,) * (6 - x.ndim), *x.stride())
+    shape = native.int64s(*(1,) * (6 - x.ndim), *x.shape)
+    stride = native.int64s(*(0,) * (6 - x.ndim), *x.stride())
     out = torch.empty(x.shape, dtype=x.dtype)
     base = x.data_ptr()  # the view's first element (storage offset applied)
     native.library().qp_copy(base, x.element_size(), shape, stride, native.ptr(out))

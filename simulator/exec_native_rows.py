@@ -216,8 +216,8 @@ def bmm(a: torch.Tensor, b: torch.Tensor, epi, attrs: dict):
     small = m * k <= BMM_BUF and -(-n // 8) * 8 * k <= BMM_BUF
     if small and a.ndim <= 4 and not (a.is_contiguous() and b.is_contiguous()):
         (nb1, nb2), sa, sb = _batch2(a.shape), _strides4(a), _strides4(b)
-        native.library().qp_bmm_strided(native.ptr(a), native.code(a), native.ptr(sa),
-                                        native.ptr(b), native.code(b), native.ptr(sb), nb1, nb2,
+        native.library().qp_bmm_strided(native.ptr(a), native.code(a), sa,
+                                        native.ptr(b), native.code(b), sb, nb1, nb2,
                                         m, k, n, float(epi.scale), *_epi_args(epi),
                                         native.ptr(out), native.code(out))  # fmt: skip
         return out  # views (a transposed k, a head split) read in place
@@ -229,7 +229,7 @@ def bmm(a: torch.Tensor, b: torch.Tensor, epi, attrs: dict):
 
 
 BMM_BUF = 4096
-"""qrows.c's float64 buffer per batch (values): operands that fit are widened once."""
+"""qbmm.c's float64 buffer per batch (values): operands that fit are widened once."""
 
 
 def _batch2(shape) -> tuple[int, int]:
@@ -237,10 +237,9 @@ def _batch2(shape) -> tuple[int, int]:
     return (1, shape[0]) if len(shape) == 3 else (shape[0], shape[1])
 
 
-def _strides4(t: torch.Tensor) -> torch.Tensor:
-    """Element strides ``[batch1, batch2, row, col]`` of a 3-D or 4-D tensor, int64."""
-    st = t.stride()
-    return torch.tensor(((0,) if t.ndim == 3 else ()) + st, dtype=torch.int64)
+def _strides4(t: torch.Tensor):
+    """Element strides ``[batch1, batch2, row, col]`` of a 3-D or 4-D tensor (a C array)."""
+    return native.int64s(*((0,) if t.ndim == 3 else ()), *t.stride())
 
 
 def gather(values: torch.Tensor, qmin: int, qmax: int, q: torch.Tensor):

@@ -146,6 +146,11 @@ def code(t) -> int:
     return t.element_size().bit_length() - 1
 
 
+def int64s(*values: int) -> ctypes.Array:
+    """A C array of int64 (shapes, strides) to pass where a kernel takes ``const int64_t *``."""
+    return (ctypes.c_int64 * len(values))(*values)
+
+
 def ptr(t) -> ctypes.c_void_p | None:
     """A tensor's data pointer for a ctypes call (None for None)."""
     return None if t is None else ctypes.c_void_p(t.data_ptr())
