@@ -147,7 +147,9 @@ def print_analysis(out: Console, analysis) -> None:
         out.print(f"  {path}", highlight=False, soft_wrap=True)
 
 
-def rerun_view(out: Console, store_root: str | Path, run_id: str, stage: str, sets, downstream, prefect):
+def rerun_view(
+    out: Console, store_root: str | Path, run_id: str, stage: str, sets, downstream, prefect
+):
     """Rerun a stage, print the new run, and its localization beside its parent's."""
     from pipelines.rerun import localization_side_by_side, rerun
 
