@@ -34,7 +34,7 @@ import torch
 
 from schemas.errors import SimulatorError
 from simulator import exec_kernels as ek
-from simulator import exec_native
+from simulator import exec_native, native
 from simulator.exec_epilogue import (
     INT32,
     Epilogue,
@@ -244,9 +244,7 @@ def _run_native(plan: ConvPlan, x: torch.Tensor, b: torch.Tensor | None) -> torc
     ow = ek.out_size(w, kw, strides[1], pads[1] + pads[3], dil[1])
     if oh < 1 or ow < 1:
         raise SimulatorError(f"window {plan.kernel} larger than padded input {(h, w)}")
-    out = torch.empty((n, oh, ow, plan.out_padded), dtype=plan.native.out_dtype)
-    if plan.out_channels < plan.out_padded:
-        out[..., plan.out_channels :] = 0
+    out = native.empty((n, oh, ow, plan.out_padded), plan.native.out_dtype)  # pads zeroed
     if b is not None and (tuple(b.shape[:3]) != (n, oh, ow) or b.shape[3] < plan.out_channels):
         raise SimulatorError(f"add operand {tuple(b.shape)} for a conv output {(n, oh, ow)}")
     exec_native.run(plan.native, plan.geometry, x, b, out)

@@ -136,8 +136,8 @@ def _layout(wmat, kernel, channels: int, in_dtype, unit_w_dilation: bool):
 
 
 def run(nc: NativeConv, geometry, x: torch.Tensor, b, out: torch.Tensor) -> None:
-    """``out[..., :O] = conv(x) (+ b)`` for ``x [N, H, W, C_stored]`` into
-    ``out [N, OH, OW, O_pad]`` (contiguous, ``nc.out_dtype``); ``b [N, OH, OW, B_pad]``
+    """``out[..., :O] = conv(x) (+ b)`` and ``out[..., O:] = 0`` for ``x [N, H, W, C_stored]``
+    into ``out [N, OH, OW, O_pad]`` (contiguous, ``nc.out_dtype``); ``b [N, OH, OW, B_pad]``
     (:data:`INT_DTYPES`) or None."""
     strides, pads, dil = geometry
     xs, mode = _padded(nc, x.contiguous(), pads)
@@ -165,7 +165,7 @@ def _padded(nc: NativeConv, x: torch.Tensor, pads) -> tuple[torch.Tensor, int]:
         return x, 1 if wide else 2
     hp, wp = h + pads[0] + pads[2], w + pads[1] + pads[3]
     size = n * hp * wp * nc.cs
-    xs = torch.empty(size + 4, dtype=torch.int16 if wide else torch.uint8)[:size]
+    xs = native.empty(size + 4, dtype=torch.int16 if wide else torch.uint8)[:size]
     xs = xs.view(n, hp, wp, nc.cs)
     native.library().qp_pad(native.ptr(x), int(wide), n, h, w, cx, nc.channels, pads[0],
                             pads[2], pads[1], pads[3], nc.cs, native.ptr(xs))  # fmt: skip
@@ -175,7 +175,7 @@ def _padded(nc: NativeConv, x: torch.Tensor, pads) -> tuple[torch.Tensor, int]:
 def linear(nc: NativeConv, x: torch.Tensor) -> torch.Tensor:
     """``x [..., K] @ wmat`` with the epilogue: ``[..., O]`` (a 1x1 conv over the rows)."""
     k, o = x.shape[-1], nc.out_channels
-    out = torch.empty((*x.shape[:-1], o), dtype=nc.out_dtype)
+    out = native.empty((*x.shape[:-1], o), dtype=nc.out_dtype)
     rows = x.reshape(1, 1, -1, k)  # one image row: one contiguous copy in the kernel's pad
     run(nc, ([1, 1], [0, 0, 0, 0], [1, 1]), rows, None, out.view(1, 1, -1, o))
     return out

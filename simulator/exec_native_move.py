@@ -27,7 +27,7 @@ def maxpool(x: torch.Tensor, kernel, strides, pads, dilations):
     if min(oh, ow) < 1:
         return None  # the torch path names the geometry error
     x = x.contiguous()
-    out = torch.empty((n, oh, ow, c), dtype=x.dtype)
+    out = native.empty((n, oh, ow, c), dtype=x.dtype)
     native.library().qp_maxpool(native.ptr(x), native.code(x), n, h, w, c, *kernel, *strides,
                                 *dilations, pads[0], pads[1], oh, ow, native.ptr(out))  # fmt: skip
     return out
@@ -40,7 +40,7 @@ def to_nhwc(x: torch.Tensor, padded: int):
     if lib is None or x.ndim != 4 or x.dtype not in IN_DTYPES or not x.shape[1] < padded <= 32:
         return None
     n, c, h, w = x.shape
-    x, out = x.contiguous(), torch.empty((n, h, w, padded), dtype=x.dtype)
+    x, out = x.contiguous(), native.empty((n, h, w, padded), dtype=x.dtype)
     lib.qp_to_nhwc(native.ptr(x), native.code(x), n, c, h * w, padded, native.ptr(out))
     return out
 
@@ -52,7 +52,7 @@ def contiguous(x: torch.Tensor) -> torch.Tensor:
         return x.contiguous()
     shape = native.int64s(*(1,) * (6 - x.ndim), *x.shape)
     stride = native.int64s(*(0,) * (6 - x.ndim), *x.stride())
-    out = torch.empty(x.shape, dtype=x.dtype)
-    base = x.data_ptr()  # the view's first element (storage offset applied)
+    out = native.empty(x.shape, dtype=x.dtype)
+    base = native.ptr(x)  # the view's first element (storage offset applied)
     native.library().qp_copy(base, x.element_size(), shape, stride, native.ptr(out))
     return out

@@ -39,7 +39,7 @@ def layernorm(q: torch.Tensor, t: LayerNormTables, rsqrt: Dense, affine: tuple):
     if not ok_table or t.rounding not in fp.ROUNDING_MODES:
         return None
     q = q.contiguous()
-    out = torch.empty(q.shape, dtype=TORCH_DTYPES[t.out_dtype])
+    out = native.empty(q.shape, dtype=TORCH_DTYPES[t.out_dtype])
     lo, hi = fp.qrange(t.out_dtype)
     wm, bm = wm.contiguous(), bm.contiguous()
     bad = lib.qp_layernorm(native.ptr(q), native.code(q), q.numel() // t.n, t.n,
@@ -64,7 +64,7 @@ def softmax(q: torch.Tensor, axis: int, t: SoftmaxTables, exp: Dense, recip: Den
     if not ok or t.out_dtype not in OUT_NAMES or t.rounding not in fp.ROUNDING_MODES:
         return None
     q, n = q.contiguous(), q.shape[-1]
-    out = torch.empty(q.shape, dtype=TORCH_DTYPES[t.out_dtype])
+    out = native.empty(q.shape, dtype=TORCH_DTYPES[t.out_dtype])
     lo, hi = fp.qrange(t.out_dtype)
     lib.qp_softmax(native.ptr(q), native.code(q), q.numel() // n, n, native.ptr(exp.values),
                    native.ptr(recip.values), recip.qmin, 2.0**-t.sum_shift,

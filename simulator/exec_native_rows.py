@@ -86,7 +86,7 @@ def mean(x: torch.Tensor, axes: tuple[int, ...], keep: bool, mult, shift, attrs:
     if not 0 <= s <= 62 or n * dtype_bound(x.dtype) * abs(m) >= QUOTIENT_EXACT:
         return None
     lead, rest = x.shape[: axes[0]], x.shape[axes[-1] + 1 :]
-    out = torch.empty(math.prod(lead) * math.prod(rest), dtype=TORCH_DTYPES[attrs["out_dtype"]])
+    out = native.empty(math.prod(lead) * math.prod(rest), dtype=TORCH_DTYPES[attrs["out_dtype"]])
     lib, wide = native.library(), native.code(x)
     tail = (float(m), n * 2.0**s, *_bounds(attrs), int(attrs["rounding"] == "half_even"),
             native.ptr(out), native.code(out))  # fmt: skip
@@ -131,13 +131,13 @@ def mul(a: torch.Tensor, b: torch.Tensor, mult, shift, attrs: dict):
     cl = None if same or a.is_contiguous() else channels_last(a)
     if cl is not None and b.shape[2:] == (1, 1):  # [N, C, H, W] view x [N, C, 1, 1]
         n, c, h, w = a.shape
-        out = torch.empty((n, h, w, c), dtype=dtype)
+        out = native.empty((n, h, w, c), dtype=dtype)
         lib.qp_mul_cl(native.ptr(a), wa, native.ptr(b.contiguous()), wb, n, h * w, c, *cl,
                       *tail, native.ptr(out), native.code(out))  # fmt: skip
         return out.permute(0, 3, 1, 2)  # channels-last, as the input
     a, b = a.contiguous(), b.contiguous()
     rows = a.numel() // max(a.shape[-1], 1) if same and a.ndim else b.numel()
-    out = torch.empty(a.shape, dtype=dtype)
+    out = native.empty(a.shape, dtype=dtype)
     lib.qp_mul(native.ptr(a), wa, native.ptr(b), wb, rows, a.numel() // rows, int(not same),
                *tail, native.ptr(out), native.code(out))  # fmt: skip
     return out
@@ -183,7 +183,7 @@ def add(a: torch.Tensor, b: torch.Tensor, epi, attrs: dict):
         lambda: tuple(lanes(v, c, torch.float64) for v in (epi.scale, epi.scale_b)),
     )
     sa, sb = scales[::-1] if swap else scales
-    out = torch.empty(a.shape, dtype=TORCH_DTYPES[attrs["out_dtype"]])
+    out = native.empty(a.shape, dtype=TORCH_DTYPES[attrs["out_dtype"]])
     native.library().qp_add(native.ptr(a), native.code(a), native.ptr(b), native.code(b),
                             a.numel() // c, c, b.numel(), native.ptr(sa), native.ptr(sb),
                             *_epi_args(epi), native.ptr(out), native.code(out))  # fmt: skip
@@ -212,7 +212,7 @@ def bmm(a: torch.Tensor, b: torch.Tensor, epi, attrs: dict):
     if epi.scale is None or epi.scale.numel() != 1 or not a.numel() or not b.numel():
         return None
     (m, k), n = a.shape[-2:], b.shape[-1]
-    out = torch.empty((*a.shape[:-1], n), dtype=TORCH_DTYPES[attrs["out_dtype"]])
+    out = native.empty((*a.shape[:-1], n), dtype=TORCH_DTYPES[attrs["out_dtype"]])
     small = m * k <= BMM_BUF and -(-n // 8) * 8 * k <= BMM_BUF
     if small and a.ndim <= 4 and not (a.is_contiguous() and b.is_contiguous()):
         (nb1, nb2), sa, sb = _batch2(a.shape), _strides4(a), _strides4(b)
@@ -251,7 +251,7 @@ def gather(values: torch.Tensor, qmin: int, qmax: int, q: torch.Tensor):
     if not values.is_contiguous() or values.numel() != qmax - qmin + 1:
         return None
     q = q.contiguous()
-    out = torch.empty(q.shape, dtype=values.dtype)
+    out = native.empty(q.shape, dtype=values.dtype)
     native.library().qp_gather(native.ptr(q), native.code(q), q.numel(), qmin, qmax,
                                native.ptr(values), native.code(values), native.ptr(out))  # fmt: skip
     return out
@@ -278,7 +278,7 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, axis: int | None, dtype: str,
         ("quantize", x.dtype),  # x's float type, as the torch path
         lambda: scale.to(x.dtype).double().reshape(-1).contiguous(),
     )
-    out = torch.empty(x.shape, dtype=TORCH_DTYPES[dtype])
+    out = native.empty(x.shape, dtype=TORCH_DTYPES[dtype])
     lo, hi = fp.qrange(dtype)
     bad = native.library().qp_quantize(native.ptr(x), int(x.dtype == torch.float64),
                                        x.numel() // (c * inner), c, inner, native.ptr(scales),
@@ -301,7 +301,7 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, axis: int | None):
     if scale.numel() != c:
         return None
     s = derived(scale, "f32", lambda: scale.float().reshape(-1).contiguous())
-    out = torch.empty(q.shape, dtype=torch.float32)
+    out = native.empty(q.shape, dtype=torch.float32)
     native.library().qp_dequantize(native.ptr(q), native.code(q), outer, c, inner,
                                    native.ptr(s), native.ptr(out))  # fmt: skip
     return out

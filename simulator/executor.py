@@ -34,7 +34,8 @@ statistics (:mod:`simulator.exec_dense`); reductions sum exactly in float
 (:mod:`simulator.exec_pool`). Everything else, and every case the bounds do not cover,
 keeps the int64 kernels. The hot instructions also have compiled forms
 (:mod:`simulator.native`, simulator/README.md "Compiled kernels"), and a LAYOUT that only
-re-views its input is replayed from its first run (:meth:`Executor._replay`).
+re-views its input, and a kernel that is only compiled calls, are replayed from their first
+runs (:mod:`simulator.replay`).
 
 Layouts: ``attrs["layout"] == "nhwc"`` on CONV/ADD/REQUANT/CLIP/MAXPOOL/AVGPOOL/LUT means
 its 4-D buffers are ``[N, H, W, C_pad]``; channels ``C..C_pad`` hold zeros. Conv weights
@@ -51,7 +52,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -80,6 +81,7 @@ from simulator.exec_table_ops import (
     k_softmax,
 )
 from simulator.isa import Instruction, Op, Program
+from simulator.replay import Replays
 
 KERNELS: dict[Op, Callable] = {
     Op.QUANTIZE: k_quantize, Op.PREPROCESS: k_preprocess, Op.CONV: k_conv,
@@ -106,7 +108,7 @@ class Executor:
         _check_program(program)
         self.consts = ConstPool(program.constants, program.layouts)
         self.timings: list[tuple[int, Op, float]] | None = [] if timings else None
-        self._views: dict[int, _View] = {}  # LAYOUT instructions that only re-view
+        self.replays = Replays()  # how each instruction's next run skips its kernel
 
     def run(self, inputs: dict[str, np.ndarray], capture: bool = False):
         """(outputs by name, captures by layer id), numpy, in the reference layout.
@@ -149,13 +151,13 @@ class Executor:
         """Execute every instruction in order, writing its outputs into ``bufs``."""
         if self.timings is not None:
             self.timings.clear()
+        consts = self.consts
         for i, instr in enumerate(self.program.instructions):
             t0 = time.perf_counter()
             try:
-                ys = self._replay(i, instr, bufs)
-                if ys is None:
-                    ys = KERNELS[instr.op](instr, bufs, self.consts)
-                    self._learn(i, instr, bufs, ys)
+                xs = [bufs[n] for n in instr.inputs]
+                kernel = partial(KERNELS[instr.op], instr, bufs, consts)
+                ys = self.replays.run(i, instr, xs, kernel)
             except QparityError as e:
                 raise SimulatorError(e.what, where=_where(i, instr, e.where), hint=e.hint) from e
             except (RuntimeError, ValueError, IndexError, KeyError, TypeError) as e:
@@ -167,31 +169,6 @@ class Executor:
             bufs.update(zip(instr.outputs, ys, strict=True))
             if self.timings is not None:
                 self.timings.append((i, instr.op, time.perf_counter() - t0))
-
-    def _replay(self, i: int, instr: Instruction, bufs) -> list[torch.Tensor] | None:
-        """A view-only LAYOUT seen before on an input of the same shape and strides: its
-        outputs as the same views of this input (no dispatch, no constant decoding)."""
-        view = self._views.get(i)
-        if view is None:
-            return None
-        x = bufs[instr.inputs[0]]
-        if x.shape != view.in_shape or x.stride() != view.in_stride:
-            return None
-        base = x.storage_offset()
-        return [x.as_strided(size, stride, base + delta) for size, stride, delta in view.outs]
-
-    def _learn(self, i: int, instr: Instruction, bufs, ys: list[torch.Tensor]) -> None:
-        """Remember a single-input LAYOUT whose outputs are all views of its input (shapes
-        from constants and attributes only, so the same input geometry gives the same
-        views)."""
-        if instr.op is not Op.LAYOUT or len(instr.inputs) != 1:
-            return
-        x = bufs[instr.inputs[0]]
-        ptr = x.untyped_storage().data_ptr()
-        if any(y.untyped_storage().data_ptr() != ptr for y in ys):
-            return
-        outs = tuple((y.shape, y.stride(), y.storage_offset() - x.storage_offset()) for y in ys)
-        self._views[i] = _View(x.shape, x.stride(), outs)
 
     def _zero_padding(self, y: torch.Tensor, name: str) -> torch.Tensor:
         """Padding channels ``C..C_pad`` of an nhwc buffer set back to 0."""
@@ -212,15 +189,6 @@ class Executor:
         for _, op, sec in self.timings or []:
             out[op.value] = out.get(op.value, 0.0) + sec
         return out
-
-
-@dataclass(frozen=True)
-class _View:
-    """A LAYOUT's outputs as (shape, strides, storage offset from the input's)."""
-
-    in_shape: torch.Size
-    in_stride: tuple[int, ...]
-    outs: tuple[tuple[torch.Size, tuple[int, ...], int], ...]
 
 
 def _where(i: int, instr: Instruction, inner: str | None = None) -> str:

@@ -14,6 +14,8 @@ keeps its torch kernels (same integers, slower). :func:`status` says which and w
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import functools
 import hashlib
@@ -22,7 +24,10 @@ import os
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import torch
 
 from schemas.errors import SimulatorError
 
@@ -106,8 +111,7 @@ def build(target_dir: Path | None = None) -> Path:
 
 
 def _load(path: Path) -> ctypes.CDLL:
-    import torch  # noqa: F401  (its libgomp first: the library then shares it)
-
+    # torch is imported above, so its libgomp is loaded first and the library shares it
     lib = ctypes.CDLL(str(path))
     for name, (args, res) in SIGNATURES.items():
         fn = getattr(lib, name)
@@ -131,8 +135,10 @@ def _state() -> tuple[ctypes.CDLL | None, str]:
 
 
 def library() -> ctypes.CDLL | None:
-    """The loaded kernels, or None when they cannot run here (:func:`status`)."""
-    return _state()[0]
+    """The loaded kernels, or None when they cannot run here (:func:`status`); inside
+    :func:`tracing`, a stand-in that records every call it forwards."""
+    lib, trace = _state()[0], _TRACE.get()
+    return lib if trace is None or lib is None else _Recorder(lib, trace)
 
 
 def status() -> str:
@@ -153,4 +159,66 @@ def int64s(*values: int) -> ctypes.Array:
 
 def ptr(t) -> ctypes.c_void_p | None:
     """A tensor's data pointer for a ctypes call (None for None)."""
-    return None if t is None else ctypes.c_void_p(t.data_ptr())
+    if t is None:
+        return None
+    p = ctypes.c_void_p(t.data_ptr())
+    trace = _TRACE.get()
+    if trace is not None:
+        trace.pointers[id(p)] = (p, t)
+    return p
+
+
+def empty(shape, dtype: torch.dtype) -> torch.Tensor:
+    """``torch.empty`` for a kernel's output or scratch buffer (what :func:`tracing`
+    records as written by the calls, not read from outside)."""
+    t = torch.empty(shape, dtype=dtype)
+    trace = _TRACE.get()
+    if trace is not None:
+        trace.allocs.append(t)
+    return t
+
+
+@dataclass
+class Trace:
+    """What one kernel did at the ctypes boundary, for :mod:`simulator.replay`: its calls
+    as ``(function, arguments, return value)``, the tensor behind each :func:`ptr`
+    argument (by the pointer object's id) and the buffers it took from :func:`empty`.
+
+    The contract that makes a trace replayable: a call's arguments depend only on the
+    kernel's input geometry (dtype, shape, strides) and its constants, never on input
+    values; a decision that depends on values comes back as the call's return value."""
+
+    calls: list[tuple[object, tuple, object]] = field(default_factory=list)
+    pointers: dict[int, tuple[ctypes.c_void_p, torch.Tensor]] = field(default_factory=dict)
+    allocs: list[torch.Tensor] = field(default_factory=list)
+
+
+_TRACE: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("trace", default=None)
+
+
+@contextlib.contextmanager
+def tracing():
+    """Record the compiled calls made inside the block into the yielded :class:`Trace`."""
+    trace = Trace()
+    token = _TRACE.set(trace)
+    try:
+        yield trace
+    finally:
+        _TRACE.reset(token)
+
+
+class _Recorder:
+    """The library as seen inside :func:`tracing`: each call is made, then recorded."""
+
+    def __init__(self, lib: ctypes.CDLL, trace: Trace):
+        self._lib, self._trace = lib, trace
+
+    def __getattr__(self, name: str):
+        fn = getattr(self._lib, name)
+
+        def call(*args):
+            rc = fn(*args)
+            self._trace.calls.append((fn, args, rc))
+            return rc
+
+        return call

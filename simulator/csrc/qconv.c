@@ -27,8 +27,7 @@
  * row's kw * C contiguous values are one tap of a (kh, 1) kernel (4x fewer products for a
  * 1-channel 3x3 stem);
  * b [N, OH, OW, stride] int8, int16 or int32; out [N, OH, OW, stride] int8, int16 or int32,
- * channels >= O
- * untouched.
+ * channels O..stride written as 0 (the padding channels of an nhwc buffer).
  */
 #include <string.h>
 
@@ -93,14 +92,15 @@ TGT AI __m256i half_pd(__m256i a, __m256i bi, const epi_t *e, int64_t o0, int ha
     return _mm512_cvtpd_epi32(y);
 }
 
-/* The epilogue of 16 channels o0.. of one pixel; lanes outside m are not stored. int32
- * output has no scale: y = max(acc, lo) (the caller proves acc fits int32). */
+/* The epilogue of 16 channels o0.. of one pixel: lanes in m (real channels) computed,
+ * lanes in ms but not m (padding channels) stored as 0, the rest not stored. int32 output
+ * has no scale: y = max(acc, lo) (the caller proves acc fits int32). */
 TGT AI void epilogue16(__m512i acc, const epi_t *e, int64_t o0, const char *b,
-                       void *out, __mmask16 m) {
+                       void *out, __mmask16 m, __mmask16 ms) {
     acc = _mm512_add_epi32(acc, _mm512_loadu_si512(e->corr + o0));
     if (!e->scale) {
         acc = _mm512_max_epi32(acc, _mm512_set1_epi32((int32_t)e->lo));
-        _mm512_mask_storeu_epi32(out, m, acc);
+        _mm512_mask_storeu_epi32(out, ms, _mm512_maskz_mov_epi32(m, acc));
         return;
     }
     __m512i bi = b ? load16(b, 0, e->bshift, m) : _mm512_setzero_si512();
@@ -119,8 +119,9 @@ TGT AI void epilogue16(__m512i acc, const epi_t *e, int64_t o0, const char *b,
                              e, o0 + 8, b != 0);
         r = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
     }
-    if (e->out_shift == 1) _mm256_mask_storeu_epi16(out, m, _mm512_cvtepi32_epi16(r));
-    else _mm_mask_storeu_epi8(out, m, _mm512_cvtepi32_epi8(r));
+    r = _mm512_maskz_mov_epi32(m, r);
+    if (e->out_shift == 1) _mm256_mask_storeu_epi16(out, ms, _mm512_cvtepi32_epi16(r));
+    else _mm_mask_storeu_epi8(out, ms, _mm512_cvtepi32_epi8(r));
 }
 
 typedef struct {
@@ -177,13 +178,19 @@ TGT AI void conv_block(const conv_t *c, const epi_t *e, int64_t q0, int64_t nq, 
     micro(xs, c->wk + b0 * 64, c, NB, NP, WIDE, FLIP, acc);
     for (int b = 0; b < NB; b++) {
         int64_t o0 = (b0 + b) * 16;
-        __mmask16 m = mask16(c->o - o0);
+        __mmask16 m = mask16(c->o - o0), ms = mask16(c->ostride - o0);
         for (int p = 0; p < nq; p++) {
             int64_t q = q0 + p;
             const char *bp = c->b ? c->b + ((q * c->bstride + o0) << e->bshift) : 0;
-            epilogue16(acc[b * NP + p], e, o0, bp, c->out + ((q * c->ostride + o0) << e->out_shift), m);
+            epilogue16(acc[b * NP + p], e, o0, bp, c->out + ((q * c->ostride + o0) << e->out_shift),
+                       m, ms);
         }
     }
+    int64_t tail = c->ostride - c->ob * 16; /* padding channels past the last block */
+    if (b0 + NB == c->ob && tail > 0)
+        for (int p = 0; p < nq; p++)
+            memset(c->out + (((q0 + p) * c->ostride + c->ob * 16) << e->out_shift), 0,
+                   tail << e->out_shift);
 }
 
 #define TILE 8 /* pixel blocks per task: a chunk of weights is reused over TILE blocks */
