@@ -144,7 +144,8 @@ class Executor:
                                      where="Executor.run")  # fmt: skip
             dtype = spec.get("dtype")
             x = x.astype(dtype) if dtype and x.dtype != np.dtype(dtype) else x
-            bufs[name] = torch.from_numpy(x if x.flags.writeable else x.copy())
+            owned = x.flags.writeable and min(x.strides, default=0) >= 0  # torch takes these
+            bufs[name] = torch.from_numpy(x if owned else x.copy())
         return bufs
 
     def _run(self, bufs: dict[str, torch.Tensor]) -> None:

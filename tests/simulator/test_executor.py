@@ -397,3 +397,11 @@ def test_view_layouts_replay_per_input_geometry():
     # the Reshape of a transposed buffer copies: a replayed compiled copy when it builds
     assert (1 in ex.replays) == (native.library() is not None)
 
+
+@pytest.mark.parametrize("shape", [(1,), (3, 4)])
+def test_inputs_with_negative_strides_are_copied(shape):
+    """A reversed numpy view (torch cannot wrap negative strides) is taken as its values."""
+    x = rand_ints(np.random.default_rng(3), shape, np.int8)
+    prog = program(Op.LAYOUT, [x], [], {"op_type": "Identity"})
+    got = Executor(prog).run({"x0": x[::-1]})[0]["y0"]
+    np.testing.assert_array_equal(got, x[::-1])
