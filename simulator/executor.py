@@ -80,6 +80,7 @@ from simulator.exec_table_ops import (
     k_quantize,
     k_softmax,
 )
+from simulator.frozen import Frozen, freeze
 from simulator.isa import Instruction, Op, Program
 from simulator.replay import Replays
 
@@ -109,6 +110,7 @@ class Executor:
         self.consts = ConstPool(program.constants, program.layouts)
         self.timings: list[tuple[int, Op, float]] | None = [] if timings else None
         self.replays = Replays()  # how each instruction's next run skips its kernel
+        self._frozen: Frozen | bool | None = None  # the whole-run plan; False: none to build
 
     def run(self, inputs: dict[str, np.ndarray], capture: bool = False):
         """(outputs by name, captures by layer id), numpy, in the reference layout.
@@ -117,8 +119,13 @@ class Executor:
         it the second dict is empty and no copies are made.
         """
         bufs = self._load(inputs)
-        self._run(bufs)
-        outputs = {name: self._export(bufs, name) for name in self.program.outputs}
+        frozen = None if capture else self._run_frozen(bufs)
+        if frozen is None:
+            self._run(bufs)
+        else:
+            bufs.update(frozen)
+        # copies: a replay's buffers are then free again for the next run
+        outputs = {name: self._export(bufs, name).copy() for name in self.program.outputs}
         captures = {}
         if capture:
             captures = {lid: self._export(bufs, b) for lid, b in self.program.captures.items()}
@@ -148,10 +155,32 @@ class Executor:
             bufs[name] = torch.from_numpy(x if owned else x.copy())
         return bufs
 
-    def _run(self, bufs: dict[str, torch.Tensor]) -> None:
-        """Execute every instruction in order, writing its outputs into ``bufs``."""
+    def _run_frozen(self, bufs: dict[str, torch.Tensor]) -> dict | None:
+        """The program outputs from the frozen plan (:mod:`simulator.frozen`), or None."""
+        if not isinstance(self._frozen, Frozen):
+            return None
         if self.timings is not None:
             self.timings.clear()
+        return self._frozen.run([bufs[n] for n in self.program.inputs], self.timings)
+
+    def _run(self, bufs: dict[str, torch.Tensor]) -> None:
+        """Execute every instruction in order, writing its outputs into ``bufs``; record
+        the run for a frozen plan once the last run replayed every instruction."""
+        if self.timings is not None:
+            self.timings.clear()
+        n = len(self.program.instructions)
+        recording = self._frozen is None and self.replays.served == n
+        self.replays.record, self.replays.served = [] if recording else None, 0
+        try:
+            self._execute(bufs)
+            if recording and self.replays.served == n:
+                xs = [bufs[name] for name in self.program.inputs]
+                outs = {name: bufs[name] for name in self.program.outputs}
+                self._frozen = freeze(self.replays.record, xs, outs) or False
+        finally:
+            self.replays.record = None
+
+    def _execute(self, bufs: dict[str, torch.Tensor]) -> None:
         consts = self.consts
         for i, instr in enumerate(self.program.instructions):
             t0 = time.perf_counter()

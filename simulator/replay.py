@@ -64,15 +64,21 @@ class _Calls:
     consts: tuple[torch.Tensor, ...]  # kept alive: their pointers are in the calls
     held: list = field(default_factory=list, compare=False)  # the last run's buffers
 
-    def run(self, xs: list[torch.Tensor], fill: int | None = None) -> list | None:
-        """The outputs for inputs ``xs``, or None when a call returned another value."""
+    def run(self, xs: list[torch.Tensor], fill: int | None = None, record=None) -> list | None:
+        """The outputs for inputs ``xs``, or None when a call returned another value.
+        ``record``: a list that gets ``(fn, args, pointer positions, return value, buffers,
+        whether they are the held ones)`` per call (:mod:`simulator.frozen`)."""
         bufs = self._buffers(fill)
         ptrs = ([x.data_ptr() for x in xs], [b.data_ptr() for b in bufs])
         for call in self.calls:
             args = list(call.args)
             for at, kind, index, delta in call.slots:
                 args[at] = ptrs[kind][index] + delta
-            if call.fn(*args) != call.rc:
+            rc = call.fn(*args)
+            if record is not None:
+                pointers = tuple(at for at, *_ in call.slots)
+                record.append((call.fn, args, pointers, rc, bufs, bufs is self.held))
+            if rc != call.rc:
                 return None
         return [bufs[o] if isinstance(o, int) else _view(bufs[o[0]], *o[1:]) for o in self.outs]
 
@@ -108,6 +114,8 @@ class Replays:
 
     def __init__(self):
         self._state: dict[int, object] = {}
+        self.served = 0  # instructions replayed since the count was last reset
+        self.record: list | None = None  # a list: (index, op, calls, replay) per replayed call
 
     def __contains__(self, i: int) -> bool:
         return isinstance(self._state.get(i), _View | _Calls)
@@ -119,8 +127,9 @@ class Replays:
             return kernel()
         key = _key(xs)
         if isinstance(state, _View | _Calls) and state.key == key:
-            ys = state.run(xs)
+            ys = state.run(xs) if isinstance(state, _View) else self._calls(i, instr, state, xs)
             if ys is not None:
+                self.served += 1
                 return ys
         if isinstance(state, _View | _Calls):
             return kernel()
@@ -130,6 +139,13 @@ class Replays:
             return self._learn_view(i, key, xs, ys)
         self._learn_calls(i, key, xs, ys, trace)
         return ys
+
+    def _calls(self, i: int, instr: Instruction, state: _Calls, xs: list) -> list | None:
+        if self.record is None:
+            return state.run(xs)
+        calls = []
+        self.record.append((i, instr.op, calls, state))
+        return state.run(xs, record=calls)
 
     def _learn_view(self, i: int, key: tuple, xs: list, ys: list) -> list:
         x = xs[0]

@@ -41,13 +41,14 @@ def program(op: Op, data, consts, attrs, n_out: int = 1) -> Program:
 
 def execute(op: Op, data, consts, attrs, n_out: int = 1) -> list[np.ndarray]:
     """The outputs of one instruction on ``data``. The executor also runs it on the data's
-    values reversed (same geometry, other values) and then both again, from its replay
-    (simulator.replay) where the instruction has one: the replays must repeat the kernel's
-    results exactly."""
+    values reversed (same geometry, other values) and then both again twice: from its
+    replay (simulator.replay) where the instruction has one, then from the frozen plan
+    (simulator.frozen) where the program has one; they must repeat the kernel's results
+    exactly."""
     ex = Executor(program(op, data, consts, attrs, n_out))
     feeds = [{f"x{i}": x for i, x in enumerate(xs)} for xs in (data, [_reversed(x) for x in data])]
     first = [ex.run(f) for f in feeds]
-    for f, (outs, caps) in zip(feeds, first, strict=True):
+    for f, (outs, caps) in [*zip(feeds, first, strict=True)] * 2:
         again, _ = ex.run(f)
         assert caps == {} and again.keys() == outs.keys()
         for name, y in outs.items():

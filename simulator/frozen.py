@@ -1,0 +1,124 @@
+"""A whole program replayed as one list of compiled calls at fixed addresses.
+
+Once every instruction of a program replays (:mod:`simulator.replay`: views, or compiled
+calls into buffers the replay holds from run to run), a run is the same calls into the
+same buffers each time; only the program inputs move. :func:`freeze` turns one such run,
+recorded, into a :class:`Frozen` plan: each call with its arguments resolved, every pointer
+either fixed (a held buffer, a view of one, a constant) or the program input's data
+pointer plus a byte offset, filled in per run. A run of the plan is then a loop of ctypes
+calls, with none of the per-instruction Python of the executor (about a quarter of a small
+model's run, more than in a tight loop since the caches are cold after each kernel).
+
+A plan is built only when every pointer of the recorded run is classified and every
+program output is a view of a held buffer or of an input; otherwise the executor keeps its
+per-instruction path. It runs only on inputs of the recorded geometry and when no tensor
+outside it refers to its buffers (a caller still holding a capture of the last run); a call
+that returns another value than recorded (a range flag) abandons the plan for that run,
+and the executor runs the program instruction by instruction instead.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from simulator.isa import Op
+from simulator.replay import _key, _unshared
+
+
+@dataclass(frozen=True)
+class Frozen:
+    """The plan: ``calls`` as ``(instruction, op, fn, args, input fills, return value)``,
+    where a fill ``(argument, input, byte offset)`` sets a pointer from an input."""
+
+    key: tuple
+    calls: tuple[tuple[int, Op, object, list, tuple[tuple[int, int, int], ...], object], ...]
+    buffers: tuple[torch.Tensor, ...]  # every buffer the calls write, held by their replays
+    outs: dict[str, tuple]  # output -> ("in" | "buf", index, size, stride, storage offset)
+    replays: tuple  # the instructions' replays: they keep the constants the calls point to
+
+    def run(self, xs: list[torch.Tensor], timings: list | None = None) -> dict | None:
+        """The program outputs for inputs ``xs`` (the program's input order), or None when
+        the plan does not apply to them (geometry, buffers in use, a changed return
+        value). ``timings`` gets ``(instruction, op, seconds)`` per instruction."""
+        if _key(xs) != self.key or not all(map(_unshared, self.buffers)):
+            return None
+        ptrs = [x.data_ptr() for x in xs]
+        clock = time.perf_counter
+        for i, op, fn, args, fills, rc in self.calls:
+            for at, j, delta in fills:
+                args[at] = ptrs[j] + delta
+            t0 = clock() if timings is not None else 0.0
+            if fn(*args) != rc:
+                return None
+            if timings is not None:
+                _add_time(timings, i, op, clock() - t0)
+        return {name: _view(xs, self.buffers, *out) for name, out in self.outs.items()}
+
+
+def freeze(record: list, xs: list[torch.Tensor], outputs: dict[str, torch.Tensor]):
+    """The :class:`Frozen` plan of a recorded run (``Replays.record``: ``(index, op, calls,
+    replay)``) on program inputs ``xs`` with program outputs ``outputs``, or None."""
+    inputs = [(x.untyped_storage().data_ptr(), x.untyped_storage().nbytes(), x) for x in xs]
+    buffers = {id(b): b for _, _, calls, _ in record for *_, bufs, _ in calls for b in bufs}
+    if any(not held for _, _, calls, _ in record for *_, held in calls):
+        return None  # a buffer allocated for this run only: its address moves
+    spans = [
+        (b.untyped_storage().data_ptr(), b.untyped_storage().nbytes()) for b in buffers.values()
+    ]
+    plan = []
+    for i, op, calls, _ in record:
+        for fn, args, pointers, rc, _, _ in calls:
+            fills = _fills(args, pointers, inputs, spans)
+            if fills is None:
+                return None
+            plan.append((i, op, fn, list(args), fills, rc))
+    held = tuple(buffers.values())
+    outs = {name: _source(y, inputs, held) for name, y in outputs.items()}
+    if any(o is None for o in outs.values()):
+        return None
+    return Frozen(_key(xs), tuple(plan), held, outs, tuple(r for *_, r in record))
+
+
+def _fills(args: list, pointers, inputs, spans) -> tuple | None:
+    """The per-run pointer fills of one call; None when a pointer is neither in an input
+    nor in a held buffer."""
+    fills = []
+    for at in pointers:
+        p = args[at]
+        j = next(
+            (j for j, (start, size, _) in enumerate(inputs) if start <= p < start + size), None
+        )
+        if j is not None:
+            fills.append((at, j, p - inputs[j][2].data_ptr()))
+        elif not any(start <= p < start + size for start, size in spans):
+            return None
+    return tuple(fills)
+
+
+def _source(y: torch.Tensor, inputs, held: tuple) -> tuple | None:
+    """An output as a view of input j or of held buffer k, else None."""
+    base = y.untyped_storage().data_ptr()
+    for j, (start, _, x) in enumerate(inputs):
+        if base == start:
+            return "in", j, y.shape, y.stride(), y.storage_offset() - x.storage_offset()
+    for k, b in enumerate(held):
+        if base == b.untyped_storage().data_ptr():
+            return "buf", k, y.shape, y.stride(), y.storage_offset()
+    return None
+
+
+def _view(xs, buffers, kind: str, k: int, size, stride, offset: int) -> torch.Tensor:
+    if kind == "in":
+        return xs[k].as_strided(size, stride, xs[k].storage_offset() + offset)
+    return buffers[k].as_strided(size, stride, offset)
+
+
+def _add_time(timings: list, i: int, op: Op, seconds: float) -> None:
+    """One entry per instruction: a second call of the same instruction adds to it."""
+    if timings and timings[-1][0] == i:
+        timings[-1] = (i, op, timings[-1][2] + seconds)
+    else:
+        timings.append((i, op, seconds))
