@@ -37,10 +37,11 @@ from simulator.isa import Instruction, Op
 
 _IN, _BUF = 0, 1
 _NEVER = object()  # an instruction whose kernel cannot be replayed: always run it
-HOLD_BYTES = 4 << 20
-"""A replay keeps its buffers (up to this many bytes) for its next run, which reuses them
-when no tensor of the last run still refers to them: no allocation, and memory the caches
-still hold. Larger buffers are allocated per run, as the kernels do."""
+HOLD_BYTES, HOLD_TOTAL = 4 << 20, 256 << 20
+"""A replay keeps its buffers (up to HOLD_BYTES, and up to HOLD_TOTAL for all the replays
+of one program) for its next run, which reuses them when no tensor of the last run still
+refers to them: no allocation, and memory the caches still hold. Other buffers are
+allocated per run, as the kernels do."""
 _USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)  # None: never reuse
 _ALONE = 2  # the use count of a tensor's storage seen through .untyped_storage() alone
 
@@ -63,6 +64,7 @@ class _Calls:
     outs: tuple[tuple[int, torch.Size, tuple[int, ...], int] | int, ...]  # buffer k: all of it
     consts: tuple[torch.Tensor, ...]  # kept alive: their pointers are in the calls
     held: list = field(default_factory=list, compare=False)  # the last run's buffers
+    budget: list = field(default_factory=lambda: [HOLD_TOTAL], compare=False)  # bytes left
 
     def run(self, xs: list[torch.Tensor], fill: int | None = None, record=None) -> list | None:
         """The outputs for inputs ``xs``, or None when a call returned another value.
@@ -91,9 +93,16 @@ class _Calls:
         if fill is not None:
             for b in bufs:
                 b.view(-1).view(torch.uint8).fill_(fill)
-        elif sum(b.untyped_storage().nbytes() for b in bufs) <= HOLD_BYTES:
+        elif held or self._charge(sum(b.untyped_storage().nbytes() for b in bufs)):
             held[:] = bufs
         return bufs
+
+    def _charge(self, size: int) -> bool:
+        """Take ``size`` bytes from the program's budget for held buffers, if it has them."""
+        if size > min(HOLD_BYTES, self.budget[0]):
+            return False
+        self.budget[0] -= size
+        return True
 
 
 @dataclass(frozen=True)
@@ -114,6 +123,7 @@ class Replays:
 
     def __init__(self):
         self._state: dict[int, object] = {}
+        self._budget = [HOLD_TOTAL]  # bytes the replays may still hold between runs
         self.served = 0  # instructions replayed since the count was last reset
         self.record: list | None = None  # a list: (index, op, calls, replay) per replayed call
 
@@ -159,7 +169,7 @@ class Replays:
 
     def _learn_calls(self, i: int, key: tuple, xs: list, ys: list, trace) -> None:
         """First run: keep the structure; second: compile, check, keep or give up."""
-        calls = _compile(key, xs, ys, trace)
+        calls = _compile(key, xs, ys, trace, self._budget)
         first = self._state.get(i)
         if calls is None or (first is not None and not _same(first, calls)):
             self._state[i] = _NEVER
@@ -177,7 +187,7 @@ def _key(xs: list) -> tuple:
     return (*((x.dtype, x.shape, x.stride()) for x in xs), tuple(map(ptrs.index, ptrs)))
 
 
-def _compile(key: tuple, xs: list, ys: list, trace) -> _Calls | None:
+def _compile(key: tuple, xs: list, ys: list, trace, budget: list) -> _Calls | None:
     """The trace as a :class:`_Calls`, or None when it is not replayable as it stands."""
     if not trace.calls:
         return None
@@ -203,7 +213,7 @@ def _compile(key: tuple, xs: list, ys: list, trace) -> _Calls | None:
     for j, (y, (k, *_)) in enumerate(zip(ys, outs, strict=True)):
         if y.dtype == trace.allocs[k].dtype and _whole(y, spans[k][1]):
             buffers[k], outs[j] = (y.shape, y.dtype), k  # allocated as the output it is
-    return _Calls(key, tuple(buffers), tuple(calls), tuple(outs), tuple(consts))
+    return _Calls(key, tuple(buffers), tuple(calls), tuple(outs), tuple(consts), budget=budget)
 
 
 def _whole(y: torch.Tensor, nbytes: int) -> bool:

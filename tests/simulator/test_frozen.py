@@ -130,3 +130,17 @@ def test_an_instruction_without_a_replay_means_no_plan(monkeypatch):
     for x in _batches(6):
         _assert_same(ex.run({"x": x})[0], _fresh(prog, x)[0])
     assert ex._frozen is None
+
+
+def test_buffers_past_the_memory_budget_are_allocated_per_run(monkeypatch):
+    """With no bytes left to hold between runs nothing is held, so nothing is frozen."""
+    from simulator import replay
+
+    monkeypatch.setattr(replay, "HOLD_TOTAL", 64)  # the quantize's 64 bytes, not the rest
+    prog = _program()
+    ex = Executor(prog)
+    for x in _batches(6):
+        _assert_same(ex.run({"x": x})[0], _fresh(prog, x)[0])
+    assert ex._frozen is False
+    held = [s.held for s in ex.replays._state.values() if isinstance(s, replay._Calls)]
+    assert sum(map(bool, held)) == 1
