@@ -214,12 +214,12 @@ def bmm(a: torch.Tensor, b: torch.Tensor, epi, attrs: dict):
     (m, k), n = a.shape[-2:], b.shape[-1]
     out = native.empty((*a.shape[:-1], n), dtype=TORCH_DTYPES[attrs["out_dtype"]])
     small = m * k <= BMM_BUF and -(-n // 8) * 8 * k <= BMM_BUF
-    if small and a.ndim <= 4 and not (a.is_contiguous() and b.is_contiguous()):
+    pairs = _pairs(a, b)
+    if a.ndim <= 4 and (pairs or small and not (a.is_contiguous() and b.is_contiguous())):
         (nb1, nb2), sa, sb = _batch2(a.shape), _strides4(a), _strides4(b)
-        native.library().qp_bmm_strided(native.ptr(a), native.code(a), sa,
-                                        native.ptr(b), native.code(b), sb, nb1, nb2,
-                                        m, k, n, float(epi.scale), *_epi_args(epi),
-                                        native.ptr(out), native.code(out))  # fmt: skip
+        fn = native.library().qp_bmm_pairs if pairs else native.library().qp_bmm_strided
+        fn(native.ptr(a), native.code(a), sa, native.ptr(b), native.code(b), sb, nb1, nb2, m, k,
+           n, float(epi.scale), *_epi_args(epi), native.ptr(out), native.code(out))  # fmt: skip
         return out  # views (a transposed k, a head split) read in place
     a, b = a.contiguous(), b.contiguous()
     native.library().qp_bmm(native.ptr(a), native.code(a), native.ptr(b), native.code(b),
@@ -230,6 +230,19 @@ def bmm(a: torch.Tensor, b: torch.Tensor, epi, attrs: dict):
 
 BMM_BUF = 4096
 """qbmm.c's float64 buffer per batch (values): operands that fit are widened once."""
+
+
+def _pairs(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether qbmm.c's VPDPWSSD form takes ``a @ b``: ``K <= 32``, ``N <= 16``, a's rows
+    and b's rows or columns contiguous, and FORMULA ``K max|a| max|b| < 2**31`` from the
+    dtypes (int8 128, int16 32768), so the int32 sums are exact."""
+    (k, n), big = b.shape[-2:], 2**31
+    if k > 32 or n > 16 or a.stride(-1) != 1 or 1 not in b.stride()[-2:]:
+        return False
+    return k * _BOUND[a.dtype] * _BOUND[b.dtype] < big
+
+
+_BOUND = {torch.int8: 128, torch.int16: 32768}
 
 
 def _batch2(shape) -> tuple[int, int]:

@@ -55,6 +55,7 @@ SIGNATURES = {
     "qp_maxpool": ([P, *[I64] * 15, P], None),
     "qp_copy": ([P, I64, P, P, P], None),
     "qp_bmm_strided": ([P, I64, P, P, I64, P, *[I64] * 5, F64, F64, F64, I64, P, I64], None),
+    "qp_bmm_pairs": ([P, I64, P, P, I64, P, *[I64] * 5, F64, F64, F64, I64, P, I64], None),
     "qp_dequantize": ([P, I64, I64, I64, I64, P, P], None),
     "qp_to_nhwc": ([P, *[I64] * 5, P], None),
     "qp_softmax": ([P, I64, I64, I64, P, P, I64, F64, F64, I64, F64, F64, P, I64], None),
@@ -137,8 +138,8 @@ def _state() -> tuple[ctypes.CDLL | None, str]:
 def library() -> ctypes.CDLL | None:
     """The loaded kernels, or None when they cannot run here (:func:`status`); inside
     :func:`tracing`, a stand-in that records every call it forwards."""
-    lib, trace = _state()[0], _TRACE.get()
-    return lib if trace is None or lib is None else _Recorder(lib, trace)
+    lib, traces = _state()[0], _TRACE.get()
+    return lib if not traces or lib is None else _Recorder(lib, traces)
 
 
 def status() -> str:
@@ -162,8 +163,7 @@ def ptr(t) -> ctypes.c_void_p | None:
     if t is None:
         return None
     p = ctypes.c_void_p(t.data_ptr())
-    trace = _TRACE.get()
-    if trace is not None:
+    for trace in _TRACE.get():
         trace.pointers[id(p)] = (p, t)
     return p
 
@@ -172,8 +172,7 @@ def empty(shape, dtype: torch.dtype) -> torch.Tensor:
     """``torch.empty`` for a kernel's output or scratch buffer (what :func:`tracing`
     records as written by the calls, not read from outside)."""
     t = torch.empty(shape, dtype=dtype)
-    trace = _TRACE.get()
-    if trace is not None:
+    for trace in _TRACE.get():
         trace.allocs.append(t)
     return t
 
@@ -193,14 +192,15 @@ class Trace:
     allocs: list[torch.Tensor] = field(default_factory=list)
 
 
-_TRACE: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("trace", default=None)
+_TRACE: contextvars.ContextVar[tuple[Trace, ...]] = contextvars.ContextVar("trace", default=())
 
 
 @contextlib.contextmanager
 def tracing():
-    """Record the compiled calls made inside the block into the yielded :class:`Trace`."""
+    """Record the compiled calls made inside the block into the yielded :class:`Trace`
+    (nested blocks: every open trace records them)."""
     trace = Trace()
-    token = _TRACE.set(trace)
+    token = _TRACE.set((*_TRACE.get(), trace))
     try:
         yield trace
     finally:
@@ -210,15 +210,16 @@ def tracing():
 class _Recorder:
     """The library as seen inside :func:`tracing`: each call is made, then recorded."""
 
-    def __init__(self, lib: ctypes.CDLL, trace: Trace):
-        self._lib, self._trace = lib, trace
+    def __init__(self, lib: ctypes.CDLL, traces: tuple[Trace, ...]):
+        self._lib, self._traces = lib, traces
 
     def __getattr__(self, name: str):
         fn = getattr(self._lib, name)
 
         def call(*args):
             rc = fn(*args)
-            self._trace.calls.append((fn, args, rc))
+            for trace in self._traces:
+                trace.calls.append((fn, args, rc))
             return rc
 
         return call

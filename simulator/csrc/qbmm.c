@@ -100,3 +100,80 @@ TGT void qp_bmm_strided(const void *a, int64_t ta, const int64_t *sa, const void
             }
     }
 }
+
+/* n (<= 32) int8 (t 0) or int16 (t 1) values from p as 32 int16 lanes, zero past n. */
+TGT AI __m512i row16(const void *p, int t, int64_t n) {
+    __mmask32 m = n >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << n) - 1);
+    return t ? _mm512_maskz_loadu_epi16(m, p) : _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, p));
+}
+
+/* b of one batch as pairs along k: bp[m * 16 + j] = (b[2m, j], b[2m+1, j]) as two int16 in
+ * an int32 (0 past inner and cols). b[k, j] at b + (k sk + j sj) elements; sj == 1 (rows
+ * contiguous: two rows interleaved by one permute) or sk == 1 (columns contiguous: each
+ * column widened is its pairs, then the 16 x kp transpose by gathers from tmp). */
+TGT AI void pack_pairs(const char *b, int tb, int64_t sk, int64_t sj, int64_t inner,
+                       int64_t cols, int32_t *bp) {
+    int64_t kp = (inner + 1) / 2, e = tb ? 2 : 1;
+    if (sj == 1) {
+        const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25,
+                                             9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2,
+                                             17, 1, 16, 0);
+        for (int64_t m = 0; m < kp; m++) {
+            __m512i r0 = row16(b + 2 * m * sk * e, tb, cols);
+            __m512i r1 = 2 * m + 1 < inner ? row16(b + (2 * m + 1) * sk * e, tb, cols)
+                                           : _mm512_setzero_si512();
+            __m512i z = _mm512_inserti64x4(r0, _mm512_castsi512_si256(r1), 1);
+            _mm512_storeu_si512(bp + m * 16, _mm512_permutexvar_epi16(idx, z));
+        }
+        return;
+    }
+    int32_t tmp[16 * 16];
+    for (int64_t j = 0; j < 16; j++)
+        _mm512_storeu_si512(tmp + j * 16, j < cols ? row16(b + j * sj * e, tb, inner)
+                                                   : _mm512_setzero_si512());
+    const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6,
+                                                             5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32(16));
+    for (int64_t m = 0; m < kp; m++)
+        _mm512_storeu_si512(bp + m * 16, _mm512_i32gather_epi32(
+                                             _mm512_add_epi32(rows, _mm512_set1_epi32((int)m)), tmp, 4));
+}
+
+/* QMatMul by VPDPWSSD: a and b as int16, pairs along k, exact int32 sums (the caller
+ * proves inner max|a| max|b| < 2**31), then the float64 epilogue of qp_bmm on the same
+ * exact sums. Operands as qp_bmm_strided, with a's k contiguous (sa[3] == 1), b's j or k
+ * contiguous, inner <= 32, cols <= 16. Four rows per pass (independent chains). */
+TGT void qp_bmm_pairs(const void *a, int64_t ta, const int64_t *sa, const void *b, int64_t tb,
+                      const int64_t *sb, int64_t nb1, int64_t nb2, int64_t rows, int64_t inner,
+                      int64_t cols, double scale, double lo, double hi, int64_t half_even,
+                      void *out, int64_t out_shift) {
+    int64_t kp = (inner + 1) / 2, ea = ta ? 2 : 1, eb = tb ? 2 : 1;
+#pragma omp parallel for schedule(static) if (nb1 * nb2 * rows * inner * cols >= PAR_MIN)
+    for (int64_t g = 0; g < nb1 * nb2; g++) {
+        __m512d vs = _mm512_set1_pd(scale), vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
+        int32_t bp[16 * 16], ar[4][16];
+        int64_t oa = g / nb2 * sa[0] + g % nb2 * sa[1], ob = g / nb2 * sb[0] + g % nb2 * sb[1];
+        pack_pairs((const char *)b + ob * eb, (int)tb, sb[2], sb[3], inner, cols, bp);
+        for (int64_t i0 = 0; i0 < rows; i0 += 4) {
+            int nr = rows - i0 < 4 ? (int)(rows - i0) : 4;
+            __m512i acc[4];
+            for (int q = 0; q < 4; q++) {
+                int64_t i = i0 + (q < nr ? q : 0);
+                _mm512_storeu_si512(ar[q], row16((const char *)a + (oa + i * sa[2]) * ea, (int)ta, inner));
+                acc[q] = _mm512_setzero_si512();
+            }
+            for (int64_t m = 0; m < kp; m++) {
+                __m512i bv = _mm512_loadu_si512(bp + m * 16);
+                for (int q = 0; q < 4; q++)
+                    acc[q] = _mm512_dpwssd_epi32(acc[q], _mm512_set1_epi32(ar[q][m]), bv);
+            }
+            for (int q = 0; q < nr; q++)
+                for (int64_t j0 = 0; j0 < cols; j0 += 8) {
+                    __m256i h = j0 ? _mm512_extracti64x4_epi64(acc[q], 1) : _mm512_castsi512_si256(acc[q]);
+                    finish8(_mm512_mul_pd(_mm512_cvtepi32_pd(h), vs), (int)half_even, vlo, vhi, out,
+                            (g * rows + i0 + q) * cols + j0, (int)out_shift,
+                            cols - j0 < 8 ? (int)(cols - j0) : 8);
+                }
+        }
+    }
+}

@@ -294,3 +294,37 @@ def test_bmm_reads_transposed_views_in_place(data, nb, heads, m, k, n, seed):
     want = CUSTOM_OPS["QMatMul"].evaluate([ah, b, mult, s], attrs)
     assert calls and calls[0] is not None and got.dtype == np.dtype(attrs["out_dtype"])
     np.testing.assert_array_equal(got, want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), g=st.integers(1, 6), m=st.integers(1, 11), k=st.integers(1, 32),
+       n=st.integers(1, 16), seed=st.integers(0, 2**31))  # fmt: skip
+def test_bmm_pairs_equals_qmatmul(data, g, m, k, n, seed):
+    """The VPDPWSSD form (K <= 32, N <= 16, int32 sums proven exact from the dtypes) on b
+    read by rows (contiguous) or by columns (a transposed view in place) equals QMatMul,
+    extremes included; past the int32 bound the float64 form runs instead."""
+    from simulator.executor import Executor
+    from simulator.isa import Instruction, Program
+
+    rng = np.random.default_rng(seed)
+    dta, dtb = data.draw(st.sampled_from(DTYPES)), data.draw(st.sampled_from(DTYPES))
+    a, bt = _ints(rng, (g, m, k), dta), _ints(rng, (g, n, k), dtb)
+    by_columns = data.draw(st.booleans())
+    feed = bt if by_columns else np.ascontiguousarray(bt.swapaxes(1, 2))
+    mult, s = np.array([int(rng.integers(1, 2**10))]), np.array([int(rng.integers(10, 30))])
+    attrs = _attrs(data.draw)
+    perm = {"op_type": "Transpose", "perm": [0, 2, 1] if by_columns else [0, 1, 2]}
+    instrs = [Instruction(Op.LAYOUT, ("bin",), ("b",), (), perm),
+              Instruction(Op.MATMUL, ("a", "b"), ("y",), ("m", "s"), attrs)]  # fmt: skip
+    prog = Program("nash-e", {"a": {"dtype": str(a.dtype)}, "bin": {"dtype": str(feed.dtype)}},
+                   {"y": {}}, instrs, {"m": mult, "s": s})  # fmt: skip
+    with native.tracing() as trace:
+        got = Executor(prog).run({"a": a, "bin": feed})[0]["y"]
+    want = CUSTOM_OPS["QMatMul"].evaluate(
+        [a, np.ascontiguousarray(bt.swapaxes(1, 2)), mult, s], attrs
+    )
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == want.dtype
+    exact = k * (128 if dta == np.int8 else 32768) * (128 if dtb == np.int8 else 32768) < 2**31
+    names = [fn.__name__ for fn, _, _ in trace.calls]
+    assert names == ["qp_bmm_pairs"] if exact else "qp_bmm_pairs" not in names
