@@ -113,6 +113,8 @@ TGT int qp_layernorm(const void *q, int64_t wide, int64_t rows, int64_t n, int64
  *   y = clamp(round(e * c), lo, hi)
  * with mult = out_mult * 2^-out_shift as the caller computes it; q int8 or int16 (every gap
  * is inside the exp table), 16 lanes at a time. */
+#define SOFTMAX_KEEP 256 /* rows up to this long keep their exps between the two passes */
+
 TGT AI void softmax_row(const void *q, int wide, int64_t r, int64_t n, const float *exp,
                         const double *recip, int64_t recip_qmin, double sum_scale, double mult,
                         int half_even, __m512d lo, __m512d hi, void *out, int out_shift) {
@@ -122,10 +124,12 @@ TGT AI void softmax_row(const void *q, int wide, int64_t r, int64_t n, const flo
         top = _mm512_mask_max_epi32(top, mask16(n - j), top, load16(q, base + j, wide, mask16(n - j)));
     __m512i vmax = _mm512_set1_epi32(_mm512_reduce_max_epi32(top));
     __m512d sum = _mm512_setzero_pd();
+    float kept[SOFTMAX_KEEP]; /* the row's exps, gathered once when the row fits */
     for (int64_t j = 0; j < n; j += 16) {
         __mmask16 m = mask16(n - j);
         __m512i g = _mm512_sub_epi32(vmax, load16(q, base + j, wide, m));
         __m512 e = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, g, exp, 4);
+        if (n <= SOFTMAX_KEEP) _mm512_storeu_ps(kept + j, e);
         sum = _mm512_add_pd(sum, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
         sum = _mm512_add_pd(sum, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
     }
@@ -134,8 +138,10 @@ TGT AI void softmax_row(const void *q, int wide, int64_t r, int64_t n, const flo
     __m512d c = _mm512_set1_pd(recip[(int64_t)r_in - recip_qmin] * mult);
     for (int64_t j = 0; j < n; j += 16) {
         __mmask16 m = mask16(n - j);
-        __m512i g = _mm512_sub_epi32(vmax, load16(q, base + j, wide, m));
-        __m512 e = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, g, exp, 4);
+        __m512 e;
+        if (n <= SOFTMAX_KEEP) e = _mm512_loadu_ps(kept + j);
+        else e = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m,
+                                          _mm512_sub_epi32(vmax, load16(q, base + j, wide, m)), exp, 4);
         int k = n - j < 16 ? (int)(n - j) : 16;
         finish8(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(e)), c), half_even, lo, hi,
                 out, base + j, out_shift, k < 8 ? k : 8);
