@@ -181,6 +181,7 @@ class Executor:
             self.replays.record = None
 
     def _execute(self, bufs: dict[str, torch.Tensor]) -> None:
+        """Each instruction from its replay or its kernel (``Replays.run``), in order."""
         consts = self.consts
         for i, instr in enumerate(self.program.instructions):
             t0 = time.perf_counter()

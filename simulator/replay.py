@@ -168,12 +168,13 @@ class Replays:
         return ys
 
     def _learn_calls(self, i: int, key: tuple, xs: list, ys: list, trace) -> None:
-        """First run: keep the structure; second: compile, check, keep or give up."""
+        """First run (or the first on a new geometry): keep the structure; second: compile,
+        check, keep or give up."""
         calls = _compile(key, xs, ys, trace, self._budget)
         first = self._state.get(i)
-        if calls is None or (first is not None and not _same(first, calls)):
+        if calls is None or (first is not None and first[1].key == key and not _same(first, calls)):
             self._state[i] = _NEVER
-        elif first is None:
+        elif first is None or first[1].key != key:
             self._state[i] = ("first", calls)
         else:
             got = calls.run(xs, fill=0xA5)

@@ -102,6 +102,15 @@ def test_a_constant_pointer_is_replayed_as_recorded(monkeypatch):
     assert 0 in ex.replays
 
 
+def test_a_new_geometry_before_the_second_run_restarts_the_learning(monkeypatch):
+    monkeypatch.setitem(KERNELS, Op.CLIP, _copy_kernel())
+    ex = Executor(_one(Op.CLIP))
+    xs = _data(1, 10, (2, 5)) + _data(4, 11)
+    for x, y in zip(xs, _runs(ex, xs), strict=True):
+        np.testing.assert_array_equal(y, x)
+    assert 0 in ex.replays
+
+
 def test_another_geometry_runs_the_kernel(monkeypatch):
     monkeypatch.setitem(KERNELS, Op.CLIP, _copy_kernel())
     ex = Executor(_one(Op.CLIP))
