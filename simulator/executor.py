@@ -115,8 +115,11 @@ class Executor:
     def run(self, inputs: dict[str, np.ndarray], capture: bool = False):
         """(outputs by name, captures by layer id), numpy, in the reference layout.
 
-        Captures (``program.captures``: layer id -> buffer) only when ``capture``; without
-        it the second dict is empty and no copies are made.
+        Outputs are the caller's own copies. Captures (``program.captures``: layer id ->
+        buffer) only when ``capture``; without it the second dict is empty. Runs after the
+        first ones come from replays and then from the frozen plan (module docstring of
+        :mod:`simulator.replay`, :mod:`simulator.frozen`); ``capture`` runs instruction by
+        instruction.
         """
         bufs = self._load(inputs)
         frozen = None if capture else self._run_frozen(bufs)
