@@ -35,10 +35,14 @@ def _reshape(xs, cs, attrs, n):
     shape, x = _ints(cs[0]), xs[0]
     if not int(attrs.get("allowzero", 0)):
         shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
+    return [_view_or_copy(x, shape)]
+
+
+def _view_or_copy(x: torch.Tensor, shape) -> torch.Tensor:
     try:
-        return [x.view(shape)]
+        return x.view(shape)
     except RuntimeError:  # not expressible as a view of x's strides
-        return [exec_native_move.contiguous(x).view(shape)]
+        return exec_native_move.contiguous(x).view(shape)
 
 
 def _transpose(xs, cs, attrs, n):
@@ -48,7 +52,7 @@ def _transpose(xs, cs, attrs, n):
 def _flatten(xs, cs, attrs, n):
     x = xs[0]
     axis = int(attrs.get("axis", 1)) % (x.ndim + 1)
-    return [x.reshape(numel(x.shape[:axis]), numel(x.shape[axis:]))]
+    return [_view_or_copy(x, (numel(x.shape[:axis]), numel(x.shape[axis:])))]
 
 
 def _squeeze(xs, cs, attrs, n):

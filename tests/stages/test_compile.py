@@ -7,8 +7,9 @@ import pytest
 
 from schemas.artifacts import HbmModel
 from schemas.errors import ArtifactError, StageError
-from simulator import hbm
+from simulator import hbm, native
 from simulator.executor import Executor
+from simulator.frozen import Frozen
 from simulator.isa import Op
 from stages.compile import check_identical
 from stages.convert import run_integer
@@ -44,6 +45,20 @@ def test_hbm_gives_identical_integers_and_outputs(compiled):
         assert np.array_equal(ints, ref[lid][0]), lid
     assert np.array_equal(next(iter(outs.values())), ref_outs[0])
     assert arts["compile"].metrics[0].value == arts["convert"].metrics[0].value
+
+
+def test_replayed_and_frozen_runs_give_the_same_integers(compiled):
+    """Batches after an executor's first runs come from replays and then from the frozen
+    plan (simulator.replay, simulator.frozen): the outputs stay quantized.onnx's."""
+    ctx, arts = compiled
+    ex = Executor(hbm.load(ctx.run.path(arts["compile"].hbm_file)))
+    x, rng = ctx.evaluation.x, np.random.default_rng(0)
+    for _ in range(6):
+        xb = x[rng.permutation(len(x))]
+        outs, _ = ex.run({"x": xb})
+        ref_outs, _ = run_integer(ctx.run.root, arts["convert"], xb)
+        assert np.array_equal(next(iter(outs.values())), ref_outs[0])
+    assert isinstance(ex._frozen, Frozen) == (native.library() is not None)
 
 
 def test_relu_fused_into_conv_and_add_nhwc_padded(compiled):
