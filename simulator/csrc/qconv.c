@@ -87,9 +87,7 @@ TGT AI __m256i half_pd(__m256i a, __m256i bi, const epi_t *e, int64_t o0, int ha
     if (has_b)
         y = _mm512_fmadd_pd(_mm512_cvtepi32_pd(bi),
                             _mm512_loadu_pd((const double *)e->scale_b + o0), y);
-    y = round_pd(y, e->half_even);
-    y = _mm512_min_pd(_mm512_max_pd(y, _mm512_set1_pd(e->lo)), _mm512_set1_pd(e->hi));
-    return _mm512_cvtpd_epi32(y);
+    return to_int_pd(y, e->half_even, _mm512_set1_pd(e->lo), _mm512_set1_pd(e->hi));
 }
 
 /* The epilogue of 16 channels o0.. of one pixel: lanes in m (real channels) computed,
@@ -110,9 +108,7 @@ TGT AI void epilogue16(__m512i acc, const epi_t *e, int64_t o0, const char *b,
         if (b)
             y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(bi),
                                 _mm512_loadu_ps((const float *)e->scale_b + o0), y);
-        y = round_ps(y, e->half_even);
-        y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps((float)e->lo)), _mm512_set1_ps((float)e->hi));
-        r = _mm512_cvtps_epi32(y);
+        r = to_int_ps(y, e->half_even, _mm512_set1_ps((float)e->lo), _mm512_set1_ps((float)e->hi));
     } else {
         __m256i lo = half_pd(_mm512_castsi512_si256(acc), _mm512_castsi512_si256(bi), e, o0, b != 0);
         __m256i hi = half_pd(_mm512_extracti64x4_epi64(acc, 1), _mm512_extracti64x4_epi64(bi, 1),
