@@ -115,7 +115,7 @@ TGT AI void epilogue16(__m512i acc, const epi_t *e, int64_t o0, const char *b,
                              e, o0 + 8, b != 0);
         r = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
     }
-    r = _mm512_maskz_mov_epi32(m, r);
+    if (m != ms) r = _mm512_maskz_mov_epi32(m, r); /* padding lanes: 0 */
     if (e->out_shift == 1) _mm256_mask_storeu_epi16(out, ms, _mm512_cvtepi32_epi16(r));
     else _mm_mask_storeu_epi8(out, ms, _mm512_cvtepi32_epi8(r));
 }
