@@ -239,10 +239,7 @@ def _pairs(a: torch.Tensor, b: torch.Tensor) -> bool:
     (k, n), big = b.shape[-2:], 2**31
     if k > 32 or n > 16 or a.stride(-1) != 1 or 1 not in b.stride()[-2:]:
         return False
-    return k * _BOUND[a.dtype] * _BOUND[b.dtype] < big
-
-
-_BOUND = {torch.int8: 128, torch.int16: 32768}
+    return k * dtype_bound(a.dtype) * dtype_bound(b.dtype) < big
 
 
 def _batch2(shape) -> tuple[int, int]:

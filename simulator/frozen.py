@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from simulator.isa import Op
-from simulator.replay import _key, _unshared
+from simulator.replay import buffer_view, find_span, input_key, span, unshared
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Frozen:
         """The program outputs for inputs ``xs`` (the program's input order), or None when
         the plan does not apply to them (geometry, buffers in use, a changed return
         value). ``timings`` gets ``(instruction, op, seconds)`` per instruction."""
-        if _key(xs) != self.key or not all(map(_unshared, self.buffers)):
+        if input_key(xs) != self.key or not all(map(unshared, self.buffers)):
             return None
         ptrs = [x.data_ptr() for x in xs]
         clock = time.perf_counter
@@ -61,53 +61,46 @@ class Frozen:
 def freeze(record: list, xs: list[torch.Tensor], outputs: dict[str, torch.Tensor]):
     """The :class:`Frozen` plan of a recorded run (``Replays.record``: ``(index, op, calls,
     replay)``) on program inputs ``xs`` with program outputs ``outputs``, or None."""
-    inputs = [(x.untyped_storage().data_ptr(), x.untyped_storage().nbytes(), x) for x in xs]
     buffers = {id(b): b for _, _, calls, _ in record for *_, bufs, _ in calls for b in bufs}
     if any(not held for _, _, calls, _ in record for *_, held in calls):
         return None  # a buffer allocated for this run only: its address moves
-    spans = [
-        (b.untyped_storage().data_ptr(), b.untyped_storage().nbytes()) for b in buffers.values()
-    ]
+    inputs, spans = [span(x) for x in xs], [span(b) for b in buffers.values()]
     plan = []
     for i, op, calls, _ in record:
         for fn, args, pointers, rc, _, _ in calls:
-            fills = _fills(args, pointers, inputs, spans)
+            fills = _fills(args, pointers, xs, inputs, spans)
             if fills is None:
                 return None
             plan.append((i, op, fn, list(args), fills, rc))
     held = tuple(buffers.values())
-    outs = {name: _source(y, inputs, held) for name, y in outputs.items()}
+    outs = {name: _source(y, xs, spans) for name, y in outputs.items()}
     if any(o is None for o in outs.values()):
         return None
-    return Frozen(_key(xs), tuple(plan), held, outs, tuple(r for *_, r in record))
+    return Frozen(input_key(xs), tuple(plan), held, outs, tuple(r for *_, r in record))
 
 
-def _fills(args: list, pointers, inputs, spans) -> tuple | None:
-    """The per-run pointer fills of one call; None when a pointer is neither in an input
-    nor in a held buffer."""
+def _fills(args: list, pointers, xs, inputs, spans) -> tuple | None:
+    """The per-run pointer fills of one call (offsets from input j's data pointer); None
+    when a pointer is neither in an input (``inputs``: their spans) nor in a held buffer."""
     fills = []
     for at in pointers:
-        p = args[at]
-        j = next(
-            (j for j, (start, size, _) in enumerate(inputs) if start <= p < start + size), None
-        )
-        if j is not None:
-            fills.append((at, j, p - inputs[j][2].data_ptr()))
-        elif not any(start <= p < start + size for start, size in spans):
+        inside = find_span(args[at], inputs)
+        if inside is not None:
+            j = inside[0]
+            fills.append((at, j, args[at] - xs[j].data_ptr()))
+        elif find_span(args[at], spans) is None:
             return None
     return tuple(fills)
 
 
-def _source(y: torch.Tensor, inputs, held: tuple) -> tuple | None:
+def _source(y: torch.Tensor, xs, spans) -> tuple | None:
     """An output as a view of input j or of held buffer k, else None."""
     base = y.untyped_storage().data_ptr()
-    for j, (start, _, x) in enumerate(inputs):
-        if base == start:
+    for j, x in enumerate(xs):
+        if base == x.untyped_storage().data_ptr():
             return "in", j, y.shape, y.stride(), y.storage_offset() - x.storage_offset()
-    for k, b in enumerate(held):
-        if base == b.untyped_storage().data_ptr():
-            return "buf", k, y.shape, y.stride(), y.storage_offset()
-    return None
+    view = buffer_view(y, spans)
+    return None if view is None else ("buf", *view)
 
 
 def _view(xs, buffers, kind: str, k: int, size, stride, offset: int) -> torch.Tensor:

@@ -87,7 +87,7 @@ class _Calls:
     def _buffers(self, fill: int | None) -> list[torch.Tensor]:
         """The last run's buffers when nothing else holds them any more, else new ones."""
         held = self.held
-        if held and fill is None and all(map(_unshared, held)):
+        if held and fill is None and all(map(unshared, held)):
             return held
         bufs = [torch.empty(size, dtype=dtype) for size, dtype in self.buffers]
         if fill is not None:
@@ -135,14 +135,15 @@ class Replays:
         state = self._state.get(i)
         if state is _NEVER:
             return kernel()
-        key = _key(xs)
-        if isinstance(state, _View | _Calls) and state.key == key:
-            ys = state.run(xs) if isinstance(state, _View) else self._calls(i, instr, state, xs)
-            if ys is not None:
-                self.served += 1
-                return ys
+        key = input_key(xs)
         if isinstance(state, _View | _Calls):
-            return kernel()
+            if state.key != key:
+                return kernel()
+            ys = state.run(xs) if isinstance(state, _View) else self._calls(i, instr, state, xs)
+            if ys is None:
+                return kernel()
+            self.served += 1
+            return ys
         with native.tracing() as trace:
             ys = kernel()
         if instr.op is Op.LAYOUT and len(xs) == 1 and not trace.calls:
@@ -182,7 +183,7 @@ class Replays:
             self._state[i] = calls if ok else _NEVER
 
 
-def _key(xs: list) -> tuple:
+def input_key(xs: list) -> tuple:
     """The input geometry a replay is valid for, with which inputs share a data pointer."""
     ptrs = [x.data_ptr() for x in xs]
     return (*((x.dtype, x.shape, x.stride()) for x in xs), tuple(map(ptrs.index, ptrs)))
@@ -193,7 +194,7 @@ def _compile(key: tuple, xs: list, ys: list, trace, budget: list) -> _Calls | No
     if not trace.calls:
         return None
     inputs = [x.data_ptr() for x in xs]
-    spans = [(b.data_ptr(), b.untyped_storage().nbytes()) for b in trace.allocs]
+    spans = [span(b) for b in trace.allocs]
     consts, calls = [], []
     for fn, args, rc in trace.calls:
         slots = []
@@ -207,7 +208,7 @@ def _compile(key: tuple, xs: list, ys: list, trace, budget: list) -> _Calls | No
             else:
                 slots.append((at, *src))
         calls.append(_Call(fn, args, tuple(slots), rc))
-    outs = [_output(y, spans) for y in ys]
+    outs = [buffer_view(y, spans) for y in ys]
     if any(o is None for o in outs):
         return None
     buffers = [(b.shape, b.dtype) for b in trace.allocs]
@@ -226,15 +227,27 @@ def _source(p: int, inputs: list[int], spans) -> tuple[int, int, int] | None:
     """``(_IN, j, 0)`` for input j's data, ``(_BUF, k, delta)`` inside buffer k, or None."""
     if p in inputs:
         return _IN, inputs.index(p), 0
+    inside = find_span(p, spans)
+    return None if inside is None else (_BUF, *inside)
+
+
+def span(t: torch.Tensor) -> tuple[int, int]:
+    """``(start, nbytes)`` of the memory behind ``t`` (its whole storage)."""
+    storage = t.untyped_storage()
+    return storage.data_ptr(), storage.nbytes()
+
+
+def find_span(p: int, spans) -> tuple[int, int] | None:
+    """``(k, p - start)`` for the first span k holding address ``p``, else None."""
     for k, (start, size) in enumerate(spans):
         if start <= p < start + size:
-            return _BUF, k, p - start
+            return k, p - start
     return None
 
 
-def _output(y: torch.Tensor, spans):
-    """An output as ``(buffer, size, stride, offset)`` when it views a buffer (``k`` when it
-    is buffer k as allocated), else None."""
+def buffer_view(y: torch.Tensor, spans):
+    """``y`` as ``(buffer index, size, stride, storage offset)`` when it views one of the
+    buffers spanned by ``spans`` (``(start, nbytes)`` each), else None."""
     base = y.untyped_storage().data_ptr()
     for k, (start, _) in enumerate(spans):
         if base == start:
@@ -246,7 +259,7 @@ def _view(buf: torch.Tensor, size, stride, offset: int) -> torch.Tensor:
     return buf.as_strided(size, stride, offset)
 
 
-def _unshared(t: torch.Tensor) -> bool:
+def unshared(t: torch.Tensor) -> bool:
     """No tensor but ``t`` refers to its memory (no view, no numpy array of it is alive)."""
     return _USE_COUNT is not None and _USE_COUNT(t.untyped_storage()._cdata) <= _ALONE
 

@@ -144,3 +144,31 @@ def test_buffers_past_the_memory_budget_are_allocated_per_run(monkeypatch):
     assert ex._frozen is False
     held = [s.held for s in ex.replays._state.values() if isinstance(s, replay._Calls)]
     assert sum(map(bool, held)) == 1
+
+
+def test_a_buffer_made_outside_the_replays_means_no_plan():
+    """An nhwc LUT whose table maps 0 elsewhere gets its padding channels re-zeroed in a
+    new tensor after each run; the max-pool reading it points outside the held buffers,
+    so no plan is frozen (it would point at the first run's copy)."""
+    from simulator.isa import Layout
+    from simulator.lut import build_direct_table
+    from tests.simulator.test_executor import _encoded
+
+    lut = build_direct_table("exp", np.exp(np.arange(-128, 128) * 0.02), 0.02, 0.05, "int8",
+                             "half_even")  # fmt: skip
+    lut_attrs, lut_inits = _encoded("Lut", lut)
+    nhwc, pool = {"layout": "nhwc"}, {"kernel_shape": [2, 2], "strides": [2, 2]}
+    instrs = [
+        Instruction(Op.LAYOUT, ("x",), ("xn",), (), {"op_type": "ToNHWC", "channels_padded": 16}),
+        Instruction(Op.LUT, ("xn",), ("t",), ("t0", "t1", "t2", "t3"), {**lut_attrs, **nhwc}),
+        Instruction(Op.MAXPOOL, ("t",), ("p",), (), {**pool, **nhwc}),
+        Instruction(Op.LAYOUT, ("p",), ("y",), (), {"op_type": "ToNCHW", "channels": 3}),
+    ]
+    consts = {f"t{i}": a for i, a in enumerate(lut_inits)}
+    layouts = {b: Layout("nhwc", 3, 16) for b in ("xn", "t", "p")}
+    prog = Program("nash-e", {"x": {"dtype": "int8"}}, {"y": {}}, instrs, consts, layouts)
+    ex, rng = Executor(prog), np.random.default_rng(6)
+    for _ in range(7):
+        x = rng.integers(-128, 128, (2, 3, 6, 8)).astype(np.int8)
+        _assert_same(ex.run({"x": x})[0], _fresh(prog, x)[0])
+    assert ex._frozen is False
