@@ -130,19 +130,34 @@ TGT void qp_add(const void *a, int64_t ta, const void *b, int64_t tb, int64_t ro
 }
 
 /* Table lookup: y[i] = values[clamp(x[i], qmin, qmax) - qmin], x of dtype code tx (int8,
- * int16, int32), values and y of 1 << vshift bytes (int8, int16, int32). */
+ * int16, int32), values and y of 1 << vshift bytes (int8, int16, int32). Sixteen at a time:
+ * a gather of the aligned 4-byte word that holds each entry (words counted from the aligned
+ * address `base` below the table, `lead` bytes before it), shifted down to the entry. An
+ * aligned word never crosses a page, so the bytes read beside an entry cannot fault, and
+ * only the entry's own bytes reach the output. */
+TGT AI __m512i lut16(const void *x, int64_t i, int tx, __mmask16 m, __m512i lo, __m512i hi,
+                     const void *base, __m512i lead, int vshift) {
+    __m512i q = _mm512_sub_epi32(_mm512_min_epi32(_mm512_max_epi32(load16(x, i, tx, m), lo), hi), lo);
+    __m512i byte = _mm512_add_epi32(_mm512_slli_epi32(q, vshift), lead);
+    __m512i word = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m,
+                                               _mm512_andnot_si512(_mm512_set1_epi32(3), byte), base, 1);
+    return _mm512_srlv_epi32(word, _mm512_slli_epi32(_mm512_and_si512(byte, _mm512_set1_epi32(3)), 3));
+}
+
 TGT void qp_gather(const void *x, int64_t tx, int64_t n, int64_t qmin, int64_t qmax,
                    const void *values, int64_t vshift, void *out) {
+    __m512i lo = _mm512_set1_epi32((int32_t)qmin), hi = _mm512_set1_epi32((int32_t)qmax);
+    const void *base = (const void *)((uintptr_t)values & ~(uintptr_t)3);
+    __m512i lead = _mm512_set1_epi32((int32_t)((uintptr_t)values & 3));
 #pragma omp parallel for schedule(static) if (n >= PAR_MIN)
     for (int64_t i0 = 0; i0 < n; i0 += 4096) {
         int64_t i1 = i0 + 4096 < n ? i0 + 4096 : n;
-        for (int64_t i = i0; i < i1; i++) {
-            int64_t q = tx == 2 ? ((const int32_t *)x)[i]
-                        : tx == 1 ? ((const int16_t *)x)[i] : ((const int8_t *)x)[i];
-            q = (q < qmin ? qmin : q > qmax ? qmax : q) - qmin;
-            if (vshift == 0) ((int8_t *)out)[i] = ((const int8_t *)values)[q];
-            else if (vshift == 1) ((int16_t *)out)[i] = ((const int16_t *)values)[q];
-            else ((int32_t *)out)[i] = ((const int32_t *)values)[q];
+        for (int64_t i = i0; i < i1; i += 16) {
+            __mmask16 m = mask16(i1 - i);
+            __m512i y = lut16(x, i, (int)tx, m, lo, hi, base, lead, (int)vshift);
+            if (vshift == 0) _mm512_mask_cvtepi32_storeu_epi8((int8_t *)out + i, m, y);
+            else if (vshift == 1) _mm512_mask_cvtepi32_storeu_epi16((int16_t *)out + i, m, y);
+            else _mm512_mask_storeu_epi32((int32_t *)out + i, m, y);
         }
     }
 }
