@@ -180,13 +180,14 @@ def add(a: torch.Tensor, b: torch.Tensor, epi, attrs: dict):
     scales = derived(
         epi,
         ("lanes", c),
-        lambda: tuple(lanes(v, c, torch.float64) for v in (epi.scale, epi.scale_b)),
+        lambda: tuple(lanes(v, c, epi.ftype) for v in (epi.scale, epi.scale_b)),
     )
     sa, sb = scales[::-1] if swap else scales
     out = native.empty(a.shape, dtype=TORCH_DTYPES[attrs["out_dtype"]])
+    single = int(epi.ftype == torch.float32)  # the epilogue's proof: exact in float32
     native.library().qp_add(native.ptr(a), native.code(a), native.ptr(b), native.code(b),
                             a.numel() // c, c, b.numel(), native.ptr(sa), native.ptr(sb),
-                            *_epi_args(epi), native.ptr(out), native.code(out))  # fmt: skip
+                            single, *_epi_args(epi), native.ptr(out), native.code(out))  # fmt: skip
     return out
 
 

@@ -48,7 +48,7 @@ SIGNATURES = {
     "qp_mul": ([P, I64, P, I64, I64, I64, I64, F64, F64, F64, I64, P, I64], None),
     "qp_mean_cl": ([P, I64, I64, I64, I64, I64, I64, F64, F64, F64, F64, I64, P, I64], None),
     "qp_mul_cl": ([P, I64, P, I64, I64, I64, I64, I64, I64, F64, F64, F64, I64, P, I64], None),
-    "qp_add": ([P, I64, P, I64, I64, I64, I64, P, P, F64, F64, I64, P, I64], None),
+    "qp_add": ([P, I64, P, I64, I64, I64, I64, P, P, I64, F64, F64, I64, P, I64], None),
     "qp_bmm": ([P, I64, P, I64, I64, I64, I64, I64, F64, F64, F64, I64, P, I64], None),
     "qp_gather": ([P, I64, I64, I64, I64, P, I64, P], None),
     "qp_quantize": ([P, I64, I64, I64, I64, P, I64, F64, F64, P, I64], ctypes.c_int),

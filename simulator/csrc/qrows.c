@@ -111,21 +111,61 @@ TGT void qp_mul_cl(const void *a, int64_t wa, const void *b, int64_t wb, int64_t
 
 /* QAdd: y[r, c] = a[r, c] * sa[c] + b[(r * C + c) % period] * sb[c] (b repeats every
  * period elements: a constant broadcast over leading axes), C the last axis; ta, tb dtype
- * codes of load8. */
+ * codes of load8. single: sa, sb are float32 and every step is exact in float32 (the caller's
+ * proof), so sixteen lanes a vector instead of eight. The elements run as one flat range in
+ * blocks (channel and b offsets stepped along), so short rows cost no per-row setup; a vector
+ * never spans two rows when C is a multiple of its lanes, else the rows go one by one. */
+typedef struct {
+    const void *a, *b;
+    int ta, tb, single, half_even, out_shift;
+    int64_t c, period;
+    const void *sa, *sb;
+    double lo, hi;
+    void *out;
+} add_t;
+
+/* Elements i0 .. i1 (multiples of the lanes L, or one whole row) of the flat range. */
+TGT AI void add_pd(const add_t *t, int64_t i0, int64_t i1) {
+    __m512d lo = _mm512_set1_pd(t->lo), hi = _mm512_set1_pd(t->hi);
+    const double *sa = t->sa, *sb = t->sb;
+    int64_t ch = i0 % t->c, bo = i0 % t->period;
+    for (int64_t i = i0; i < i1; i += 8) {
+        int k = i1 - i < 8 ? (int)(i1 - i) : 8;
+        __mmask8 m = (__mmask8)((1u << k) - 1);
+        __m512d y = _mm512_mul_pd(load8(t->a, i, t->ta, k), _mm512_maskz_loadu_pd(m, sa + ch));
+        y = _mm512_fmadd_pd(load8(t->b, bo, t->tb, k), _mm512_maskz_loadu_pd(m, sb + ch), y);
+        finish8(y, t->half_even, lo, hi, t->out, i, t->out_shift, k);
+        ch = ch + 8 >= t->c ? 0 : ch + 8, bo = bo + 8 >= t->period ? 0 : bo + 8;
+    }
+}
+
+TGT AI void add_ps(const add_t *t, int64_t i0, int64_t i1) {
+    __m512 lo = _mm512_set1_ps((float)t->lo), hi = _mm512_set1_ps((float)t->hi);
+    const float *sa = t->sa, *sb = t->sb;
+    int64_t ch = i0 % t->c, bo = i0 % t->period;
+    for (int64_t i = i0; i < i1; i += 16) {
+        __mmask16 m = mask16(i1 - i);
+        __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(load16(t->a, i, t->ta, m)),
+                                 _mm512_maskz_loadu_ps(m, sa + ch));
+        y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(load16(t->b, bo, t->tb, m)),
+                            _mm512_maskz_loadu_ps(m, sb + ch), y);
+        store16(to_int_ps(y, t->half_even, lo, hi), t->out, i, t->out_shift, m);
+        ch = ch + 16 >= t->c ? 0 : ch + 16, bo = bo + 16 >= t->period ? 0 : bo + 16;
+    }
+}
+
 TGT void qp_add(const void *a, int64_t ta, const void *b, int64_t tb, int64_t rows, int64_t c,
-                int64_t period, const double *sa, const double *sb, double lo, double hi,
-                int64_t half_even, void *out, int64_t out_shift) {
-    __m512d vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
-#pragma omp parallel for schedule(static) if (rows * c >= PAR_MIN)
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t boff = (r * c) % period;
-        for (int64_t c0 = 0; c0 < c; c0 += 8) {
-            int k = c - c0 < 8 ? (int)(c - c0) : 8;
-            __mmask8 m = (__mmask8)((1u << k) - 1);
-            __m512d y = _mm512_mul_pd(load8(a, r * c + c0, (int)ta, k), _mm512_maskz_loadu_pd(m, sa + c0));
-            y = _mm512_fmadd_pd(load8(b, boff + c0, (int)tb, k), _mm512_maskz_loadu_pd(m, sb + c0), y);
-            finish8(y, (int)half_even, vlo, vhi, out, r * c + c0, (int)out_shift, k);
-        }
+                int64_t period, const void *sa, const void *sb, int64_t single, double lo,
+                double hi, int64_t half_even, void *out, int64_t out_shift) {
+    add_t t = {a, b, (int)ta, (int)tb, (int)single, (int)half_even, (int)out_shift, c, period,
+               sa, sb, lo, hi, out};
+    int64_t lanes = single ? 16 : 8, n = rows * c;
+    int64_t step = c % lanes == 0 && period % lanes == 0 ? 4096 : c; /* a block: 4096 or a row */
+#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
+    for (int64_t i0 = 0; i0 < n; i0 += step) {
+        int64_t i1 = i0 + step < n ? i0 + step : n;
+        if (single) add_ps(&t, i0, i1);
+        else add_pd(&t, i0, i1);
     }
 }
 
@@ -154,10 +194,7 @@ TGT void qp_gather(const void *x, int64_t tx, int64_t n, int64_t qmin, int64_t q
         int64_t i1 = i0 + 4096 < n ? i0 + 4096 : n;
         for (int64_t i = i0; i < i1; i += 16) {
             __mmask16 m = mask16(i1 - i);
-            __m512i y = lut16(x, i, (int)tx, m, lo, hi, base, lead, (int)vshift);
-            if (vshift == 0) _mm512_mask_cvtepi32_storeu_epi8((int8_t *)out + i, m, y);
-            else if (vshift == 1) _mm512_mask_cvtepi32_storeu_epi16((int16_t *)out + i, m, y);
-            else _mm512_mask_storeu_epi32((int32_t *)out + i, m, y);
+            store16(lut16(x, i, (int)tx, m, lo, hi, base, lead, (int)vshift), out, i, (int)vshift, m);
         }
     }
 }

@@ -57,6 +57,13 @@ TGT AI __m512i load16(const void *p, int64_t i, int t, __mmask16 m) {
                     : _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, (const int8_t *)p + i));
 }
 
+/* The lanes m of int32 r at out + i as int8, int16 or int32 (out_shift 0, 1, 2). */
+TGT AI void store16(__m512i r, void *out, int64_t i, int out_shift, __mmask16 m) {
+    if (out_shift == 0) _mm512_mask_cvtepi32_storeu_epi8((int8_t *)out + i, m, r);
+    else if (out_shift == 1) _mm512_mask_cvtepi32_storeu_epi16((int16_t *)out + i, m, r);
+    else _mm512_mask_storeu_epi32((int32_t *)out + i, m, r);
+}
+
 /* round, clamp to [lo, hi], store n <= 8 values at out + i (1 << out_shift bytes each). */
 TGT AI void finish8(__m512d y, int half_even, __m512d lo, __m512d hi, void *out, int64_t i,
                     int out_shift, int n) {

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from simulator import exec_native_rows, native
 from simulator import fixedpoint as fp
 from simulator.custom_ops import CUSTOM_OPS
+from simulator.exec_epilogue import add_epilogue
 from simulator.isa import Op
 from tests.simulator.test_executor import MODES, check, req_consts
 
@@ -137,9 +138,15 @@ def test_channels_last_views_equal_the_reference(data, n, c, pad, h, w, seed):
 ADD_DTYPES = (np.int8, np.int16, np.int32)
 
 
+LAST = st.one_of(st.integers(1, 40), st.sampled_from([8, 16, 32, 48]))
+SHAPES = st.tuples(st.lists(st.integers(1, 5), max_size=3), LAST).map(lambda t: [*t[0], t[1]])
+"""Up to 4 axes, the last up to 48 wide: more than one vector of 16 (float32) or 8 lanes;
+whole vectors per row (the kernels' flat blocks) or a tail."""
+
+
 @settings(max_examples=60, deadline=None)
-@given(data=st.data(), shape=st.lists(st.integers(1, 7), min_size=1, max_size=4),
-       lead=st.integers(0, 3), swap=st.booleans(), seed=st.integers(0, 2**31))  # fmt: skip
+@given(data=st.data(), shape=SHAPES, lead=st.integers(0, 3), swap=st.booleans(),
+       seed=st.integers(0, 2**31))  # fmt: skip
 def test_add_equals_qadd(data, shape, lead, swap, seed):
     """Same shapes or b broadcast over ``lead`` leading axes, either order; scalar or
     last-axis per-channel multipliers; int8 / int16 / int32 operands."""
@@ -159,9 +166,26 @@ def test_add_equals_qadd(data, shape, lead, swap, seed):
     assert calls and (calls[0] is not None or not native_expected)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_add_in_float32_rounds_ties_as_the_reference(mode):
+    """int8 operands with 15-bit multipliers: add_epilogue proves float32 exact and the
+    kernel runs sixteen float32 lanes; every a and b value against ties (shift 1) and
+    37 channels (two vectors and a tail)."""
+    a = np.resize(np.arange(-128, 128, dtype=np.int8), (9, 37))
+    b = np.resize(np.arange(127, -129, -1, dtype=np.int8), (9, 37))
+    ma, mb = np.arange(1, 38) * 881 % 2**15, np.array([-(2**15) + 1])
+    epi = add_epilogue({"rounding": mode, "relu": 0, "out_dtype": "int16"}, torch.int8,
+                       torch.int8, torch.from_numpy(ma), torch.from_numpy(mb),
+                       torch.tensor([1]))  # fmt: skip
+    assert epi is not None and epi.ftype == torch.float32
+    with _spy("add") as calls:
+        check(Op.ADD, "QAdd", [a, b], [ma, mb, np.array([1])],
+              {"rounding": mode, "relu": 0, "out_dtype": "int16"})  # fmt: skip
+    assert calls[0] is not None
+
+
 @settings(max_examples=60, deadline=None)
-@given(data=st.data(), shape=st.lists(st.integers(1, 7), min_size=1, max_size=4),
-       per_channel=st.booleans(), seed=st.integers(0, 2**31))  # fmt: skip
+@given(data=st.data(), shape=SHAPES, per_channel=st.booleans(), seed=st.integers(0, 2**31))
 def test_requant_equals_qrequant(data, shape, per_channel, seed):
     """Scalar or last-axis multipliers and shifts (exact ties at small shifts) on int8 /
     int16 / int32 inputs run in the QAdd kernel with a zero second scale (15-bit
