@@ -38,11 +38,9 @@ typedef struct {
     void *out;
 } ln_t;
 
-/* Statistics of rows r0 .. r0+7 (fewer at the end: nr), the scalar steps done 8 rows per
- * vector in the same float64 operations: the row sums X1, X2 (exact, < 2^41), then
- * mean, v, k (frexp's exponent from getexp: e = floor(log2 v) + 1, 0 for v = 0), vn, the
- * rsqrt lookup (a gather) and c; 2^x factors by scalef (exact). Out: cs = c 2^s, mc = mean c. */
-TGT AI void ln_stats8(const ln_t *t, int64_t r0, int nr, double *cs, double *mc) {
+/* The row sums of rows r0 .. r0+7 (fewer at the end: nr) as float64: X1 = sum(q) 2^s,
+ * X2 = sum(q^2) 4^s, exact (< 2^41). */
+TGT AI void ln_sums8(const ln_t *t, int64_t r0, int nr, __m512d *X1, __m512d *X2) {
     double x1[8] = {0}, x2[8] = {0};
     for (int i = 0; i < nr; i++) {
         __m512d v1 = _mm512_setzero_pd(), v2 = v1;
@@ -52,7 +50,54 @@ TGT AI void ln_stats8(const ln_t *t, int64_t r0, int nr, double *cs, double *mc)
         }
         x1[i] = _mm512_reduce_add_pd(v1) * t->p_in, x2[i] = _mm512_reduce_add_pd(v2) * t->p_in2;
     }
-    __m512d X1 = _mm512_loadu_pd(x1), X2 = _mm512_loadu_pd(x2), N = _mm512_set1_pd((double)t->n);
+    *X1 = _mm512_loadu_pd(x1), *X2 = _mm512_loadu_pd(x2);
+}
+
+/* Sixteen vectors' lane sums as one vector: lane 4k + i holds the sum of v[4k + i]. Four
+ * steps of pairwise merges (32-bit, 64-bit, then 128-bit lanes twice): 45 operations where
+ * sixteen horizontal sums take about 100. */
+TGT AI __m512i sum16(__m512i v[16]) {
+    __m512i u[8], w[4], x[2];
+    for (int i = 0; i < 8; i++)
+        u[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
+                        _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++)
+        w[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(u[2 * i], u[2 * i + 1]),
+                        _mm512_unpackhi_epi64(u[2 * i], u[2 * i + 1]));
+    for (int i = 0; i < 2; i++)
+        x[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(w[2 * i], w[2 * i + 1], 0x88),
+                        _mm512_shuffle_i32x4(w[2 * i], w[2 * i + 1], 0xDD));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(x[0], x[1], 0x88), _mm512_shuffle_i32x4(x[0], x[1], 0xDD));
+}
+
+/* The row sums of rows r0 .. r0+15 (nr of them) of int8 q, in int32: 32 values a step as
+ * int16 pairs (VPMADDWD with 1 and with q), exact since n 2^14 < 2^31; lanes 0-7 and 8-15
+ * of the result as float64, times 2^s and 4^s (the same values ln_sums8 sums in float64). */
+TGT AI void ln_sums16_i8(const ln_t *t, int64_t r0, int nr, __m512d X1[2], __m512d X2[2]) {
+    __m512i s1[16], s2[16], ones = _mm512_set1_epi16(1);
+    for (int i = 0; i < 16; i++) {
+        s1[i] = s2[i] = _mm512_setzero_si512();
+        for (int64_t j = 0; i < nr && j < t->n; j += 32) {
+            __mmask32 m = t->n - j >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (t->n - j)) - 1);
+            __m512i x = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, (const int8_t *)t->q + (r0 + i) * t->n + j));
+            s1[i] = _mm512_add_epi32(s1[i], _mm512_madd_epi16(x, ones));
+            s2[i] = _mm512_add_epi32(s2[i], _mm512_madd_epi16(x, x));
+        }
+    }
+    __m512i a = sum16(s1), b = sum16(s2);
+    __m512d p1 = _mm512_set1_pd(t->p_in), p2 = _mm512_set1_pd(t->p_in2);
+    X1[0] = _mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(a)), p1);
+    X1[1] = _mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(a, 1)), p1);
+    X2[0] = _mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(b)), p2);
+    X2[1] = _mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(b, 1)), p2);
+}
+
+/* The statistics of eight rows from their sums X1, X2 (nr valid lanes), the scalar steps
+ * done 8 rows per vector in the same float64 operations: mean, v, k (frexp's exponent from
+ * getexp: e = floor(log2 v) + 1, 0 for v = 0), vn, the rsqrt lookup (a gather) and c; 2^x
+ * factors by scalef (exact). Out: cs = c 2^s, mc = mean c. */
+TGT AI void ln_stats8(const ln_t *t, __m512d X1, __m512d X2, int nr, double *cs, double *mc) {
+    __m512d N = _mm512_set1_pd((double)t->n);
     __m512d mean = round_pd(_mm512_div_pd(X1, N), t->half_even);
     __m512d ssd = _mm512_add_pd(_mm512_sub_pd(X2, _mm512_mul_pd(_mm512_mul_pd(X1, mean), _mm512_set1_pd(2.0))),
                                 _mm512_mul_pd(_mm512_mul_pd(mean, mean), N));
@@ -98,10 +143,13 @@ TGT int qp_layernorm(const void *q, int64_t wide, int64_t rows, int64_t n, int64
               rsqrt, w, b, _mm512_set1_pd(lo), _mm512_set1_pd(hi), out};
     int bad = 0;
 #pragma omp parallel for schedule(static) reduction(| : bad) if (rows * n >= 32768)
-    for (int64_t r0 = 0; r0 < rows; r0 += 8) {
-        int nr = rows - r0 < 8 ? (int)(rows - r0) : 8;
-        double cs[8], mc[8];
-        ln_stats8(&t, r0, nr, cs, mc);
+    for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+        int nr = rows - r0 < 16 ? (int)(rows - r0) : 16;
+        double cs[16], mc[16];
+        __m512d X1[2], X2[2];
+        if (t.wide == 0) ln_sums16_i8(&t, r0, nr, X1, X2);
+        else for (int h = 0; h < 2; h++) ln_sums8(&t, r0 + 8 * h, nr - 8 * h, X1 + h, X2 + h);
+        for (int h = 0; h * 8 < nr; h++) ln_stats8(&t, X1[h], X2[h], nr - 8 * h < 8 ? nr - 8 * h : 8, cs + 8 * h, mc + 8 * h);
         for (int i = 0; i < nr; i++) bad |= ln_out_row(&t, r0 + i, cs[i], mc[i]);
     }
     return bad;
