@@ -53,21 +53,30 @@ TGT AI void ln_sums8(const ln_t *t, int64_t r0, int nr, __m512d *X1, __m512d *X2
     *X1 = _mm512_loadu_pd(x1), *X2 = _mm512_loadu_pd(x2);
 }
 
-/* Sixteen vectors' lane sums as one vector: lane 4k + i holds the sum of v[4k + i]. Four
- * steps of pairwise merges (32-bit, 64-bit, then 128-bit lanes twice): 45 operations where
- * sixteen horizontal sums take about 100. */
-TGT AI __m512i sum16(__m512i v[16]) {
+/* The combine of tree16: int32 sum, int32 max, or float32 sum (of exact integers). */
+enum { T_ADD, T_MAX, T_ADD_PS };
+TGT AI __m512i combine(__m512i a, __m512i b, int kind) {
+    return kind == T_ADD   ? _mm512_add_epi32(a, b)
+           : kind == T_MAX ? _mm512_max_epi32(a, b)
+                           : _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b)));
+}
+
+/* Sixteen vectors' lanes combined as one vector: lane 4k + i holds the combine of v[4k + i]'s
+ * sixteen lanes. Four steps of pairwise merges (32-bit, 64-bit, then 128-bit lanes twice):
+ * 45 operations where sixteen horizontal reductions take about 100. (Float32 sums are exact
+ * here: integers whose every partial sum stays below 2^24, so the order does not matter.) */
+TGT AI __m512i tree16(const __m512i v[16], int kind) {
     __m512i u[8], w[4], x[2];
     for (int i = 0; i < 8; i++)
-        u[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
-                        _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+        u[i] = combine(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
+                       _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]), kind);
     for (int i = 0; i < 4; i++)
-        w[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(u[2 * i], u[2 * i + 1]),
-                        _mm512_unpackhi_epi64(u[2 * i], u[2 * i + 1]));
+        w[i] = combine(_mm512_unpacklo_epi64(u[2 * i], u[2 * i + 1]),
+                       _mm512_unpackhi_epi64(u[2 * i], u[2 * i + 1]), kind);
     for (int i = 0; i < 2; i++)
-        x[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(w[2 * i], w[2 * i + 1], 0x88),
-                        _mm512_shuffle_i32x4(w[2 * i], w[2 * i + 1], 0xDD));
-    return _mm512_add_epi32(_mm512_shuffle_i32x4(x[0], x[1], 0x88), _mm512_shuffle_i32x4(x[0], x[1], 0xDD));
+        x[i] = combine(_mm512_shuffle_i32x4(w[2 * i], w[2 * i + 1], 0x88),
+                       _mm512_shuffle_i32x4(w[2 * i], w[2 * i + 1], 0xDD), kind);
+    return combine(_mm512_shuffle_i32x4(x[0], x[1], 0x88), _mm512_shuffle_i32x4(x[0], x[1], 0xDD), kind);
 }
 
 /* The row sums of rows r0 .. r0+15 (nr of them) of int8 q, in int32: 32 values a step as
@@ -84,7 +93,7 @@ TGT AI void ln_sums16_i8(const ln_t *t, int64_t r0, int nr, __m512d X1[2], __m51
             s2[i] = _mm512_add_epi32(s2[i], _mm512_madd_epi16(x, x));
         }
     }
-    __m512i a = sum16(s1), b = sum16(s2);
+    __m512i a = tree16(s1, T_ADD), b = tree16(s2, T_ADD);
     __m512d p1 = _mm512_set1_pd(t->p_in), p2 = _mm512_set1_pd(t->p_in2);
     X1[0] = _mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(a)), p1);
     X1[1] = _mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(a, 1)), p1);
@@ -199,10 +208,52 @@ TGT AI void softmax_row(const void *q, int wide, int64_t r, int64_t n, const flo
     }
 }
 
+/* The same steps for rows r0 .. r0+15 (nr of them) of n <= 16 values, one vector a row: the
+ * row maxima and the exp sums (float32 integers < 2^15, n of them: exact) of all sixteen rows
+ * by tree16, then r_in, the recip lookup and c for eight rows per float64 vector. */
+TGT AI void softmax16(const void *q, int wide, int64_t r0, int nr, int64_t n, const float *exp,
+                      const double *recip, int64_t recip_qmin, double sum_scale, double mult,
+                      int half_even, __m512d lo, __m512d hi, void *out, int out_shift) {
+    __m512i x[16], e[16], floor = _mm512_set1_epi32(INT32_MIN);
+    __mmask16 m = mask16(n);
+    for (int i = 0; i < 16; i++)
+        x[i] = i < nr ? _mm512_mask_mov_epi32(floor, m, load16(q, (r0 + i) * n, wide, m)) : floor;
+    __m512i top = tree16(x, T_MAX);
+    for (int i = 0; i < 16; i++) {
+        __m512i g = _mm512_sub_epi32(_mm512_permutexvar_epi32(_mm512_set1_epi32(i), top), x[i]);
+        e[i] = _mm512_castps_si512(_mm512_mask_i32gather_ps(_mm512_setzero_ps(), i < nr ? m : 0, g, exp, 4));
+    }
+    __m512 sum = _mm512_castsi512_ps(tree16(e, T_ADD_PS));
+    __m512d c[2], rmax = _mm512_set1_pd(32767.0), mv = _mm512_set1_pd(mult);
+    for (int h = 0; h < 2; h++) {
+        __m512d s = _mm512_cvtps_pd(h ? _mm512_extractf32x8_ps(sum, 1) : _mm512_castps512_ps256(sum));
+        __m512d r_in = _mm512_min_pd(round_pd(_mm512_mul_pd(s, _mm512_set1_pd(sum_scale)), half_even), rmax);
+        __m512i idx = _mm512_sub_epi64(_mm512_cvttpd_epi64(r_in), _mm512_set1_epi64(recip_qmin));
+        c[h] = _mm512_mul_pd(_mm512_i64gather_pd(idx, recip, 8), mv);
+    }
+    int k = (int)n, k1 = k < 8 ? k : 8;
+    for (int i = 0; i < nr; i++) {
+        __m512d ci = _mm512_permutexvar_pd(_mm512_set1_epi64(i & 7), c[i >> 3]);
+        __m512 ei = _mm512_castsi512_ps(e[i]);
+        finish8(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(ei)), ci), half_even, lo, hi,
+                out, (r0 + i) * n, out_shift, k1);
+        if (k > 8)
+            finish8(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(ei, 1)), ci), half_even,
+                    lo, hi, out, (r0 + i) * n + 8, out_shift, k - 8);
+    }
+}
+
 TGT void qp_softmax(const void *q, int64_t wide, int64_t rows, int64_t n, const float *exp,
                     const double *recip, int64_t recip_qmin, double sum_scale, double mult,
                     int64_t half_even, double lo, double hi, void *out, int64_t out_shift) {
     __m512d vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
+    if (n <= 16) {
+#pragma omp parallel for schedule(static) if (rows * n >= 32768)
+        for (int64_t r0 = 0; r0 < rows; r0 += 16)
+            softmax16(q, (int)wide, r0, rows - r0 < 16 ? (int)(rows - r0) : 16, n, exp, recip,
+                      recip_qmin, sum_scale, mult, (int)half_even, vlo, vhi, out, (int)out_shift);
+        return;
+    }
 #pragma omp parallel for schedule(static) if (rows * n >= 32768)
     for (int64_t r = 0; r < rows; r++)
         softmax_row(q, (int)wide, r, n, exp, recip, recip_qmin, sum_scale, mult, (int)half_even,
