@@ -9,6 +9,15 @@ pointer plus a byte offset, filled in per run. A run of the plan is then a loop 
 calls, with none of the per-instruction Python of the executor (about a quarter of a small
 model's run, more than in a tight loop since the caches are cold after each kernel).
 
+The plan also lays the buffers out again: each replay holds its own buffers, so a run
+writes all of them (8 MB for the transformer example, four times the core's L2 cache) and
+most writes miss the caches. The plan's calls instead point into one arena where buffers
+whose uses do not overlap (from the first call that touches one to the last) share memory
+(1 MB for the transformer), so a run stays in cache. That is sound because a replay is
+adopted only when it gives the same outputs over buffers filled with garbage
+(:mod:`simulator.replay`): no call needs what a buffer held before its first touch in a
+run. Buffers that program outputs view keep their own memory.
+
 A plan is built only when every pointer of the recorded run is classified and every
 program output is a view of a held buffer or of an input; otherwise the executor keeps its
 per-instruction path. It runs only on inputs of the recorded geometry and when no tensor
@@ -38,6 +47,7 @@ class Frozen:
     buffers: tuple[torch.Tensor, ...]  # every buffer the calls write, held by their replays
     outs: dict[str, tuple]  # output -> ("in" | "buf", index, size, stride, storage offset)
     replays: tuple  # the instructions' replays: they keep the constants the calls point to
+    arena: torch.Tensor  # the memory the calls use in place of the other buffers
 
     def run(self, xs: list[torch.Tensor], timings: list | None = None) -> dict | None:
         """The program outputs for inputs ``xs`` (the program's input order), or None when
@@ -65,32 +75,77 @@ def freeze(record: list, xs: list[torch.Tensor], outputs: dict[str, torch.Tensor
     if any(not held for _, _, calls, _ in record for *_, held in calls):
         return None  # a buffer allocated for this run only: its address moves
     inputs, spans = [span(x) for x in xs], [span(b) for b in buffers.values()]
-    plan = []
+    plan, uses = [], []
     for i, op, calls, _ in record:
         for fn, args, pointers, rc, _, _ in calls:
-            fills = _fills(args, pointers, xs, inputs, spans)
-            if fills is None:
+            where = _pointers(args, pointers, xs, inputs, spans)
+            if where is None:
                 return None
-            plan.append((i, op, fn, list(args), fills, rc))
+            plan.append((i, op, fn, list(args), where[0], rc))
+            uses.append(where[1])
     held = tuple(buffers.values())
     outs = {name: _source(y, xs, spans) for name, y in outputs.items()}
     if any(o is None for o in outs.values()):
         return None
-    return Frozen(input_key(xs), tuple(plan), held, outs, tuple(r for *_, r in record))
+    own = {o[1] for o in outs.values() if o[0] == "buf"}
+    arena = _share(plan, uses, spans, own)
+    return Frozen(input_key(xs), tuple(plan), held, outs, tuple(r for *_, r in record), arena)
 
 
-def _fills(args: list, pointers, xs, inputs, spans) -> tuple | None:
-    """The per-run pointer fills of one call (offsets from input j's data pointer); None
-    when a pointer is neither in an input (``inputs``: their spans) nor in a held buffer."""
-    fills = []
+def _pointers(args: list, pointers, xs, inputs, spans) -> tuple | None:
+    """``(fills, uses)`` of one call: fills ``(argument, input j, byte offset)`` for pointers
+    into an input, uses ``(argument, buffer k, byte offset)`` for pointers into a held
+    buffer; None when a pointer is in neither."""
+    fills, uses = [], []
     for at in pointers:
         inside = find_span(args[at], inputs)
         if inside is not None:
-            j = inside[0]
-            fills.append((at, j, args[at] - xs[j].data_ptr()))
-        elif find_span(args[at], spans) is None:
+            fills.append((at, inside[0], args[at] - xs[inside[0]].data_ptr()))
+            continue
+        inside = find_span(args[at], spans)
+        if inside is None:
             return None
-    return tuple(fills)
+        uses.append((at, *inside))
+    return tuple(fills), uses
+
+
+ALIGN = 64
+"""Byte alignment of each buffer in the arena (a cache line)."""
+
+
+def _share(plan: list, uses: list, spans, own: set[int]) -> torch.Tensor:
+    """Point the calls of ``plan`` into one arena where buffers in use at disjoint call
+    ranges share memory (buffers in ``own``, which outputs view, keep theirs); the arena."""
+    live: dict[int, list[int]] = {}
+    for n, call_uses in enumerate(uses):
+        for _, k, _ in call_uses:
+            live.setdefault(k, [n, n])[1] = n
+    offsets, size = place({k: (spans[k][1], *r) for k, r in live.items() if k not in own})
+    arena = torch.empty(size + ALIGN, dtype=torch.uint8)
+    base = -(-arena.data_ptr() // ALIGN) * ALIGN
+    for (*_, args, _, _), call_uses in zip(plan, uses, strict=True):
+        for at, k, delta in call_uses:
+            if k in offsets:
+                args[at] = base + offsets[k] + delta
+    return arena
+
+
+def place(items: dict[int, tuple[int, int, int]]) -> tuple[dict[int, int], int]:
+    """Byte offsets for buffers ``{k: (nbytes, first use, last use)}`` such that two
+    buffers whose use ranges overlap never overlap in memory, and the total size: first
+    fit (the lowest free offset, ``ALIGN``-aligned), in order of first use."""
+    placed: list[tuple[int, int, int, int]] = []  # (offset, size, first, last)
+    offsets = {}
+    for k, (nbytes, first, last) in sorted(items.items(), key=lambda kv: kv[1][1]):
+        size = -(-nbytes // ALIGN) * ALIGN
+        at = 0
+        for lo, hi in sorted((o, o + n) for o, n, a, b in placed if a <= last and first <= b):
+            if at + size <= lo:
+                break
+            at = max(at, hi)
+        offsets[k] = at
+        placed.append((at, size, first, last))
+    return offsets, max((o + n for o, n, _, _ in placed), default=0)
 
 
 def _source(y: torch.Tensor, xs, spans) -> tuple | None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simulator import native
 from simulator.executor import KERNELS, Executor
-from simulator.frozen import Frozen
+from simulator.frozen import ALIGN, Frozen, place
 from simulator.isa import Instruction, Op, Program
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no compiled kernels here")
@@ -74,6 +76,23 @@ def test_frozen_runs_equal_the_kernels(dequantize):
     assert isinstance(ex._frozen, Frozen)
     timed = [i for i, _, _ in ex.timings]  # frozen: instructions with calls, views cost 0
     assert timed == sorted(set(timed)) and 2 not in timed and {0, 1, 3, 5} <= set(timed)
+    # the quantized input is dead after the linear: the copy (or the add) reuses its memory
+    spare = sum(b.untyped_storage().nbytes() for b in ex._frozen.buffers)
+    assert ex._frozen.arena.numel() < spare
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 300), st.integers(0, 20), st.integers(0, 20)),
+                max_size=12))  # fmt: skip
+def test_place_never_overlaps_buffers_in_use_together(items):
+    """Against the obvious check: every pair of buffers whose use ranges meet is apart."""
+    spec = {k: (n, min(a, b), max(a, b)) for k, (n, a, b) in enumerate(items)}
+    offsets, size = place(spec)
+    for k, (n, first, last) in spec.items():
+        assert offsets[k] % ALIGN == 0 and offsets[k] + n <= size
+        for j, (m, f2, l2) in spec.items():
+            if j != k and first <= l2 and f2 <= last:  # in use at one call
+                assert offsets[k] + n <= offsets[j] or offsets[j] + m <= offsets[k]
 
 
 def test_captures_run_every_instruction_and_held_captures_keep_their_values():
