@@ -90,12 +90,7 @@ def build_plan(instr: Instruction, consts, in_dtype: torch.dtype, b_dtype) -> Co
         epi = gemm_epilogue(instr.attrs, wmat, in_dtype, bias, mult, shift)
         top = a * (int(mult.abs().max()) if epi is not None and epi.scale is not None else 1)
     else:
-        if (mult is not None and mult.numel()) or (shift is not None and shift.numel()):
-            return None  # the conv itself requantizes: not the fused form
-        ma, mb, add_shift = (_first(consts[n], o) for n in instr.consts[4:7])
-        epi = epilogue(instr.attrs, bias, ma, add_shift, mb)
-        top = a * int(ma.abs().max()) + dtype_bound(b_dtype) * int(mb.abs().max())
-        epi = epi if a <= INT32[1] and top < exact_limit(instr.attrs["rounding"]) else None
+        epi, top = fused_add_epilogue(instr, consts, bias, a, o, b_dtype) or (None, 0)
     if epi is None:
         return None
     geometry = ek.geometry(2, instr.attrs)
@@ -105,6 +100,42 @@ def build_plan(instr: Instruction, consts, in_dtype: torch.dtype, b_dtype) -> Co
     if nc := exec_native.plan(wmat, kernel, c, in_dtype, epi, bias, b_dtype, a, top, unit_w):
         return dataclasses.replace(conv, native=nc)
     return dataclasses.replace(conv, w_f32=direct_weight(wmat, kernel, in_dtype))
+
+
+def fused_add_epilogue(instr: Instruction, consts, bias, a: int, o: int, b_dtype):
+    """``(epilogue, T)`` of a conv or linear fused with an add (consts ``w, bias, mult,
+    shift, ma, mb, add_shift``) whose accumulator is bounded by ``A = a``, or None: the
+    conv/linear requantizes itself (not the fused form), or a bound fails.
+
+    FORMULA: ``A < 2**31`` (the int32 clamp is then a no-op) and ``T = A * max|ma| +
+    max|b| * max|mb| < exact_limit`` (2**53 half_even, 2**52 bpu_round)."""
+    mult, shift = (consts[c] if c else None for c in instr.consts[2:4])
+    if (mult is not None and mult.numel()) or (shift is not None and shift.numel()):
+        return None
+    ma, mb, add_shift = (_first(consts[n], o) for n in instr.consts[4:7])
+    epi = epilogue(instr.attrs, bias, ma, add_shift, mb)
+    top = a * int(ma.abs().max()) + dtype_bound(b_dtype) * int(mb.abs().max())
+    return (epi, top) if a <= INT32[1] and top < exact_limit(instr.attrs["rounding"]) else None
+
+
+def linear_add_plan(instr: Instruction, consts, in_dtype, b_dtype):
+    """The compiled kernel (:class:`exec_native.NativeConv`, a 1x1 conv over the rows) of a
+    LINEAR fused with an add, or None: multipliers not scalars or along the last axis, a
+    bound of :func:`fused_add_epilogue` not met, a dtype the kernel does not take."""
+    w, bias = consts[instr.consts[0]], consts[instr.consts[1]] if instr.consts[1] else None
+    wt = w.t().contiguous()  # [K, N]
+    o = wt.shape[1]
+    if not all(_last_axis(consts[c], o) for c in instr.consts[4:6]):
+        return None
+    bias = bias if bias is not None and bias.numel() else None
+    a = acc_bound(wt, in_dtype, bias)
+    epi, top = fused_add_epilogue(instr, consts, bias, a, o, b_dtype) or (None, 0)
+    return exec_native.plan(wt, (1, 1), wt.shape[0], in_dtype, epi, bias, b_dtype, a, top)
+
+
+def _last_axis(v: torch.Tensor, o: int) -> bool:
+    """One value, or ``o`` values along the last axis (behind leading 1s)."""
+    return v.numel() == 1 or (v.numel() == o and v.shape[-1] == o)
 
 
 DIRECT_RUN_BYTES = 8

@@ -172,10 +172,12 @@ def _padded(nc: NativeConv, x: torch.Tensor, pads) -> tuple[torch.Tensor, int]:
     return xs, int(wide)
 
 
-def linear(nc: NativeConv, x: torch.Tensor) -> torch.Tensor:
-    """``x [..., K] @ wmat`` with the epilogue: ``[..., O]`` (a 1x1 conv over the rows)."""
+def linear(nc: NativeConv, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [..., K] @ wmat`` with the epilogue (and a fused add's ``b [..., O]``):
+    ``[..., O]`` (a 1x1 conv over the rows)."""
     k, o = x.shape[-1], nc.out_channels
     out = native.empty((*x.shape[:-1], o), dtype=nc.out_dtype)
     rows = x.reshape(1, 1, -1, k)  # one image row: one contiguous copy in the kernel's pad
-    run(nc, ([1, 1], [0, 0, 0, 0], [1, 1]), rows, None, out.view(1, 1, -1, o))
+    b = None if b is None else b.reshape(1, 1, -1, o)
+    run(nc, ([1, 1], [0, 0, 0, 0], [1, 1]), rows, b, out.view(1, 1, -1, o))
     return out

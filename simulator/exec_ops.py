@@ -20,7 +20,7 @@ from schemas.errors import SimulatorError
 from simulator import exec_kernels as ek
 from simulator import exec_native, exec_native_rows
 from simulator import fixedpoint as fp
-from simulator.exec_conv import build_plan, run_conv
+from simulator.exec_conv import build_plan, linear_add_plan, run_conv
 from simulator.exec_epilogue import (
     acc_bound,
     add_epilogue,
@@ -29,7 +29,7 @@ from simulator.exec_epilogue import (
     scaled_epilogue,
 )
 from simulator.intmath import PRODUCT_LIMIT, max_abs
-from simulator.isa import Instruction
+from simulator.isa import Instruction, Op
 from simulator.memo import derived
 
 _NCHW_TO_NHWC = {0: 0, 1: 3, 2: 1, 3: 2}
@@ -140,7 +140,10 @@ def _conv_int(instr, bufs, consts) -> torch.Tensor:
 
 def k_linear(instr, bufs, consts):
     """LINEAR = QLinear. FORMULA: ``y = req(x @ w.T + bias[j], mult[j], shift[j])``; the
-    epilogue in float64 when :func:`exec_epilogue.gemm_epilogue` proves it exact."""
+    epilogue in float64 when :func:`exec_epilogue.gemm_epilogue` proves it exact. Two
+    inputs: + a fused QAdd, as CONV's (:func:`_linear_add`)."""
+    if len(instr.inputs) == 2:
+        return [_linear_add(instr, bufs, consts)]
     x, w, bias, mult, shift = operands(instr, bufs, consts, 5)
     wt = consts.cached(("linear", instr.consts[0]), lambda: w.t().contiguous())
     key = ("linear", instr.outputs[0], x.dtype)
@@ -155,6 +158,24 @@ def k_linear(instr, bufs, consts):
     if epi is not None:
         return [epi.apply(acc)]
     return [_req(_bias(acc, bias), mult, shift, instr.attrs, -1)]
+
+
+def _linear_add(instr, bufs, consts) -> torch.Tensor:
+    """LINEAR ``x, b -> y`` (consts ``w, bias, mult, shift, ma, mb, add_shift``). FORMULA:
+    ``y = clamp(round_div(a*ma + b*mb, 2**add_shift))`` with ``a = sat_int32(x @ w.T +
+    bias)``: one pass of the compiled kernel when :func:`exec_conv.linear_add_plan`
+    proves it exact, else the linear's int32 output, then the add."""
+    x, b = (bufs[n] for n in instr.inputs)
+    key = ("linear_add", instr.outputs[0], x.dtype, b.dtype)
+    nc = consts.cached(key, lambda: linear_add_plan(instr, consts, x.dtype, b.dtype))
+    if nc is not None and tuple(b.shape) == (*x.shape[:-1], nc.out_channels):
+        return exec_native.linear(nc, x, b)
+    acc = f"{instr.outputs[0]}#acc"  # its own name: k_linear caches by output name
+    lin = Instruction(Op.LINEAR, instr.inputs[:1], (acc,), instr.consts[:4],
+                      {**instr.attrs, "out_dtype": "int32", "relu": 0})  # fmt: skip
+    add = Instruction(Op.ADD, (acc, instr.inputs[1]), instr.outputs, instr.consts[4:7],
+                      instr.attrs)  # fmt: skip
+    return k_add(add, {acc: k_linear(lin, bufs, consts)[0], instr.inputs[1]: b}, consts)[0]
 
 
 def _native_linear(wt, in_dtype, epi, bias, mult):

@@ -5,11 +5,11 @@
   DequantizeLinear DEQUANTIZE; a float island's nodes become CPU instructions.
 - Fusion: a relu (QClip with lo = 0 and hi = the dtype max) after a conv or add whose only
   user it is becomes that instruction's ``relu`` flag; the instruction covers both layer
-  ids. A conv that keeps its int32 accumulator (no mult/shift: convert requantizes conv +
-  add once, in the add) and whose only user is a QAdd of two buffers becomes one CONV
-  instruction ``x, b -> y`` with consts ``w, bias, mult, shift, ma, mb, add_shift`` (the
-  conv's output takes the add's ``a`` role), emitted at the add, covering the conv, the
-  add and a fused relu (simulator.exec_conv).
+  ids. A conv or linear that keeps its int32 accumulator (no mult/shift: convert
+  requantizes conv + add once, in the add) and whose only user is a QAdd of two buffers
+  becomes one CONV (LINEAR) instruction ``x, b -> y`` with consts ``w, bias, mult, shift,
+  ma, mb, add_shift`` (the accumulator takes the add's ``a`` role), emitted at the add,
+  covering the conv, the add and a fused relu (simulator.exec_conv, exec_ops.k_linear).
 - Layout: the 4-D activations of group-1 convolutions and of the elementwise ops and pools
   around them are stored NHWC with channels padded to the march's alignment; weights are
   packed [O_pad, kh, kw, C_pad] and per-channel constants padded (multiplier 0 in padding
@@ -136,8 +136,9 @@ class Compiler:
     # -- fusion and layout ------------------------------------------------------------
 
     def _conv_add_pairs(self) -> dict[str, onnx.NodeProto]:
-        """add name -> the conv it absorbs: an int32-accumulator QConv (empty mult/shift)
-        whose only user is a QAdd of two non-constant inputs (the first such input)."""
+        """add name -> the conv it absorbs: an int32-accumulator QConv or QLinear (empty
+        mult/shift) whose only user is a QAdd of two non-constant inputs (the first such
+        input)."""
         producer = {o: n for n in self.model.graph.node for o in n.output}
         pairs = {}
         for add in self.model.graph.node:
@@ -151,11 +152,11 @@ class Compiler:
         return pairs
 
     def _accumulates(self, node) -> bool:
-        """A QConv that outputs its int32 accumulator (no requantize, no relu) to no graph
-        output."""
+        """A QConv or QLinear that outputs its int32 accumulator (no requantize, no relu)
+        to no graph output."""
         a = _attrs(node)
         return (
-            node.op_type == "QConv"
+            node.op_type in ("QConv", "QLinear")
             and a.get("out_dtype") == "int32"
             and not a.get("relu", 0)
             and node.output[0] not in {o.name for o in self.model.graph.output}
@@ -163,8 +164,9 @@ class Compiler:
         )
 
     def _conv_add(self, conv, add) -> None:
-        """Emit conv + add (+ relu) as one CONV: inputs ``x, b``; consts
-        ``w, bias, mult, shift, ma, mb, add_shift``; the add's out_dtype/rounding/relu."""
+        """Emit conv + add (+ relu) as one CONV (a linear: one LINEAR): inputs ``x, b``;
+        consts ``w, bias, mult, shift, ma, mb, add_shift``; the add's out_dtype, rounding
+        and relu."""
         ma, mb, shift = add.input[2:5]
         other = add.input[1] if add.input[0] == conv.output[0] else add.input[0]
         if other == add.input[0]:  # conv output was the add's b: swap the multipliers
@@ -172,8 +174,9 @@ class Compiler:
         a = _attrs(add)
         attrs = {**_attrs(conv), "out_dtype": a["out_dtype"], "rounding": a["rounding"],
                  "relu": a.get("relu", 0)}  # fmt: skip
-        self._emit(Op.CONV, add, [conv.input[0], other], [*conv.input[1:5], ma, mb, shift],
-                   attrs, [_layer_id(conv), _layer_id(add)], conv=conv)  # fmt: skip
+        self._emit(FROM_ONNX[conv.op_type], add, [conv.input[0], other],
+                   [*conv.input[1:5], ma, mb, shift], attrs, [_layer_id(conv), _layer_id(add)],
+                   conv=conv)  # fmt: skip
 
     def _fusable_relu(self, op: Op, node) -> onnx.NodeProto | None:
         if op not in (Op.CONV, Op.ADD) or _attrs(node).get("out_dtype") == "int32":

@@ -89,6 +89,16 @@ def table_data() -> dict:
     return _labelled_by(tables())
 
 
+def residual_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return ResidualMlpNet().eval()
+
+
+def residual_mlp_data() -> dict:
+    """Random inputs labelled by the residual MLP net."""
+    return _labelled_by(residual_mlp())
+
+
 def nan_data() -> dict:
     """Like data(), with a NaN in evaluation sample 7."""
     d = data()
@@ -128,6 +138,23 @@ class TableNet(nn.Module):
         y = torch.sigmoid(y) + torch.tanh(y) + torch.exp(-y.abs())
         y = nn.functional.gelu(y) + nn.functional.silu(y)
         y = self.ln(y) + torch.softmax(y, dim=-1)
+        return self.head(y.flatten(1))
+
+
+class ResidualMlpNet(nn.Module):
+    """A transformer's MLP sub-block on 4 tokens of 16: ``y + fc2(gelu(fc1(y)))``. fc2 feeds
+    only the add, so it keeps its int32 accumulator and compile fuses the two."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 16)
+        self.head = nn.Linear(4 * 16, 10)
+
+    def forward(self, x):
+        y = self.conv(x)[:, :, ::2, ::2].flatten(2)  # B x 4 x 16
+        y = y + self.fc2(nn.functional.gelu(self.fc1(y)))
         return self.head(y.flatten(1))
 
 

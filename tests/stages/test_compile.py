@@ -7,7 +7,7 @@ import pytest
 
 from schemas.artifacts import HbmModel
 from schemas.errors import ArtifactError, StageError
-from simulator import hbm, native
+from simulator import exec_ops, hbm, native
 from simulator.executor import Executor
 from simulator.frozen import Frozen
 from simulator.isa import Op
@@ -18,20 +18,32 @@ from tests.stages.helpers import run_stages
 CHAIN = ("prepare", "calibrate", "pre_export", "export", "convert", "compile")
 
 
-@pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
+def _compile(tmp_path_factory, **sections):
     from schemas.spec import parse_spec
     from schemas.store import RunStore
     from stages.context import RunContext
     from stages.registry import code_version
     from tests.conftest import tiny_spec_dict
 
-    spec = parse_spec(tiny_spec_dict(), "t")
+    spec = parse_spec(tiny_spec_dict(**sections), "t")
     run = RunStore(tmp_path_factory.mktemp("runs")).create_run(
         "tiny", "", "0" * 64, code_version(), {}, {}
     )
     ctx = RunContext(spec=spec, run=run, code_version=code_version())
     return ctx, run_stages(ctx, *CHAIN)
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    return _compile(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def residual(tmp_path_factory):
+    """tests.models.ResidualMlpNet through compile."""
+    data = {"dataset": "tests.models:residual_mlp_data", "calibration_samples": 64,
+            "evaluation_samples": 64, "batch_size": 32}  # fmt: skip
+    return _compile(tmp_path_factory, model={"factory": "tests.models:residual_mlp"}, data=data)
 
 
 def test_hbm_gives_identical_integers_and_outputs(compiled):
@@ -85,6 +97,33 @@ def test_conv_feeding_only_an_add_becomes_one_instruction(compiled):
     assert not any(i.op is Op.ADD for i in program.instructions)
     listing = ctx.run.path("debug/hbm.txt").read_text()
     assert ", ".join(ins.layer_ids) in listing
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["compiled", "linear-then-add"])
+def test_linear_feeding_only_an_add_becomes_one_instruction(residual, kernel, monkeypatch):
+    """``y + fc2(gelu(fc1(y)))``: fc2 and the add are one LINEAR ``x, y -> out`` with the
+    add's constants. In the compiled kernel (the linear's epilogue adds ``y``) or as the
+    linear's int32 output and then the add, its runs (captured, replayed, frozen) give
+    quantized.onnx's integers."""
+    ctx, arts = residual
+    program = hbm.load(ctx.run.path(arts["compile"].hbm_file))
+    pairs = [i for i in program.instructions if i.op is Op.LINEAR and len(i.inputs) == 2]
+    assert len(pairs) == 1 and pairs[0].layer_ids[0] == "fc2" and len(pairs[0].consts) == 7
+    assert not any(i.op is Op.ADD for i in program.instructions)
+    if not kernel:
+        monkeypatch.setattr(exec_ops, "linear_add_plan", lambda *a: None)
+    ex, x, rng = Executor(program), ctx.evaluation.x, np.random.default_rng(1)
+    _, got = ex.run({"x": x}, capture=True)
+    _, ref = run_integer(ctx.run.root, arts["convert"], x)
+    for lid, ints in got.items():
+        assert np.array_equal(ints, ref[lid][0]), lid
+    for _ in range(5):
+        xb = x[rng.permutation(len(x))]
+        want = run_integer(ctx.run.root, arts["convert"], xb)[0][0]
+        assert np.array_equal(next(iter(ex.run({"x": xb})[0].values())), want)
+    fused = [v for k, v in ex.consts.derived.items() if k[0] == "linear_add"]
+    assert len(fused) == 1 and (fused[0] is not None) == (kernel and native.library() is not None)
+    assert isinstance(ex._frozen, Frozen) == (native.library() is not None)
 
 
 def test_a_changed_number_is_caught(compiled):
