@@ -32,6 +32,7 @@ import torch
 from simulator import fixedpoint as fp
 from simulator import native
 from simulator.exec_kernels import exact_limit
+from simulator.memo import derived
 
 LANES = 16
 """Output channels per kernel block (one 512-bit register of int32)."""
@@ -174,10 +175,53 @@ def _padded(nc: NativeConv, x: torch.Tensor, pads) -> tuple[torch.Tensor, int]:
 
 def linear(nc: NativeConv, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """``x [..., K] @ wmat`` with the epilogue (and a fused add's ``b [..., O]``):
-    ``[..., O]`` (a 1x1 conv over the rows)."""
+    ``[..., O]`` (a 1x1 conv over the rows; on AMX tiles when :func:`_amx` takes it)."""
     k, o = x.shape[-1], nc.out_channels
     out = native.empty((*x.shape[:-1], o), dtype=nc.out_dtype)
+    if _amx(nc, x, b, out):
+        return out
     rows = x.reshape(1, 1, -1, k)  # one image row: one contiguous copy in the kernel's pad
     b = None if b is None else b.reshape(1, 1, -1, o)
     run(nc, ([1, 1], [0, 0, 0, 0], [1, 1]), rows, b, out.view(1, 1, -1, o))
     return out
+
+
+AMX_K_MAX = 512
+"""Longest row (K rounded up to 64) qamx.c's per-thread tile buffers take."""
+
+
+def _amx(nc: NativeConv, x: torch.Tensor, b, out: torch.Tensor) -> bool:
+    """Run :func:`linear` by qamx.c's AMX-INT8 kernel (same products, same epilogue), or
+    return False: no AMX here (:func:`simulator.native.amx`), or rows longer than
+    :data:`AMX_K_MAX`."""
+    k, kp = x.shape[-1], -(-x.shape[-1] // 64) * 64
+    if not native.amx() or kp > AMX_K_MAX or k != nc.channels or not x.numel():
+        return False
+    x = x.contiguous()
+    b = None if b is None else b.contiguous()
+    w = amx_weights(nc, kp)
+    f64 = nc.scale is not None and nc.scale.dtype == torch.float64
+    rc = native.library().qp_linear_amx(
+        native.ptr(x), native.code(x), x.numel() // k, k, kp, native.ptr(w), nc.blocks,
+        nc.out_channels, native.ptr(nc.corr), native.ptr(nc.scale), native.ptr(nc.scale_b),
+        int(f64), native.ptr(b), 0 if b is None else native.code(b), nc.lo, nc.hi,
+        int(nc.half_even), native.ptr(out), native.code(out))  # fmt: skip
+    return rc == 0
+
+
+def amx_weights(nc: NativeConv, kp: int) -> torch.Tensor:
+    """The weights as qamx.c reads them: ``[kp/4, Ob, 16, 4]`` int8, zero rows past K
+    (from the packed ``[1, 1, Cs/g, Ob, 16, g]`` of either input dtype), once per conv."""
+
+    def build() -> torch.Tensor:
+        g = nc.weights.shape[-1]
+        w = (
+            nc.weights.reshape(-1, nc.blocks * LANES, g)
+            .permute(0, 2, 1)
+            .reshape(-1, nc.blocks * LANES)
+        )
+        full = torch.zeros(kp, nc.blocks * LANES, dtype=torch.int8)
+        full[: w.shape[0]] = w.to(torch.int8)  # int16-packed weights are int8 values
+        return full.reshape(kp // 4, 4, nc.blocks, LANES).permute(0, 2, 3, 1).contiguous()
+
+    return derived(nc, ("amx", kp), build)

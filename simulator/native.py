@@ -37,11 +37,14 @@ HINT = (
     "kernels meanwhile (same integers, slower); QPARITY_NATIVE=0 turns the kernels off"
 )
 SOURCES = tuple(Path(__file__).with_name("csrc") / n
-                for n in ("qconv.c", "qrows.c", "qbmm.c", "qnorm.c", "qmove.c"))  # fmt: skip
+                for n in ("qconv.c", "qamx.c", "qrows.c", "qbmm.c", "qnorm.c", "qmove.c"))  # fmt: skip
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-fno-strict-aliasing")
 P, I64, F64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 SIGNATURES = {
     "qp_cpu_ok": ([], ctypes.c_int),
+    "qp_amx_ok": ([], ctypes.c_int),
+    "qp_linear_amx": ([P, *[I64] * 4, P, I64, I64, P, P, P, I64, P, *[I64] * 4, P, I64],
+                      ctypes.c_int),
     "qp_pad": ([P, *[I64] * 11, P], None),
     "qp_conv": ([P, *[I64] * 6, P, *[I64] * 10, P, P, P, I64, P, *[I64] * 5, P, I64, I64], None),
     "qp_mean": ([P, I64, I64, I64, F64, F64, F64, F64, I64, P, I64], None),
@@ -140,6 +143,19 @@ def library() -> ctypes.CDLL | None:
     :func:`tracing`, a stand-in that records every call it forwards."""
     lib, traces = _state()[0], _TRACE.get()
     return lib if not traces or lib is None else _Recorder(lib, traces)
+
+
+def amx() -> bool:
+    """Whether the AMX-INT8 linear (qamx.c) runs: the kernels load, this CPU has AMX and the
+    OS grants the tile state, and ``QPARITY_AMX`` is not ``0`` (read on each call, so tests
+    can compare both paths)."""
+    return os.environ.get("QPARITY_AMX", "1") != "0" and _amx_granted()
+
+
+@functools.cache
+def _amx_granted() -> bool:
+    lib = _state()[0]
+    return lib is not None and bool(lib.qp_amx_ok())
 
 
 def status() -> str:

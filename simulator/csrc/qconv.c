@@ -31,7 +31,7 @@
  */
 #include <string.h>
 
-#include "qsimd.h"
+#include "qepi.h"
 
 int qp_cpu_ok(void) {
     __builtin_cpu_init();
@@ -71,53 +71,6 @@ void qp_pad(const void *x, int64_t wide, int64_t n, int64_t h, int64_t w, int64_
                 for (int64_t t = 0; t < c; t++) d[j * cs + t] = (char)((uint8_t)src[j * cx + t] ^ 0x80);
         else for (int64_t j = 0; j < w; j++) copy_run(d + j * cs * e, src + j * cx * e, c, wide);
     }
-}
-
-typedef struct {
-    const int32_t *corr;  /* [Ob*16] */
-    const void *scale;    /* [Ob*16] float or double */
-    const void *scale_b;  /* [Ob*16] or NULL without a fused add */
-    double lo, hi;
-    int f64, half_even, out_shift; /* output element size 1 << out_shift bytes */
-    int bshift;                    /* add operand element size 1 << bshift bytes */
-} epi_t;
-
-TGT AI __m256i half_pd(__m256i a, __m256i bi, const epi_t *e, int64_t o0, int has_b) {
-    __m512d y = _mm512_mul_pd(_mm512_cvtepi32_pd(a), _mm512_loadu_pd((const double *)e->scale + o0));
-    if (has_b)
-        y = _mm512_fmadd_pd(_mm512_cvtepi32_pd(bi),
-                            _mm512_loadu_pd((const double *)e->scale_b + o0), y);
-    return to_int_pd(y, e->half_even, _mm512_set1_pd(e->lo), _mm512_set1_pd(e->hi));
-}
-
-/* The epilogue of 16 channels o0.. of one pixel: lanes in m (real channels) computed,
- * lanes in ms but not m (padding channels) stored as 0, the rest not stored. int32 output
- * has no scale: y = max(acc, lo) (the caller proves acc fits int32). */
-TGT AI void epilogue16(__m512i acc, const epi_t *e, int64_t o0, const char *b,
-                       void *out, __mmask16 m, __mmask16 ms) {
-    acc = _mm512_add_epi32(acc, _mm512_loadu_si512(e->corr + o0));
-    if (!e->scale) {
-        acc = _mm512_max_epi32(acc, _mm512_set1_epi32((int32_t)e->lo));
-        _mm512_mask_storeu_epi32(out, ms, _mm512_maskz_mov_epi32(m, acc));
-        return;
-    }
-    __m512i bi = b ? load16(b, 0, e->bshift, m) : _mm512_setzero_si512();
-    __m512i r;
-    if (!e->f64) {
-        __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_loadu_ps((const float *)e->scale + o0));
-        if (b)
-            y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(bi),
-                                _mm512_loadu_ps((const float *)e->scale_b + o0), y);
-        r = to_int_ps(y, e->half_even, _mm512_set1_ps((float)e->lo), _mm512_set1_ps((float)e->hi));
-    } else {
-        __m256i lo = half_pd(_mm512_castsi512_si256(acc), _mm512_castsi512_si256(bi), e, o0, b != 0);
-        __m256i hi = half_pd(_mm512_extracti64x4_epi64(acc, 1), _mm512_extracti64x4_epi64(bi, 1),
-                             e, o0 + 8, b != 0);
-        r = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    }
-    if (m != ms) r = _mm512_maskz_mov_epi32(m, r); /* padding lanes: 0 */
-    if (e->out_shift == 1) _mm256_mask_storeu_epi16(out, ms, _mm512_cvtepi32_epi16(r));
-    else _mm_mask_storeu_epi8(out, ms, _mm512_cvtepi32_epi8(r));
 }
 
 typedef struct {

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -178,12 +180,41 @@ def test_native_linear_equals_qlinear(rows, k, o, per_channel, mode, out_dtype, 
     want = CUSTOM_OPS["QLinear"].evaluate([x, w, bias, mult, shift], attrs)
     instr = Instruction(Op.LINEAR, ("x",), ("out",), ("w", "b", "m", "s"), attrs, ("fc",))
     consts = {"w": w, "b": bias, "m": mult, "s": shift}
-    ex = Executor(Program("nash-e", {"x": {}}, {"out": {}}, [instr], consts))
-    got = ex.run({"x": x})[0]["out"]
-    plans = [v for key, v in ex.consts.derived.items() if key[0] == "linear_native"]
-    assert len(plans) == 1 and plans[0] is not None
-    np.testing.assert_array_equal(got, want)
-    assert got.dtype == want.dtype
+    for amx in ("1", "0"):  # AMX tiles (when this CPU has them), then VNNI
+        with _amx_spy(amx) as tiles:
+            ex = Executor(Program("nash-e", {"x": {}}, {"out": {}}, [instr], consts))
+            got = ex.run({"x": x})[0]["out"]
+        plans = [v for key, v in ex.consts.derived.items() if key[0] == "linear_native"]
+        assert len(plans) == 1 and plans[0] is not None
+        assert tiles == [native.amx() and amx == "1"]  # K <= 90: within AMX_K_MAX
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype == want.dtype
+
+
+@contextlib.contextmanager
+def _amx_spy(on: str):
+    """QPARITY_AMX set to ``on``; yields the list of whether each linear ran on tiles."""
+    ran, real = [], exec_native._amx
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QPARITY_AMX", on)
+        mp.setattr(exec_native, "_amx", lambda *a: ran.append(real(*a)) or ran[-1])
+        yield ran
+
+
+def test_linear_rows_past_the_amx_buffers_run_by_vnni():
+    """K = 600 pads to 640 > AMX_K_MAX: the VNNI kernel, the same integers."""
+    rng = np.random.default_rng(3)
+    x = rng.integers(-128, 128, (37, 600)).astype(np.int8)
+    w = rng.integers(-8, 8, (20, 600), dtype=np.int8)
+    mult, shift = rng.integers(1, 2**10, 20), np.full(20, 16)
+    attrs = {"rounding": "half_even", "out_dtype": "int8", "relu": 0}
+    instr = Instruction(Op.LINEAR, ("x",), ("out",), ("w", "b", "m", "s"), attrs, ("fc",))
+    consts = {"w": w, "b": EMPTY, "m": mult, "s": shift}
+    with _amx_spy("1") as tiles:
+        got = Executor(Program("nash-e", {"x": {}}, {"out": {}}, [instr], consts)).run({"x": x})
+    assert tiles == [False]
+    want = CUSTOM_OPS["QLinear"].evaluate([x, w, EMPTY, mult, shift], attrs)
+    np.testing.assert_array_equal(got[0]["out"], want)
 
 
 def test_pack_weights_layout():

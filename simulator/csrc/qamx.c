@@ -1,0 +1,160 @@
+/* QLinear on AMX-INT8 tiles: the products of qconv.c's linear (a 1x1 conv over the rows),
+ * 16 rows x 16 channels x 64 bytes of K per tile instruction instead of 16 x 4 per VNNI one,
+ * then the same epilogue (qepi.h). Built with the other kernels; runs only when the CPU has
+ * AMX and the kernel grants the process the tile state (qp_amx_ok).
+ *
+ * Per block of 16 rows the inputs are copied into tile buffers of kp bytes a row (K rounded
+ * up to 64, zeros past K and past the last row):
+ *   int8:  xu = x ^ 0x80 (uint8), acc = TDPBUSD(xu, w), corr as qconv.c's (bias - 128 sum w);
+ *   int16: x = 256 hi + lo with hi = x >> 8 (int8) and lo = x & 255 (uint8), so
+ *          acc = 256 TDPBSSD(hi, w) + TDPBUSD(lo, w), corr = bias.
+ * Every sum wraps modulo 2**32 like VNNI's, and the caller proves |acc| < 2**31, so the
+ * wrapped value is the true one. Weights: [kp/4][Ob][16][4] int8 (qconv.c's int8 packing,
+ * zero rows past K): the B tile of channel block j and K chunk c is 16 rows of 64 bytes at
+ * (c * 16 * Ob + j) * 64, row stride Ob * 64. */
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "qepi.h"
+
+#define AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#define AMX_KP_MAX 512 /* longest padded row the per-thread buffers take */
+
+typedef struct {
+    uint8_t palette, start;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tilecfg_t;
+
+/* 1 when this CPU has AMX-INT8 and the kernel lets this process use the tile registers. */
+int qp_amx_ok(void) {
+    unsigned a, b, c, d;
+    __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    if (!((d >> 24) & 1) || !((d >> 25) & 1)) return 0; /* AMX-TILE, AMX-INT8 */
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+/* Tiles 0-3: accumulators (16 x 16 int32); 4, 5: inputs (16 rows x 64 bytes); 6, 7: weights
+ * (16 rows x 64 bytes). */
+AMX static void tile_config(void) {
+    tilecfg_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+    _tile_loadconfig(&cfg);
+}
+
+/* Rows r0 .. r0+nr-1 of x [rows, k] into hi (and lo when wide), kp bytes a row, zero past k
+ * and past nr. */
+AMX static void split_rows(const void *x, int wide, int64_t r0, int nr, int64_t k, int64_t kp,
+                           uint8_t *hi, uint8_t *lo) {
+    for (int i = 0; i < 16; i++)
+        for (int64_t j = 0; j < kp; j += 32) {
+            __mmask32 m = i >= nr || j >= k ? 0 : k - j >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (k - j)) - 1);
+            int64_t at = (r0 + i) * k + j;
+            if (!wide) { /* x ^ 0x80: past k (zero weights) and past nr the bytes are 0x80 */
+                __m256i v = _mm256_maskz_loadu_epi8(m, (const int8_t *)x + (m ? at : 0));
+                _mm256_storeu_si256((__m256i *)(hi + i * kp + j), _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)));
+                continue;
+            }
+            __m512i v = _mm512_maskz_loadu_epi16(m, (const int16_t *)x + (m ? at : 0));
+            _mm256_storeu_si256((__m256i *)(hi + i * kp + j), _mm512_cvtepi16_epi8(_mm512_srai_epi16(v, 8)));
+            _mm256_storeu_si256((__m256i *)(lo + i * kp + j), _mm512_cvtepi16_epi8(v));
+        }
+}
+
+typedef struct {
+    const void *x;
+    int wide;
+    int64_t rows, k, kp, ob, o;
+    const int8_t *w;
+    const char *b;
+    char *out;
+} lin_t;
+
+/* Channel blocks j0, j0+1 (nj of them) of the 16 rows whose inputs hi / lo hold: the tile
+ * products into acc [nj][2][16][16] (hi part, lo part). */
+AMX static void block_products(const lin_t *l, const uint8_t *hi, const uint8_t *lo, int64_t j0,
+                               int nj, int32_t *acc) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t c = 0; c < l->kp / 64; c++) {
+        const int8_t *wc = l->w + (c * 16 * l->ob + j0) * 64;
+        _tile_loadd(4, hi + c * 64, l->kp);
+        _tile_loadd(6, wc, l->ob * 64);
+        if (nj > 1) _tile_loadd(7, wc + 64, l->ob * 64);
+        if (!l->wide) {
+            _tile_dpbusd(0, 4, 6);
+            if (nj > 1) _tile_dpbusd(1, 4, 7);
+            continue;
+        }
+        _tile_loadd(5, lo + c * 64, l->kp);
+        _tile_dpbssd(0, 4, 6);
+        _tile_dpbusd(2, 5, 6);
+        if (nj > 1) {
+            _tile_dpbssd(1, 4, 7);
+            _tile_dpbusd(3, 5, 7);
+        }
+    }
+    _tile_stored(0, acc, 64);
+    _tile_stored(2, acc + 256, 64);
+    if (nj > 1) {
+        _tile_stored(1, acc + 512, 64);
+        _tile_stored(3, acc + 768, 64);
+    }
+}
+
+/* The epilogue of rows r0 .. r0+nr-1, channel blocks j0 .. j0+nj-1. */
+AMX static void block_epilogue(const lin_t *l, const epi_t *e, const int32_t *acc, int64_t r0,
+                               int nr, int64_t j0, int nj) {
+    for (int jj = 0; jj < nj; jj++) {
+        int64_t o0 = (j0 + jj) * 16;
+        __mmask16 m = mask16(l->o - o0);
+        const int32_t *a = acc + jj * 512;
+        for (int i = 0; i < nr; i++) {
+            __m512i v = _mm512_loadu_si512(a + i * 16);
+            if (l->wide) v = _mm512_add_epi32(_mm512_slli_epi32(v, 8), _mm512_loadu_si512(a + 256 + i * 16));
+            int64_t q = r0 + i;
+            const char *bp = l->b ? l->b + ((q * l->o + o0) << e->bshift) : 0;
+            epilogue16(v, e, o0, bp, l->out + ((q * l->o + o0) << e->out_shift), m, m);
+        }
+    }
+}
+
+/* y [rows, o] = epilogue(x [rows, k] @ w + corr (+ b [rows, o])): x int8 (wide 0) or int16
+ * (1); the epilogue arguments as qp_conv's. Returns 1 (nothing written) when kp is beyond
+ * the buffers. */
+AMX int qp_linear_amx(const void *x, int64_t wide, int64_t rows, int64_t k, int64_t kp,
+                      const int8_t *w, int64_t ob, int64_t o, const int32_t *corr,
+                      const void *scale, const void *scale_b, int64_t f64, const void *b,
+                      int64_t bshift, int64_t lo, int64_t hi, int64_t half_even, void *out,
+                      int64_t out_shift) {
+    if (kp > AMX_KP_MAX || kp % 64) return 1;
+    epi_t e = {corr, scale, scale_b, (double)lo, (double)hi, (int)f64, (int)half_even,
+               (int)out_shift, (int)bshift};
+    lin_t l = {x, (int)wide, rows, k, kp, ob, o, w, (const char *)b, (char *)out};
+#pragma omp parallel if (rows * k >= PAR_MIN)
+    {
+        uint8_t bh[16 * AMX_KP_MAX], bl[16 * AMX_KP_MAX];
+        int32_t acc[4 * 256];
+        tile_config();
+#pragma omp for schedule(static)
+        for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+            int nr = rows - r0 < 16 ? (int)(rows - r0) : 16;
+            split_rows(x, (int)wide, r0, nr, k, kp, bh, bl);
+            for (int64_t j0 = 0; j0 < ob; j0 += 2) {
+                int nj = ob - j0 < 2 ? (int)(ob - j0) : 2;
+                block_products(&l, bh, bl, j0, nj, acc);
+                block_epilogue(&l, &e, acc, r0, nr, j0, nj);
+            }
+        }
+        _tile_release();
+    }
+    return 0;
+}
