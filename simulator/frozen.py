@@ -5,9 +5,11 @@ calls into buffers the replay holds from run to run), a run is the same calls in
 same buffers each time; only the program inputs move. :func:`freeze` turns one such run,
 recorded, into a :class:`Frozen` plan: each call with its arguments resolved, every pointer
 either fixed (a held buffer, a view of one, a constant) or the program input's data
-pointer plus a byte offset, filled in per run. A run of the plan is then a loop of ctypes
-calls, with none of the per-instruction Python of the executor (about a quarter of a small
-model's run, more than in a tight loop since the caches are cold after each kernel).
+pointer plus a byte offset, filled in per run. A run of the plan is then one ctypes call
+of the compiled runner over the calls' arguments packed as int64 slots
+(:mod:`simulator.packed`), with none of the per-instruction Python of the executor (about
+a quarter of a small model's run) and none of the per-call argument conversion of ctypes
+(about 4 us a call).
 
 The plan also lays the buffers out again: each replay holds its own buffers, so a run
 writes all of them (8 MB for the transformer example, four times the core's L2 cache) and
@@ -28,19 +30,58 @@ and the executor runs the program instruction by instruction instead.
 
 from __future__ import annotations
 
-import time
+import ctypes
 from dataclasses import dataclass
 
 import torch
 
+from simulator import native, packed
 from simulator.isa import Op
 from simulator.replay import buffer_view, find_span, input_key, span, unshared
 
 
 @dataclass(frozen=True)
+class Slots:
+    """A plan's calls as :mod:`simulator.packed` slots for ``qp_run_plan``: per call its
+    kernel (index in ``native.PACKED``), first slot and return value; the slots; the input
+    fills as (slot, input, byte offset) triples; room for the calls' seconds."""
+
+    kernel: torch.Tensor
+    start: torch.Tensor
+    slots: torch.Tensor  # rewritten in place by the fills each run
+    rc: torch.Tensor
+    fill: torch.Tensor
+    seconds: torch.Tensor
+
+    @classmethod
+    def of(cls, calls) -> Slots:
+        kernel, start, slots, rc, fill = [], [], [], [], []
+        for _, _, fn, args, fills, ret in calls:
+            types = native.SIGNATURES[fn.__name__][0]
+            kernel.append(native.PACKED.index(fn.__name__))
+            start.append(len(slots))
+            fill += [v for at, j, delta in fills for v in (len(slots) + at, j, delta)]
+            slots += [packed.slot(t, a) for t, a in zip(types, args, strict=True)]
+            rc.append(0 if ret is None else int(ret))
+        ints = [torch.tensor(v, dtype=torch.int64) for v in (kernel, start, slots, rc, fill)]
+        return cls(*ints, torch.zeros(len(calls), dtype=torch.float64))
+
+    def run(self, xs: list[torch.Tensor], timed: bool) -> bool:
+        """All calls on inputs ``xs``; False when one returned another value than recorded."""
+        inputs = (ctypes.c_int64 * len(xs))(*(x.data_ptr() for x in xs))
+        n = self.kernel.numel()
+        done = native.library().qp_run_plan(
+            n, *map(native.ptr, (self.kernel, self.start, self.slots, self.rc)),
+            self.fill.numel() // 3, native.ptr(self.fill), ctypes.addressof(inputs),
+            native.ptr(self.seconds) if timed else None)  # fmt: skip
+        return done == n
+
+
+@dataclass(frozen=True)
 class Frozen:
     """The plan: ``calls`` as ``(instruction, op, fn, args, input fills, return value)``,
-    where a fill ``(argument, input, byte offset)`` sets a pointer from an input."""
+    where a fill ``(argument, input, byte offset)`` sets a pointer from an input; ``slots``
+    the same calls packed for the compiled runner."""
 
     key: tuple
     calls: tuple[tuple[int, Op, object, list, tuple[tuple[int, int, int], ...], object], ...]
@@ -48,6 +89,7 @@ class Frozen:
     outs: dict[str, tuple]  # output -> ("in" | "buf", index, size, stride, storage offset)
     replays: tuple  # the instructions' replays: they keep the constants the calls point to
     arena: torch.Tensor  # the memory the calls use in place of the other buffers
+    slots: Slots
 
     def run(self, xs: list[torch.Tensor], timings: list | None = None) -> dict | None:
         """The program outputs for inputs ``xs`` (the program's input order), or None when
@@ -55,16 +97,11 @@ class Frozen:
         value). ``timings`` gets ``(instruction, op, seconds)`` per instruction."""
         if input_key(xs) != self.key or not all(map(unshared, self.buffers)):
             return None
-        ptrs = [x.data_ptr() for x in xs]
-        clock = time.perf_counter
-        for i, op, fn, args, fills, rc in self.calls:
-            for at, j, delta in fills:
-                args[at] = ptrs[j] + delta
-            t0 = clock() if timings is not None else 0.0
-            if fn(*args) != rc:
-                return None
-            if timings is not None:
-                _add_time(timings, i, op, clock() - t0)
+        if not self.slots.run(xs, timings is not None):
+            return None
+        if timings is not None:
+            for (i, op, *_), s in zip(self.calls, self.slots.seconds.tolist(), strict=True):
+                _add_time(timings, i, op, s)
         return {name: _view(xs, self.buffers, *out) for name, out in self.outs.items()}
 
 
@@ -87,9 +124,12 @@ def freeze(record: list, xs: list[torch.Tensor], outputs: dict[str, torch.Tensor
     outs = {name: _source(y, xs, spans) for name, y in outputs.items()}
     if any(o is None for o in outs.values()):
         return None
+    if any(fn.__name__ not in native.PACKED for _, _, fn, *_ in plan):
+        return None  # a call the compiled runner has no wrapper for
     own = {o[1] for o in outs.values() if o[0] == "buf"}
     arena = _share(plan, uses, spans, own)
-    return Frozen(input_key(xs), tuple(plan), held, outs, tuple(r for *_, r in record), arena)
+    return Frozen(input_key(xs), tuple(plan), held, outs, tuple(r for *_, r in record), arena,
+                  Slots.of(plan))  # fmt: skip
 
 
 def _pointers(args: list, pointers, xs, inputs, spans) -> tuple | None:

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from schemas.errors import SimulatorError
+from simulator import packed
 
 LOG = logging.getLogger(__name__)
 HINT = (
@@ -37,7 +38,8 @@ HINT = (
     "kernels meanwhile (same integers, slower); QPARITY_NATIVE=0 turns the kernels off"
 )
 SOURCES = tuple(Path(__file__).with_name("csrc") / n
-                for n in ("qconv.c", "qamx.c", "qrows.c", "qbmm.c", "qnorm.c", "qmove.c"))  # fmt: skip
+                for n in ("qconv.c", "qamx.c", "qrows.c", "qbmm.c", "qnorm.c", "qmove.c",
+                          "qplan.c"))  # fmt: skip
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-fno-strict-aliasing")
 P, I64, F64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 SIGNATURES = {
@@ -64,7 +66,11 @@ SIGNATURES = {
     "qp_softmax": ([P, I64, I64, I64, P, P, I64, F64, F64, I64, F64, F64, P, I64], None),
     "qp_layernorm": ([P, *[I64] * 5, F64, I64, P, I64, I64, P, P, F64, F64, F64, P, I64],
                      ctypes.c_int),
+    packed.RUNNER: ([I64, P, P, P, P, I64, P, P, P], I64),
 }  # fmt: skip
+"""Every exported kernel's ctypes signature; simulator.packed writes the frozen plan's
+wrappers from it, so a kernel's arguments are stated here only."""
+PACKED = packed.names(SIGNATURES)
 
 
 def cache_dir() -> Path:
@@ -82,6 +88,7 @@ def _key(cc: str) -> str:
     h = hashlib.sha256()
     for src in sorted(SOURCES[0].parent.glob("*.[ch]")):  # the sources and their headers
         h.update(src.name.encode() + src.read_bytes())
+    h.update(packed.source(SIGNATURES).encode())
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
     h.update(version.stdout.encode() + " ".join(FLAGS).encode())
     return h.hexdigest()[:16]
@@ -102,8 +109,11 @@ def build(target_dir: Path | None = None) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
+    fd, gen = tempfile.mkstemp(suffix="-packed.c", dir=out_dir)  # the plan's wrappers
+    os.close(fd)
     try:
-        cmd = [cc, *FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"]
+        Path(gen).write_text(packed.source(SIGNATURES))
+        cmd = [cc, *FLAGS, "-o", tmp, *map(str, SOURCES), gen, "-lm"]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if res.returncode != 0:
             raise SimulatorError(f"{' '.join(cmd)} failed: {res.stderr.strip()[-800:]}",
@@ -111,6 +121,7 @@ def build(target_dir: Path | None = None) -> Path:
         os.replace(tmp, lib)
     finally:
         Path(tmp).unlink(missing_ok=True)
+        Path(gen).unlink(missing_ok=True)
     return lib
 
 

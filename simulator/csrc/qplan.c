@@ -1,0 +1,33 @@
+/* The runner of a frozen plan (simulator/frozen.py): its calls in one ctypes call.
+ *
+ * Every argument of every call is an int64 slot (simulator/packed.py); qp_packed, written
+ * from the kernels' ctypes signatures at build time, holds one wrapper per kernel that
+ * unpacks its slots and calls it. */
+#include <stdint.h>
+#include <time.h>
+
+extern int64_t (*const qp_packed[])(const int64_t *);
+
+static double seconds_since(const struct timespec *t0) {
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0->tv_nsec);
+}
+
+/* Set the nfill input pointers (fill: triples slot, input j, byte offset: slots[slot] =
+ * inputs[j] + offset), then run calls 0 .. n-1: call i is kernel[i] (qp_packed's index) on
+ * slots[start[i] ..]. Stops at the first call that returns another value than rc[i] and
+ * returns its index; n when all ran. seconds (NULL: not timed) gets each call's time. */
+int64_t qp_run_plan(int64_t n, const int64_t *kernel, const int64_t *start, int64_t *slots,
+                    const int64_t *rc, int64_t nfill, const int64_t *fill, const int64_t *inputs,
+                    double *seconds) {
+    for (int64_t f = 0; f < nfill; f++) slots[fill[3 * f]] = inputs[fill[3 * f + 1]] + fill[3 * f + 2];
+    for (int64_t i = 0; i < n; i++) {
+        struct timespec t0;
+        if (seconds) clock_gettime(CLOCK_MONOTONIC, &t0);
+        int64_t r = qp_packed[kernel[i]](slots + start[i]);
+        if (seconds) seconds[i] = seconds_since(&t0);
+        if (r != rc[i]) return i;
+    }
+    return n;
+}
