@@ -126,21 +126,49 @@ TGT AI void ln_stats8(const ln_t *t, __m512d X1, __m512d X2, int nr, double *cs,
 }
 
 /* The normalized, affine, clamped outputs of row r, 8 at a time; 1 when some |y| passes
- * y_top. */
-TGT AI int ln_out_row(const ln_t *t, int64_t r, double cs1, double mc1) {
+ * y_top. wide, half_even and out_shift come in as constants (qp_layernorm's dispatch), so
+ * the loop has no dtype branches, and the fields are read once into registers. */
+TGT AI int ln_out_row(const ln_t *t, int64_t r, double cs1, double mc1, int wide, int half_even,
+                      int out_shift) {
     __m512d cs = _mm512_set1_pd(cs1), mc = _mm512_set1_pd(mc1), top = _mm512_set1_pd(t->y_top);
+    __m512d lo = t->lo, hi = t->hi;
+    const double *w = t->w, *b = t->b;
+    const void *q = t->q;
+    void *out = t->out;
+    int64_t n = t->n, base = r * n;
     __mmask8 bad = 0;
-    for (int64_t j = 0; j < t->n; j += 8) {
-        int m = t->n - j < 8 ? (int)(t->n - j) : 8;
+    for (int64_t j = 0; j < n; j += 8) {
+        int m = n - j < 8 ? (int)(n - j) : 8;
         __mmask8 mk = (__mmask8)((1u << m) - 1);
-        __m512d y = round_pd(_mm512_sub_pd(_mm512_mul_pd(load8(t->q, r * t->n + j, t->wide, m), cs), mc),
-                             t->half_even);
+        __m512d y = round_pd(_mm512_sub_pd(_mm512_mul_pd(load8(q, base + j, wide, m), cs), mc), half_even);
         bad |= _mm512_mask_cmp_pd_mask(mk, _mm512_abs_pd(y), top, _CMP_GT_OQ);
-        __m512d o = _mm512_fmadd_pd(y, _mm512_maskz_loadu_pd(mk, t->w + j),
-                                    _mm512_maskz_loadu_pd(mk, t->b + j));
-        finish8(o, t->half_even, t->lo, t->hi, t->out, r * t->n + j, t->out_shift, m);
+        __m512d o = _mm512_fmadd_pd(y, _mm512_maskz_loadu_pd(mk, w + j), _mm512_maskz_loadu_pd(mk, b + j));
+        finish8(o, half_even, lo, hi, out, base + j, out_shift, m);
     }
     return bad != 0;
+}
+
+/* Rows r0 .. r0+15 (nr of them): statistics, then outputs; the dtypes and rounding as
+ * constants (see ln_out_row). */
+TGT AI int ln_block(const ln_t *t, int64_t r0, int nr, int wide, int half_even, int out_shift) {
+    double cs[16], mc[16];
+    __m512d X1[2], X2[2];
+    int bad = 0;
+    if (wide == 0) ln_sums16_i8(t, r0, nr, X1, X2);
+    else for (int h = 0; h < 2; h++) ln_sums8(t, r0 + 8 * h, nr - 8 * h, X1 + h, X2 + h);
+    for (int h = 0; h * 8 < nr; h++) ln_stats8(t, X1[h], X2[h], nr - 8 * h < 8 ? nr - 8 * h : 8, cs + 8 * h, mc + 8 * h);
+    for (int i = 0; i < nr; i++) bad |= ln_out_row(t, r0 + i, cs[i], mc[i], wide, half_even, out_shift);
+    return bad;
+}
+
+/* ln_block with (wide, half_even, out_shift) as constants: one copy of the loop per case. */
+TGT static int ln_block_case(const ln_t *t, int64_t r0, int nr) {
+#define LN_CASE(w, h, o) \
+    if (t->wide == w && t->half_even == h && t->out_shift == o) return ln_block(t, r0, nr, w, h, o)
+    LN_CASE(0, 1, 0); LN_CASE(0, 1, 1); LN_CASE(0, 0, 0); LN_CASE(0, 0, 1);
+    LN_CASE(1, 1, 0); LN_CASE(1, 1, 1); LN_CASE(1, 0, 0); LN_CASE(1, 0, 1);
+#undef LN_CASE
+    return ln_block(t, r0, nr, t->wide, t->half_even, t->out_shift);
 }
 
 TGT int qp_layernorm(const void *q, int64_t wide, int64_t rows, int64_t n, int64_t in_shift,
@@ -152,15 +180,8 @@ TGT int qp_layernorm(const void *q, int64_t wide, int64_t rows, int64_t n, int64
               rsqrt, w, b, _mm512_set1_pd(lo), _mm512_set1_pd(hi), out};
     int bad = 0;
 #pragma omp parallel for schedule(static) reduction(| : bad) if (rows * n >= 32768)
-    for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-        int nr = rows - r0 < 16 ? (int)(rows - r0) : 16;
-        double cs[16], mc[16];
-        __m512d X1[2], X2[2];
-        if (t.wide == 0) ln_sums16_i8(&t, r0, nr, X1, X2);
-        else for (int h = 0; h < 2; h++) ln_sums8(&t, r0 + 8 * h, nr - 8 * h, X1 + h, X2 + h);
-        for (int h = 0; h * 8 < nr; h++) ln_stats8(&t, X1[h], X2[h], nr - 8 * h < 8 ? nr - 8 * h : 8, cs + 8 * h, mc + 8 * h);
-        for (int i = 0; i < nr; i++) bad |= ln_out_row(&t, r0 + i, cs[i], mc[i]);
-    }
+    for (int64_t r0 = 0; r0 < rows; r0 += 16)
+        bad |= ln_block_case(&t, r0, rows - r0 < 16 ? (int)(rows - r0) : 16);
     return bad;
 }
 
