@@ -23,7 +23,8 @@ run. Buffers that program outputs view keep their own memory.
 A plan is built only when every pointer of the recorded run is classified and every
 program output is a view of a held buffer or of an input; otherwise the executor keeps its
 per-instruction path. It runs only on inputs of the recorded geometry and when no tensor
-outside it refers to its buffers (a caller still holding a capture of the last run); a call
+outside it refers to a buffer it writes besides its arena (one that outputs view, which a
+caller may still hold as a capture of an earlier run); a call
 that returns another value than recorded (a range flag) abandons the plan for that run,
 and the executor runs the program instruction by instruction instead.
 """
@@ -90,12 +91,13 @@ class Frozen:
     replays: tuple  # the instructions' replays: they keep the constants the calls point to
     arena: torch.Tensor  # the memory the calls use in place of the other buffers
     slots: Slots
+    watched: tuple[torch.Tensor, ...]  # the buffers outside the arena that calls write
 
     def run(self, xs: list[torch.Tensor], timings: list | None = None) -> dict | None:
         """The program outputs for inputs ``xs`` (the program's input order), or None when
         the plan does not apply to them (geometry, buffers in use, a changed return
         value). ``timings`` gets ``(instruction, op, seconds)`` per instruction."""
-        if input_key(xs) != self.key or not all(map(unshared, self.buffers)):
+        if input_key(xs) != self.key or not all(map(unshared, self.watched)):
             return None
         if not self.slots.run(xs, timings is not None):
             return None
@@ -129,7 +131,7 @@ def freeze(record: list, xs: list[torch.Tensor], outputs: dict[str, torch.Tensor
     own = {o[1] for o in outs.values() if o[0] == "buf"}
     arena = _share(plan, uses, spans, own)
     return Frozen(input_key(xs), tuple(plan), held, outs, tuple(r for *_, r in record), arena,
-                  Slots.of(plan))  # fmt: skip
+                  Slots.of(plan), tuple(held[k] for k in sorted(own)))  # fmt: skip
 
 
 def _pointers(args: list, pointers, xs, inputs, spans) -> tuple | None:

@@ -95,10 +95,12 @@ def test_place_never_overlaps_buffers_in_use_together(items):
                 assert offsets[k] + n <= offsets[j] or offsets[j] + m <= offsets[k]
 
 
-def test_captures_run_every_instruction_and_held_captures_keep_their_values():
+@pytest.mark.parametrize("dequantize", [True, False], ids=["float-output", "int8-output"])
+def test_captures_run_every_instruction_and_held_captures_keep_their_values(dequantize):
     """capture=True bypasses the plan; captures still held (views of the replays' buffers)
-    make the plan step aside until they are released, and keep their values."""
-    prog = _program()
+    keep their values: the plan writes its arena, and steps aside while a capture views a
+    buffer its outputs use (int8-output: the capture of the add is the program output)."""
+    prog = _program(dequantize)
     ex = Executor(prog)
     xs = _batches(9, seed=2)
     for x in xs[:5]:
