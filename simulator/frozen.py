@@ -44,37 +44,49 @@ from simulator.replay import buffer_view, find_span, input_key, span, unshared
 @dataclass(frozen=True)
 class Slots:
     """A plan's calls as :mod:`simulator.packed` slots for ``qp_run_plan``: per call its
-    kernel (index in ``native.PACKED``), first slot and return value; the slots; the input
-    fills as (slot, input, byte offset) triples; room for the calls' seconds."""
+    kernel (index in ``native.PACKED``), first slot, return value and instruction group;
+    the slots; the input fills as (slot, input, byte offset) triples; the instructions
+    ``(index, op)`` of the groups and room for their seconds."""
 
     kernel: torch.Tensor
     start: torch.Tensor
     slots: torch.Tensor  # rewritten in place by the fills each run
     rc: torch.Tensor
     fill: torch.Tensor
+    group: torch.Tensor
+    instructions: tuple[tuple[int, Op], ...]
     seconds: torch.Tensor
 
     @classmethod
     def of(cls, calls) -> Slots:
-        kernel, start, slots, rc, fill = [], [], [], [], []
-        for _, _, fn, args, fills, ret in calls:
+        kernel, start, slots, rc, fill, group, instrs = [], [], [], [], [], [], []
+        for i, op, fn, args, fills, ret in calls:
             types = native.SIGNATURES[fn.__name__][0]
             kernel.append(native.PACKED.index(fn.__name__))
             start.append(len(slots))
             fill += [v for at, j, delta in fills for v in (len(slots) + at, j, delta)]
             slots += [packed.slot(t, a) for t, a in zip(types, args, strict=True)]
             rc.append(0 if ret is None else int(ret))
-        ints = [torch.tensor(v, dtype=torch.int64) for v in (kernel, start, slots, rc, fill)]
-        return cls(*ints, torch.zeros(len(calls), dtype=torch.float64))
+            if not instrs or instrs[-1][0] != i:
+                instrs.append((i, op))
+            group.append(len(instrs) - 1)
+        ints = [torch.tensor(v, dtype=torch.int64) for v in (kernel, start, slots, rc, fill, group)]
+        return cls(*ints, tuple(instrs), torch.zeros(len(instrs), dtype=torch.float64))
 
-    def run(self, xs: list[torch.Tensor], timed: bool) -> bool:
-        """All calls on inputs ``xs``; False when one returned another value than recorded."""
+    def run(self, xs: list[torch.Tensor], timings: list | None) -> bool:
+        """All calls on inputs ``xs``; False when one returned another value than recorded.
+        ``timings`` gets ``(instruction, op, seconds)`` per instruction."""
         inputs = (ctypes.c_int64 * len(xs))(*(x.data_ptr() for x in xs))
         n = self.kernel.numel()
         done = native.library().qp_run_plan(
             n, *map(native.ptr, (self.kernel, self.start, self.slots, self.rc)),
             self.fill.numel() // 3, native.ptr(self.fill), ctypes.addressof(inputs),
-            native.ptr(self.seconds) if timed else None)  # fmt: skip
+            native.ptr(self.group), None if timings is None else native.ptr(self.seconds))  # fmt: skip
+        if done == n and timings is not None:
+            timings.extend(
+                (i, op, s)
+                for (i, op), s in zip(self.instructions, self.seconds.tolist(), strict=True)
+            )
         return done == n
 
 
@@ -99,11 +111,8 @@ class Frozen:
         value). ``timings`` gets ``(instruction, op, seconds)`` per instruction."""
         if input_key(xs) != self.key or not all(map(unshared, self.watched)):
             return None
-        if not self.slots.run(xs, timings is not None):
+        if not self.slots.run(xs, timings):
             return None
-        if timings is not None:
-            for (i, op, *_), s in zip(self.calls, self.slots.seconds.tolist(), strict=True):
-                _add_time(timings, i, op, s)
         return {name: _view(xs, self.buffers, *out) for name, out in self.outs.items()}
 
 
@@ -204,11 +213,3 @@ def _view(xs, buffers, kind: str, k: int, size, stride, offset: int) -> torch.Te
     if kind == "in":
         return xs[k].as_strided(size, stride, xs[k].storage_offset() + offset)
     return buffers[k].as_strided(size, stride, offset)
-
-
-def _add_time(timings: list, i: int, op: Op, seconds: float) -> None:
-    """One entry per instruction: a second call of the same instruction adds to it."""
-    if timings and timings[-1][0] == i:
-        timings[-1] = (i, op, timings[-1][2] + seconds)
-    else:
-        timings.append((i, op, seconds))

@@ -66,7 +66,7 @@ SIGNATURES = {
     "qp_softmax": ([P, I64, I64, I64, P, P, I64, F64, F64, I64, F64, F64, P, I64], None),
     "qp_layernorm": ([P, *[I64] * 5, F64, I64, P, I64, I64, P, P, F64, F64, F64, P, I64],
                      ctypes.c_int),
-    packed.RUNNER: ([I64, P, P, P, P, I64, P, P, P], I64),
+    packed.RUNNER: ([I64, P, P, P, P, I64, P, P, P, P], I64),
 }  # fmt: skip
 """Every exported kernel's ctypes signature; simulator.packed writes the frozen plan's
 wrappers from it, so a kernel's arguments are stated here only."""

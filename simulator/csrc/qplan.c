@@ -17,16 +17,17 @@ static double seconds_since(const struct timespec *t0) {
 /* Set the nfill input pointers (fill: triples slot, input j, byte offset: slots[slot] =
  * inputs[j] + offset), then run calls 0 .. n-1: call i is kernel[i] (qp_packed's index) on
  * slots[start[i] ..]. Stops at the first call that returns another value than rc[i] and
- * returns its index; n when all ran. seconds (NULL: not timed) gets each call's time. */
+ * returns its index; n when all ran. seconds (NULL: not timed) gets the time of the calls
+ * of each group (group[i]: the call's instruction; one instruction's calls are adjacent). */
 int64_t qp_run_plan(int64_t n, const int64_t *kernel, const int64_t *start, int64_t *slots,
                     const int64_t *rc, int64_t nfill, const int64_t *fill, const int64_t *inputs,
-                    double *seconds) {
+                    const int64_t *group, double *seconds) {
     for (int64_t f = 0; f < nfill; f++) slots[fill[3 * f]] = inputs[fill[3 * f + 1]] + fill[3 * f + 2];
     for (int64_t i = 0; i < n; i++) {
         struct timespec t0;
         if (seconds) clock_gettime(CLOCK_MONOTONIC, &t0);
         int64_t r = qp_packed[kernel[i]](slots + start[i]);
-        if (seconds) seconds[i] = seconds_since(&t0);
+        if (seconds) seconds[group[i]] = (i && group[i] == group[i - 1] ? seconds[group[i]] : 0.0) + seconds_since(&t0);
         if (r != rc[i]) return i;
     }
     return n;

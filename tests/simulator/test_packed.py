@@ -57,11 +57,13 @@ def _run(calls: list[tuple[str, list]], inputs=(), fills=()) -> int:
         types = native.SIGNATURES[name][0]
         slots += [packed.slot(t, a) for t, a in zip(types, args, strict=True)]
         rc.append(0)
-    t = [torch.tensor(v, dtype=torch.int64) for v in (kernel, start, slots, rc, list(fills))]
+    group = list(range(len(calls)))  # one instruction per call
+    t = [torch.tensor(v, dtype=torch.int64) for v in (kernel, start, slots, rc, list(fills), group)]
     ins = (ctypes.c_int64 * max(len(inputs), 1))(*inputs)
     secs = torch.zeros(len(calls), dtype=torch.float64)
     done = native.library().qp_run_plan(len(calls), *map(native.ptr, t[:4]), len(fills) // 3,
-                                        native.ptr(t[4]), ctypes.addressof(ins), native.ptr(secs))  # fmt: skip
+                                        native.ptr(t[4]), ctypes.addressof(ins), native.ptr(t[5]),
+                                        native.ptr(secs))  # fmt: skip
     assert bool((secs[:done] > 0).all())
     return done
 
