@@ -110,21 +110,41 @@ AMX static void block_products(const lin_t *l, const uint8_t *hi, const uint8_t 
     }
 }
 
-/* The epilogue of rows r0 .. r0+nr-1, channel blocks j0 .. j0+nj-1. */
-AMX static void block_epilogue(const lin_t *l, const epi_t *e, const int32_t *acc, int64_t r0,
-                               int nr, int64_t j0, int nj) {
+/* The epilogue of rows r0 .. r0+nr-1, channel blocks j0 .. j0+nj-1; the input width and
+ * the epilogue's float type, rounding and output size as given (constants in the copies
+ * block_epilogue dispatches to: a local copy of e with them set lets the compiler drop the
+ * per-vector branches and keep the fields in registers). */
+AMX AI void epilogue_rows(const lin_t *l, const epi_t *e0, const int32_t *acc, int64_t r0,
+                          int nr, int64_t j0, int nj, int wide, int f64, int half_even,
+                          int out_shift) {
+    epi_t e = *e0;
+    e.f64 = f64, e.half_even = half_even, e.out_shift = out_shift;
+    const char *b = l->b;
+    char *out = l->out;
+    int64_t o = l->o;
     for (int jj = 0; jj < nj; jj++) {
         int64_t o0 = (j0 + jj) * 16;
-        __mmask16 m = mask16(l->o - o0);
+        __mmask16 m = mask16(o - o0);
         const int32_t *a = acc + jj * 512;
         for (int i = 0; i < nr; i++) {
             __m512i v = _mm512_loadu_si512(a + i * 16);
-            if (l->wide) v = _mm512_add_epi32(_mm512_slli_epi32(v, 8), _mm512_loadu_si512(a + 256 + i * 16));
+            if (wide) v = _mm512_add_epi32(_mm512_slli_epi32(v, 8), _mm512_loadu_si512(a + 256 + i * 16));
             int64_t q = r0 + i;
-            const char *bp = l->b ? l->b + ((q * l->o + o0) << e->bshift) : 0;
-            epilogue16(v, e, o0, bp, l->out + ((q * l->o + o0) << e->out_shift), m, m);
+            const char *bp = b ? b + ((q * o + o0) << e.bshift) : 0;
+            epilogue16(v, &e, o0, bp, out + ((q * o + o0) << out_shift), m, m);
         }
     }
+}
+
+AMX static void block_epilogue(const lin_t *l, const epi_t *e, const int32_t *acc, int64_t r0,
+                               int nr, int64_t j0, int nj) {
+#define EPI_CASE(w, f, h, s)                                                                 \
+    if (e->scale && l->wide == w && e->f64 == f && e->half_even == h && e->out_shift == s) \
+        return epilogue_rows(l, e, acc, r0, nr, j0, nj, w, f, h, s)
+    EPI_CASE(0, 0, 1, 0); EPI_CASE(0, 1, 1, 0); EPI_CASE(0, 0, 1, 1); EPI_CASE(0, 1, 1, 1);
+    EPI_CASE(1, 0, 1, 0); EPI_CASE(1, 1, 1, 0); EPI_CASE(1, 0, 1, 1); EPI_CASE(1, 1, 1, 1);
+#undef EPI_CASE
+    epilogue_rows(l, e, acc, r0, nr, j0, nj, l->wide, e->f64, e->half_even, e->out_shift);
 }
 
 /* y [rows, o] = epilogue(x [rows, k] @ w + corr (+ b [rows, o])): x int8 (wide 0) or int16
