@@ -20,7 +20,8 @@ int8 or int16 inputs (int8 weights), int8 / int16 requantized outputs or an int3
 output without requantize (``acc + bias``, relu; ``A < 2**31`` makes its saturation a
 no-op) and an int8 / int16 / int32 add operand run here; the caller keeps the torch path for the rest, and
 for everything when :func:`simulator.native.library` is None. QLinear runs as a 1x1
-convolution over its rows (:func:`linear`).
+convolution over its rows (:func:`linear`), on AMX-INT8 tiles where the CPU and the OS
+allow them (csrc/qamx.c: the same products, sums and epilogue; :func:`_amx`).
 """
 
 from __future__ import annotations

@@ -94,7 +94,8 @@ class Slots:
 class Frozen:
     """The plan: ``calls`` as ``(instruction, op, fn, args, input fills, return value)``,
     where a fill ``(argument, input, byte offset)`` sets a pointer from an input; ``slots``
-    the same calls packed for the compiled runner."""
+    the same calls packed for the compiled runner (``calls`` keeps alive the ctypes arrays
+    whose addresses the slots hold)."""
 
     key: tuple
     calls: tuple[tuple[int, Op, object, list, tuple[tuple[int, int, int], ...], object], ...]
