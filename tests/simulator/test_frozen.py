@@ -193,3 +193,16 @@ def test_a_buffer_made_outside_the_replays_means_no_plan():
         x = rng.integers(-128, 128, (2, 3, 6, 8)).astype(np.int8)
         _assert_same(ex.run({"x": x})[0], _fresh(prog, x)[0])
     assert ex._frozen is False
+
+
+def test_a_plan_of_views_only_runs_without_the_compiled_library(monkeypatch):
+    """A program whose instructions are all views freezes into a plan with no calls, which
+    must not need the compiled runner (QPARITY_NATIVE=0, or no compiler)."""
+    monkeypatch.setattr(native, "library", lambda: None)
+    transpose = {"op_type": "Transpose", "perm": [1, 0]}
+    instrs = [Instruction(Op.LAYOUT, ("x",), ("t",), (), transpose, ("t",))]
+    prog = Program("nash-e", {"x": {"dtype": "float32"}}, {"t": {}}, instrs, {})
+    ex = Executor(prog)
+    for x in _batches(6):
+        np.testing.assert_array_equal(ex.run({"x": x})[0]["t"], x.T)
+    assert isinstance(ex._frozen, Frozen) and not ex._frozen.calls
