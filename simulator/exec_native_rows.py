@@ -261,8 +261,8 @@ def gather(values: torch.Tensor, qmin: int, qmax: int, q: torch.Tensor):
         return None
     if not values.is_contiguous() or values.numel() != qmax - qmin + 1:
         return None
-    if not -(2**31) <= qmin <= qmax < 2**31:
-        return None
+    if not -(2**31) <= qmin <= qmax < 2**31 or values.data_ptr() % values.element_size():
+        return None  # qrows.c's word gather needs entries aligned to their size
     q = q.contiguous()
     out = native.empty(q.shape, dtype=values.dtype)
     native.library().qp_gather(native.ptr(q), native.code(q), q.numel(), qmin, qmax,

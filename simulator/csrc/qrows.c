@@ -172,7 +172,8 @@ TGT void qp_add(const void *a, int64_t ta, const void *b, int64_t tb, int64_t ro
 /* Table lookup: y[i] = values[clamp(x[i], qmin, qmax) - qmin], x of dtype code tx (int8,
  * int16, int32), values and y of 1 << vshift bytes (int8, int16, int32). Sixteen at a time:
  * a gather of the aligned 4-byte word that holds each entry (words counted from the aligned
- * address `base` below the table, `lead` bytes before it), shifted down to the entry. An
+ * address `base` below the table, `lead` bytes before it), shifted down to the entry. The
+ * entries are aligned to their size (the caller checks), so none straddles two words; an
  * aligned word never crosses a page, so the bytes read beside an entry cannot fault, and
  * only the entry's own bytes reach the output. */
 TGT AI __m512i lut16(const void *x, int64_t i, int tx, __mmask16 m, __m512i lo, __m512i hi,

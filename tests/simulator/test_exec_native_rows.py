@@ -354,3 +354,15 @@ def test_bmm_pairs_equals_qmatmul(data, g, m, k, n, seed):
     exact = k * (128 if dta == np.int8 else 32768) * (128 if dtb == np.int8 else 32768) < 2**31
     names = [fn.__name__ for fn, _, _ in trace.calls]
     assert names == ["qp_bmm_pairs"] if exact else "qp_bmm_pairs" not in names
+
+
+def test_gather_leaves_a_misaligned_table_to_the_torch_path():
+    """An int16 table at an odd address (possible from numpy, never from torch) could
+    straddle two of the kernel's 4-byte words: None, the caller's torch path."""
+    raw = bytearray(np.arange(21, dtype=np.uint8).tobytes())  # writable: torch shares it
+    values = np.frombuffer(raw, dtype=np.int16, count=10, offset=1)
+    t = torch.from_numpy(values.copy())
+    q = torch.arange(-3, 12, dtype=torch.int16)
+    assert exec_native_rows.gather(t, 0, 9, q) is not None  # aligned: the kernel
+    odd = torch.from_numpy(values)
+    assert odd.data_ptr() % 2 == 1 and exec_native_rows.gather(odd, 0, 9, q) is None
