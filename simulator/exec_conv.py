@@ -123,7 +123,7 @@ def linear_add_plan(instr: Instruction, consts, in_dtype, b_dtype):
     LINEAR fused with an add, or None: multipliers not scalars or along the last axis, a
     bound of :func:`fused_add_epilogue` not met, a dtype the kernel does not take."""
     w, bias = consts[instr.consts[0]], consts[instr.consts[1]] if instr.consts[1] else None
-    wt = w.t().contiguous()  # [K, N]
+    wt = consts.cached(("linear", instr.consts[0]), lambda: w.t().contiguous())  # k_linear's
     o = wt.shape[1]
     if not all(_last_axis(consts[c], o) for c in instr.consts[4:6]):
         return None

@@ -77,13 +77,15 @@ typedef struct {
 } lin_t;
 
 /* Channel blocks j0, j0+1 (nj of them) of the 16 rows whose inputs hi / lo hold: the tile
- * products into acc [nj][2][16][16] (hi part, lo part). */
+ * products into acc [nj][2][16][16] (hi part, lo part; the lo part only for int16). */
 AMX static void block_products(const lin_t *l, const uint8_t *hi, const uint8_t *lo, int64_t j0,
                                int nj, int32_t *acc) {
     _tile_zero(0);
     _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    if (l->wide) {
+        _tile_zero(2);
+        _tile_zero(3);
+    }
     for (int64_t c = 0; c < l->kp / 64; c++) {
         const int8_t *wc = l->w + (c * 16 * l->ob + j0) * 64;
         _tile_loadd(4, hi + c * 64, l->kp);
@@ -103,10 +105,10 @@ AMX static void block_products(const lin_t *l, const uint8_t *hi, const uint8_t 
         }
     }
     _tile_stored(0, acc, 64);
-    _tile_stored(2, acc + 256, 64);
-    if (nj > 1) {
-        _tile_stored(1, acc + 512, 64);
-        _tile_stored(3, acc + 768, 64);
+    if (nj > 1) _tile_stored(1, acc + 512, 64);
+    if (l->wide) {
+        _tile_stored(2, acc + 256, 64);
+        if (nj > 1) _tile_stored(3, acc + 768, 64);
     }
 }
 
