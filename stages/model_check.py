@@ -1,7 +1,8 @@
 """The vendor-style prepare reports: debug/fx_graph.txt and debug/model_check_result.txt.
 
 model_check_result.txt lists the ops found, the dtype chosen per layer, unsupported ops,
-modules called more than once, and model outputs that are not high precision.
+training-only randomness removed (stochastic depth), modules called more than once, and
+model outputs that are not high precision.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections import Counter
 import torch.fx
 
 from stages.fake_quant import QFakeQuantize
+from stages.functionalize import TRAINING_ONLY_KEY
 from stages.layers import ID_KEY, OpInfo, module_call_counts
 
 
@@ -55,6 +57,8 @@ def render_check(
     out += [f"{i.target} | node {i.node} | layer {i.layer_id}" for i in unsupported] or ["none"]
     if gm is None:
         return "\n".join(out) + "\n"
+    out += ["", "## training-only randomness removed (identity in every stage)"]
+    out += list(gm.meta.get(TRAINING_ONLY_KEY, [])) or ["none"]
     out += ["", "## layers merged into another (BN folding)"]
     out += [f"{k}: folded into {v}" for k, v in folded_layers(infos, gm).items()] or ["none"]
     out += ["", "## modules called more than once (each call gets its own quantizers)"]

@@ -23,7 +23,9 @@ from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
 from schemas.errors import ArtifactError, SpecError, StageError
 from schemas.paths import checked_path
+from stages.constant_fold import fold_constants
 from stages.fake_quant import QFakeQuantize, quantizers
+from stages.functionalize import TRAINING_ONLY_KEY, out_of_place, remove_training_noise
 from stages.layers import ID_KEY, OpInfo, assign_layer_ids, classify, is_tensor_node
 from stages.loader import import_object
 from stages.quantizer import NashQuantizer, QuantPolicy
@@ -82,7 +84,9 @@ def save_state(model: torch.nn.Module, path: Path) -> None:
 def export_graph(
     model: torch.nn.Module, example: torch.Tensor, mode: str = "eval"
 ) -> torch.fx.GraphModule:
-    """torch.export in ``mode`` ("train": QAT graph, "eval": deploy graph), dynamic batch.
+    """torch.export in ``mode`` ("train": QAT graph, "eval": deploy graph), dynamic batch,
+    made functional and deterministic (stages/functionalize.py; what training-only
+    randomness was removed is in ``gm.meta[TRAINING_ONLY_KEY]``).
 
     A failure names the op or line and what to do. Python branches on ``self.training``
     are fixed by the mode, which is how a train-only branch ends up in qat.pt but not in
@@ -102,7 +106,11 @@ def export_graph(
             "(use torch.where / torch.cond) or unsupported Python ops "
             "in forward; run with --debug for the full trace",
         ) from e
-    return ep.module()
+    gm = ep.module()
+    gm.meta[TRAINING_ONLY_KEY] = remove_training_noise(gm)
+    fold_constants(gm)
+    out_of_place(gm)
+    return gm
 
 
 _USER_LINE = re.compile(
@@ -133,7 +141,9 @@ def prepare_qat(
     infos = assign_layer_ids(gm)
     if any(not i.supported for i in infos):
         raise UnsupportedOps(infos)
+    removed = gm.meta.get(TRAINING_ONLY_KEY, [])
     gm = prepare_pt2e(gm, NashQuantizer(policy))
+    gm.meta[TRAINING_ONLY_KEY] = removed
     _keep_ids(gm, move_exported_model_to_eval)
     return gm, infos, name_quantizers(gm)
 
