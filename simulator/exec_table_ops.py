@@ -119,7 +119,8 @@ def k_dequantize(instr, bufs, consts):
 
 
 _CPU_OPS = {"Sigmoid": torch.sigmoid, "Tanh": torch.tanh, "Exp": torch.exp, "Relu": torch.relu,
-            "Add": torch.add, "Mul": torch.mul}  # fmt: skip
+            "Add": torch.add, "Mul": torch.mul, "HardSigmoid": torch.nn.functional.hardsigmoid,
+            "HardSwish": torch.nn.functional.hardswish}  # fmt: skip
 
 
 def k_cpu(instr, bufs, consts):

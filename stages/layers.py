@@ -79,6 +79,7 @@ def _table() -> dict[object, tuple[str, Category]]:
             "gelu": [aten.gelu.default],
             "silu": [aten.silu.default],
             "hardswish": [aten.hardswish.default],
+            "hardsigmoid": [aten.hardsigmoid.default],
             "reciprocal": [aten.reciprocal.default],
             "sqrt": [aten.sqrt.default],
             "rsqrt": [aten.rsqrt.default],
@@ -145,6 +146,7 @@ class OpInfo:
     target: str
     module_type: str
     inputs: tuple[str, ...] = ()  # node names of the tensor inputs
+    source: str = ""  # the user's source line that made the op ("file:line (code)")
 
     @property
     def supported(self) -> bool:
@@ -222,9 +224,22 @@ def assign_layer_ids(gm: torch.fx.GraphModule) -> list[OpInfo]:
                 str(n.target),
                 mtype,
                 tuple(a.name for a in n.all_input_nodes),
+                source_line(n),
             )
         )
     return infos
+
+
+def source_line(node: torch.fx.Node) -> str:
+    """``file:line (code)`` of the innermost frame of the node's stack trace, else ""."""
+    lines = (node.meta.get("stack_trace") or "").strip().splitlines()
+    frames = [i for i, ln in enumerate(lines) if ln.lstrip().startswith("File ")]
+    if not frames:
+        return ""
+    head = lines[frames[-1]].strip()
+    code = lines[frames[-1] + 1].strip() if frames[-1] + 1 < len(lines) else ""
+    where = head.removeprefix("File ").replace('"', "").split(", in ")[0].replace(", line ", ":")
+    return f"{where} ({code})" if code else where
 
 
 def layer_infos(gm: torch.fx.GraphModule) -> list[OpInfo]:

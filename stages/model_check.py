@@ -54,7 +54,10 @@ def render_check(
         out.append(f"{op}: {k}")
     unsupported = [i for i in infos if not i.supported]
     out += ["", f"## unsupported ops ({len(unsupported)})"]
-    out += [f"{i.target} | node {i.node} | layer {i.layer_id}" for i in unsupported] or ["none"]
+    out += [
+        f"{i.target} | node {i.node} | layer {i.layer_id} | {i.source or 'source unknown'}"
+        for i in unsupported
+    ] or ["none"]
     if gm is None:
         return "\n".join(out) + "\n"
     out += ["", "## training-only randomness removed (identity in every stage)"]

@@ -187,7 +187,11 @@ class UnsupportedOps(StageError):
     def __init__(self, infos: list[OpInfo]):
         self.infos = infos
         bad = [i for i in infos if not i.supported]
-        listing = "; ".join(f"{o.target} at node {o.node} (layer {o.layer_id})" for o in bad)
+        listing = "; ".join(
+            f"{o.target} at node {o.node} (layer {o.layer_id}"
+            + (f", {o.source})" if o.source else ")")
+            for o in bad
+        )
         super().__init__(
             f"{len(bad)} unsupported op(s): {listing}",
             where="prepare",

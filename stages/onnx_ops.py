@@ -249,6 +249,7 @@ def rules() -> dict:
         aten.reciprocal.default: _unary("Reciprocal"),
         aten.gelu.default: _gelu, aten.silu.default: _silu,
         aten.hardswish.default: _unary("HardSwish"),
+        aten.hardsigmoid.default: _unary("HardSigmoid", alpha=1.0 / 6.0, beta=0.5),
         aten.softmax.int: _softmax, aten._softmax.default: _softmax,
         aten.layer_norm.default: _layer_norm,
         aten.batch_norm.default: _batch_norm,

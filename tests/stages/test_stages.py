@@ -74,11 +74,13 @@ def test_nan_sample_is_refused_by_index(make_ctx):
 
 def test_unsupported_op_writes_the_report_then_fails(make_ctx):
     ctx = make_ctx(model={"factory": "tests.models:cumsum"})
-    with pytest.raises(UnsupportedOps, match=r"cumsum.*node cumsum") as e:
+    source = r"tests/models.py:\d+ \(return super\(\).forward\(torch.cumsum\(x, dim=2\)\)\)"
+    with pytest.raises(UnsupportedOps, match=r"cumsum.*node cumsum.*" + source) as e:
         _run(ctx, "prepare")
     assert "model_check_result.txt" in e.value.message
     report = ctx.run.path("debug/model_check_result.txt").read_text()
     assert "## unsupported ops (1)" in report and "aten.cumsum.default" in report
+    assert "tests/models.py:" in report.split("## unsupported ops")[1]
 
 
 def test_untraceable_model_names_the_problem(make_ctx):
