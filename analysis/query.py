@@ -26,7 +26,18 @@ from analysis.sql_views import connect
 from schemas.errors import QueryError
 from schemas.table_schemas import SCHEMAS
 
-__all__ = ["NamedQuery", "connect", "execute", "load_query", "named", "query_names", "run_sql"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "TIMEOUT_ENV",
+    "NamedQuery",
+    "connect",
+    "execute",
+    "execute_bounded",
+    "load_query",
+    "named",
+    "query_names",
+    "run_sql",
+]
 
 DEFAULT_TIMEOUT_S = 60.0
 """Time limit of one user query, in seconds (``qparity sql --timeout``)."""
