@@ -1,7 +1,7 @@
 """SQL over the run store: user SQL (read-only) and the named queries of ``analysis/sql``.
 
 ``run_sql`` answers ``qparity sql "SELECT ..."``: exactly one read statement (SELECT,
-WITH ... SELECT, FROM ..., DESCRIBE, SHOW, SUMMARIZE, EXPLAIN of a read, or an
+WITH ... SELECT, FROM ..., PIVOT, UNPIVOT, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN of a read, or an
 informational PRAGMA such as ``PRAGMA table_info('runs')``), checked with DuckDB's own
 parser before it runs, on the locked session of :mod:`analysis.sql_views`.
 
@@ -13,6 +13,7 @@ Values are always bound, never formatted into the SQL.
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -25,17 +26,36 @@ from analysis.sql_views import connect
 from schemas.errors import QueryError
 from schemas.table_schemas import SCHEMAS
 
-__all__ = ["NamedQuery", "connect", "execute", "load_query", "named", "query_names", "run_sql"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "TIMEOUT_ENV",
+    "NamedQuery",
+    "connect",
+    "execute",
+    "execute_bounded",
+    "load_query",
+    "named",
+    "query_names",
+    "run_sql",
+]
 
+DEFAULT_TIMEOUT_S = 60.0
+"""Time limit of one user query, in seconds (``qparity sql --timeout``)."""
+TIMEOUT_ENV = "QPARITY_SQL_TIMEOUT"
+"""Environment variable that sets the time limit of ``qparity sql``."""
 SQL_DIR = Path(__file__).resolve().parent / "sql"
 """Where the named queries live."""
 
-_READ_ONLY_HINT = "qparity sql is read-only: use one SELECT, WITH, DESCRIBE, SHOW or EXPLAIN"
+_READ_ONLY_HINT = (
+    "qparity sql is read-only: use one SELECT, WITH, PIVOT, UNPIVOT, DESCRIBE, SHOW or EXPLAIN"
+)
 _INFO_PRAGMAS = frozenset(
     {"table_info", "show", "show_tables", "show_tables_expanded", "database_size", "version"}
 )
 _PRAGMA_RE = re.compile(r"^\s*PRAGMA\s+(\w+)", re.IGNORECASE)
 _EXPLAIN_RE = re.compile(r"^\s*EXPLAIN(\s+ANALYZE|\s*\([^)]*\))?\s+", re.IGNORECASE)
+_CANCEL_WAIT_S = 10.0  # how long a cancelled query may take to stop
+_FIRST_WORD_RE = re.compile(r"^\s*(\w+)")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -64,6 +84,8 @@ def check_read_only(sql: str) -> duckdb.Statement:
     if kind == "EXPLAIN":  # EXPLAIN ANALYZE runs its statement: check that one too
         check_read_only(_EXPLAIN_RE.sub("", stmt.query, count=1))
         return stmt
+    if kind == "MULTI":
+        return _check_pivot(stmt)
     if kind == "PRAGMA":
         m = _PRAGMA_RE.match(stmt.query)
         if m and m.group(1).lower() in _INFO_PRAGMAS:
@@ -75,6 +97,30 @@ def check_read_only(sql: str) -> duckdb.Statement:
             hint=_READ_ONLY_HINT,
         )
     raise QueryError(f"{kind} statements are refused", where="sql", hint=_READ_ONLY_HINT)
+
+
+def _check_pivot(stmt: duckdb.Statement) -> duckdb.Statement:
+    """A MULTI statement is what DuckDB makes of a PIVOT without an ``IN`` list: it first
+    creates an enum type of the pivoted values, then runs the query. Allowed only when the
+    whole statement is a query, i.e. it parses as the subquery of a SELECT (so
+    ``CREATE TABLE t AS PIVOT ...``, ``COPY (PIVOT ...) TO`` and ``INSERT`` are refused)."""
+    query = stmt.query.rstrip().rstrip(";")
+    if _EXPLAIN_RE.match(query):
+        check_read_only(_EXPLAIN_RE.sub("", query, count=1))
+        return stmt
+    try:
+        as_subquery = duckdb.extract_statements(f"SELECT * FROM (\n{query}\n)")
+    except duckdb.Error:
+        as_subquery = []
+    if len(as_subquery) == 1:
+        return stmt
+    m = _FIRST_WORD_RE.match(query)
+    word = m.group(1).upper() if m else "this"
+    raise QueryError(
+        f"{word} statements are refused (a PIVOT is allowed as a query only)",
+        where="sql",
+        hint=_READ_ONLY_HINT,
+    )
 
 
 def execute(
@@ -95,14 +141,66 @@ def execute(
         ) from e
 
 
-def run_sql(root: str | Path, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
-    """Run one read-only statement of user SQL over every run's tables under ``root``."""
+def run_sql(
+    root: str | Path,
+    sql: str,
+    params: dict[str, Any] | None = None,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
+) -> pa.Table:
+    """Run one read-only statement of user SQL over every run's tables under ``root``,
+    cancelled past ``timeout_s`` seconds (None or 0: no limit) or on Ctrl-C."""
     check_read_only(sql)
     con = connect(root)
     try:
-        return execute(con, sql, params)
+        return execute_bounded(con, sql, params, timeout_s)
     finally:
         con.close()
+
+
+def execute_bounded(
+    con: duckdb.DuckDBPyConnection,
+    sql: str,
+    params: dict[str, Any] | None,
+    timeout_s: float | None,
+) -> pa.Table:
+    """:func:`execute` in a worker thread, stopped with DuckDB's ``interrupt()`` past
+    ``timeout_s`` (a :class:`QueryError`) or on Ctrl-C (KeyboardInterrupt, raised again).
+
+    The wait is in the calling thread, where Python delivers SIGINT, on an Event: a
+    ``Thread.join`` interrupted by Ctrl-C marks a running thread as finished (Python 3.11)."""
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            box["table"] = execute(con, sql, params)
+        except BaseException as e:  # handed to the waiting thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="qparity-sql", daemon=True).start()
+    try:
+        finished = done.wait(timeout_s or None)
+    except KeyboardInterrupt:
+        _cancel(con, done)
+        raise
+    if not finished:
+        _cancel(con, done)
+        raise QueryError(
+            f"the query ran past the time limit of {timeout_s:g} s and was cancelled",
+            where="sql",
+            hint=f"narrow it (a WHERE, fewer joins) or raise the limit: --timeout SECONDS "
+            f"or ${TIMEOUT_ENV} (0: no limit)",
+        )
+    if "error" in box:
+        raise box["error"]
+    return box["table"]
+
+
+def _cancel(con: duckdb.DuckDBPyConnection, done: threading.Event) -> None:
+    con.interrupt()
+    done.wait(_CANCEL_WAIT_S)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ DuckDB itself can neither read nor write any file.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import duckdb
@@ -29,6 +28,7 @@ import pyarrow.dataset as ds
 from schemas.errors import QueryError
 from schemas.spec_sections import STAGE_NAMES
 from schemas.store import RunStore
+from schemas.store_layout import run_folders, table_files
 from schemas.table_schemas import SCHEMAS
 
 CHAIN_VIEW = "chain"
@@ -37,38 +37,18 @@ VIEWS_DIR = Path(__file__).resolve().parent / "sql" / "views"
 """Derived views: ``<name>.sql`` holds the SELECT of the view ``<name>``."""
 
 
-def _parquet_under(folder: str) -> list[str]:
-    """Parquet files below ``folder``, skipping hidden names (atomic writes' temp files)."""
-    found = []
-    for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        found += [
-            os.path.join(dirpath, f)
-            for f in sorted(filenames)
-            if f.endswith(".parquet") and not f.startswith(".")
-        ]
-    return found
-
-
 def store_files(root: str | Path) -> dict[str, list[str]]:
     """Every table's Parquet files under the store ``root``, by table name.
 
     Runs are the folders of ``root`` whose names do not start with '.' or '_' (the cache
-    and other bookkeeping live there).
+    and other bookkeeping live there); symlinked run folders and table parts are skipped
+    with a warning (:mod:`schemas.store_layout`), so no file outside the store is read and
+    no run counts twice.
     """
     files: dict[str, list[str]] = {table: [] for table in SCHEMAS}
-    root = RunStore(root).local_copy()
-    if not root.is_dir():
-        return files
-    with os.scandir(root) as entries:
-        runs = sorted(e.path for e in entries if e.name[0] not in "._" and e.is_dir())
-    for run in runs:
-        tables = os.path.join(run, "tables")
-        if not os.path.isdir(tables):
-            continue
-        for table in os.listdir(tables):
-            if table in files:
-                files[table] += _parquet_under(os.path.join(tables, table))
+    for run in run_folders(RunStore(root).local_copy()):
+        for table in files:
+            files[table] += [str(p) for p in table_files(run, table)]
     return files
 
 

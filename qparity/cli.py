@@ -7,6 +7,7 @@ only with --debug.
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated
 
@@ -213,10 +214,26 @@ def _is_usage_error(e: Exception) -> bool:
     )
 
 
+def _show_warning(message, category, *args, **kwargs) -> None:
+    """Store warnings (a refused symlink) as one line on stderr; others as Python prints them."""
+    from schemas.store_layout import StoreWarning
+
+    if issubclass(category, StoreWarning):
+        err.print(f"[bold yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+    else:
+        _PYTHON_SHOWWARNING(message, category, *args, **kwargs)
+
+
+_PYTHON_SHOWWARNING = warnings.showwarning
+
+
 def main() -> None:
     """Console entry point: our errors become one paragraph and exit code 1."""
+    warnings.showwarning = _show_warning
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
+        if isinstance(code, int) and code:  # a typer.Exit(n), or 130 after Ctrl-C
+            sys.exit(code)
     except QparityError as e:
         if STATE["debug"]:
             raise

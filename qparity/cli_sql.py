@@ -22,10 +22,11 @@ import typer
 from rich.console import Console
 
 from analysis.diff import diff_runs, render_diff, rich_table
-from analysis.query import run_sql
+from analysis.query import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, run_sql
 from qparity.cli_options import RunsOpt, store_root
 
 out = Console()
+err = Console(stderr=True)
 
 
 class Format(StrEnum):
@@ -61,18 +62,35 @@ def write_result(result: pa.Table, fmt: str, console: Console = out) -> None:
 
 def sql_command(
     query: Annotated[
-        str, typer.Argument(help="One read-only statement (SELECT, WITH, DESCRIBE...).")
+        str,
+        typer.Argument(help="One read-only statement (SELECT, WITH, PIVOT, DESCRIBE...)."),
     ],
     root: RunsOpt = None,
     fmt: Annotated[
         Format, typer.Option("--format", "-f", help="table, csv or json.")
     ] = Format.table,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            envvar=TIMEOUT_ENV,
+            min=0,
+            metavar="SECONDS",
+            help=f"Cancel the query after this many seconds (0: no limit; ${TIMEOUT_ENV}).",
+        ),
+    ] = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Read-only DuckDB SQL over every run's tables (one view per table, plus `chain`).
 
+    Ctrl-C cancels a running query (exit code 130).
+
     Example: qparity sql "SELECT run_id, stage FROM localization WHERE kind = 'stage' AND rank = 1"
     """
-    result = run_sql(store_root(root), query)
+    try:
+        result = run_sql(store_root(root), query, timeout_s=timeout)
+    except KeyboardInterrupt:
+        err.print("[bold red]interrupted:[/] the query was cancelled (Ctrl-C)", highlight=False)
+        raise typer.Exit(130) from None
     write_result(result, fmt.value if isinstance(fmt, Format) else fmt)
 
 

@@ -38,6 +38,7 @@ from schemas.fileio import (
 )
 from schemas.manifest import Manifest, StageRecord
 from schemas.remote import Remote, is_url, local_root
+from schemas.store_layout import check_root, refuse_linked_run, run_folders
 
 if TYPE_CHECKING:
     from schemas.artifacts import Artifact
@@ -204,12 +205,14 @@ class RunStore:
     """The folder of all runs, plus the content-addressed stage cache index.
 
     ``root`` is a folder or an fsspec URL (``s3://bucket/runs``): then runs live in a local
-    mirror that is synced with the URL (:mod:`schemas.remote`).
+    mirror that is synced with the URL (:mod:`schemas.remote`). A local ``root`` that is a
+    file is an :class:`ArtifactError`; symlinked run folders are never read
+    (:mod:`schemas.store_layout`).
     """
 
     def __init__(self, root: str | Path):
         self.remote = Remote(str(root)) if is_url(root) else None
-        self.root = self.remote.mirror if self.remote else local_root(root)
+        self.root = self.remote.mirror if self.remote else check_root(local_root(root))
         self.location = self.remote.url if self.remote else str(self.root)
 
     def __repr__(self) -> str:
@@ -259,6 +262,7 @@ class RunStore:
             raise ArtifactError(
                 f"no run {run_id!r}", where=self.location, hint="`qparity runs` lists runs"
             )
+        refuse_linked_run(run.root)
         return run
 
     def list_runs(self) -> list[Manifest]:
@@ -274,12 +278,8 @@ class RunStore:
     def _raw_manifests(self) -> list[bytes]:
         if self.remote is not None:
             return list(self.remote.manifests(self.remote.run_ids()).values())
-        if not self.root.is_dir():
-            return []
         found = []
-        for folder in self.root.iterdir():
-            if folder.name[0] in "._" or not folder.is_dir():
-                continue
+        for folder in run_folders(self.root):
             try:
                 found.append((folder / "manifest.json").read_bytes())
             except OSError:

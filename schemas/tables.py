@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from schemas.errors import ArtifactError
 from schemas.fileio import atomic_writer
 from schemas.store import Run
+from schemas.store_layout import table_files
 from schemas.table_schemas import SCHEMAS
 
 _PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]*$")
@@ -159,8 +160,10 @@ def _conform(result: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def read_run_table(run: Run, table: str) -> list[dict[str, Any]]:
-    """Rows of one table of one run, as dicts (empty if the run has none)."""
-    files = sorted(run.path(f"tables/{table}").glob("**/*.parquet"))
+    """Rows of one table of one run, as dicts (empty if the run has none); parts that are
+    symlinks are not read (:func:`schemas.store_layout.table_files`)."""
+    _schema(table)  # a known table name, never a path
+    files = table_files(run.root, table)
     if not files:
         return []
     parts = []

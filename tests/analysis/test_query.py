@@ -9,6 +9,7 @@ import pytest
 from analysis.query import connect, load_query, named, query_names, run_sql
 from schemas.errors import QueryError
 from schemas.store import RunStore
+from schemas.store_layout import StoreWarning
 from schemas.table_schemas import SCHEMAS
 from schemas.tables import write_rows
 
@@ -175,6 +176,73 @@ def test_run_sql_reads(store):
     assert {"chain", "first_divergences"} <= set(
         run_sql(root, "SHOW TABLES").column("name").to_pylist()
     )
+
+
+def test_a_symlinked_run_folder_or_table_part_is_not_read_and_not_counted_twice(store, tmp_path):
+    root, (r1, *_) = store
+    (root / "r1-twin").symlink_to(root / r1, target_is_directory=True)
+    parts = root / r1 / "tables" / "metrics"
+    (parts / "again.parquet").symlink_to(parts / "qat.parquet")
+    with pytest.warns(StoreWarning) as caught:
+        runs = run_sql(root, "SELECT count(*) AS n FROM runs").to_pylist()
+        metrics = run_sql(root, "SELECT count(*) AS n FROM metrics WHERE stage = 'qat'")
+    assert runs == [{"n": 3}] and metrics.to_pylist() == [{"n": 2}]
+    named = " ".join(str(w.message) for w in caught)
+    assert str(root / "r1-twin") in named and str(parts / "again.parquet") in named
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "PIVOT runs ON status USING count(*) GROUP BY model ORDER BY model",
+        "WITH r AS (SELECT model, status FROM runs) PIVOT r ON status USING count(*) "
+        "GROUP BY model ORDER BY model",
+        "SELECT * FROM (PIVOT runs ON status USING count(*) GROUP BY model) ORDER BY model",
+    ],
+)
+def test_pivot_is_a_read(store, sql):
+    root, _ = store
+    assert run_sql(root, sql).to_pylist() == [
+        {"model": "m", "complete": 2},
+        {"model": "n", "complete": 1},
+    ]
+
+
+def test_unpivot_is_a_read(store):
+    root, (r1, *_) = store
+    sql = "UNPIVOT (SELECT run_id, model, march FROM runs WHERE run_id = $r) ON model, march"
+    got = run_sql(root, f"{sql} INTO NAME k VALUE v ORDER BY k", {"r": r1}).to_pylist()
+    assert got == [
+        {"run_id": r1, "k": "march", "v": "nash-e"},
+        {"run_id": r1, "k": "model", "v": "m"},
+    ]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "CREATE TABLE t AS PIVOT runs ON status",
+        "COPY (PIVOT runs ON status) TO '{root}/r/out.csv'",
+        "INSERT INTO runs BY NAME (PIVOT runs ON status)",
+        "EXPLAIN ANALYZE CREATE TABLE t AS PIVOT runs ON status",
+    ],
+)
+def test_a_pivot_inside_a_write_is_still_refused(store, sql):
+    root, _ = store
+    with pytest.raises(QueryError, match="read-only"):
+        run_sql(root, sql.format(root=root))
+    assert not (root / "r" / "out.csv").exists()
+
+
+LONG = "SELECT count(*) FROM range(100000) a, range(100000) b, range(100000) c"
+
+
+def test_a_query_past_the_time_limit_is_cancelled_with_a_query_error(store):
+    root, _ = store
+    with pytest.raises(QueryError, match="time limit of 0.2 s") as e:
+        run_sql(root, LONG, timeout_s=0.2)
+    assert "--timeout" in e.value.hint and "QPARITY_SQL_TIMEOUT" in e.value.hint
+    assert run_sql(root, "SELECT 1 AS x", timeout_s=0.2).to_pylist() == [{"x": 1}]
 
 
 def test_the_first_divergences_view_holds_the_localized_runs(store):

@@ -84,3 +84,30 @@ def test_quiet_run_prints_one_line_and_localize_prints_the_summary(
     assert _cli(monkeypatch, "localize", m.run_id, "--runs", tmp_path / "runs") == 0
     out = capsys.readouterr().out
     assert "no stage diverges" in out and "compare_per_layer_out.txt" in out
+
+
+@pytest.mark.parametrize(
+    "command", [("runs",), ("sql", "SELECT 1"), ("run", "SPEC", "--no-prefect")]
+)
+def test_runs_naming_a_file_is_one_clear_error(monkeypatch, capsys, tmp_path, write_spec, command):
+    not_a_folder = tmp_path / "notes.txt"
+    not_a_folder.write_text("x")
+    args = [write_spec(tiny_spec_dict()) if a == "SPEC" else a for a in command]
+    assert _cli(monkeypatch, *args, "--runs", not_a_folder) == 1
+    err = capsys.readouterr().err.replace("\n", "")
+    assert f"{not_a_folder}: the run store is not a folder: it must be a folder (or a URL)" in err
+    assert "internal error" not in err
+
+
+def test_a_symlinked_run_folder_is_named_and_neither_listed_nor_shown(
+    monkeypatch, capsys, tmp_path
+):
+    store = RunStore(tmp_path / "runs")
+    real = store.create_run("real", "", "ab" * 32, "0.1.0", {}, {})
+    (store.root / "twin").symlink_to(real.root, target_is_directory=True)
+    assert _cli(monkeypatch, "runs", "--runs", store.root) == 0
+    io = capsys.readouterr()
+    assert io.out.count(real.run_id) == 1 and "twin" not in io.out
+    assert f"warning: {store.root / 'twin'}: a symlink to {real.root}" in io.err.replace("\n", "")
+    assert _cli(monkeypatch, "show", "twin", "--runs", store.root) == 1
+    assert "symlinked run folders are refused" in capsys.readouterr().err

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -51,3 +57,65 @@ def test_diff_command(store):  # noqa: F811
     res = CliRunner().invoke(app, ["diff", r1, r2, "--runs", str(root)], terminal_width=200)
     assert res.exit_code == 0, res.output
     assert "half_even" in res.stdout and "Localization" in res.stdout
+
+
+LONG = "SELECT count(*) FROM range(100000) a, range(100000) b, range(100000) c"
+
+
+def test_pivot_is_answered(store):  # noqa: F811
+    root, _ = store
+    q = "PIVOT runs ON status USING count(*) GROUP BY model ORDER BY model"
+    res = CliRunner().invoke(app, ["sql", q, "--runs", str(root), "-f", "json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout) == [{"model": "m", "complete": 2}, {"model": "n", "complete": 1}]
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_the_time_limit_comes_from_the_option_or_the_environment(store, how):  # noqa: F811
+    root, _ = store
+    args = ["sql", LONG, "--runs", str(root)] + (["--timeout", "0.3"] if how == "option" else [])
+    env = {"QPARITY_SQL_TIMEOUT": "0.3"} if how == "env" else {}
+    res = CliRunner().invoke(app, args, env=env)
+    assert isinstance(res.exception, QueryError), res.output
+    assert "time limit of 0.3 s" in str(res.exception)
+
+
+_CHILD = """
+import signal
+import sys
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
+import analysis.query as q
+from qparity.cli import main
+
+original = q.execute
+
+def traced(*args, **kwargs):
+    print("query started", file=sys.stderr, flush=True)
+    return original(*args, **kwargs)
+
+q.execute = traced
+sys.argv = ["qparity", "sql", sys.argv[1], "--runs", sys.argv[2], "--timeout", "0"]
+main()
+"""
+
+
+def test_ctrl_c_cancels_a_running_query(store):  # noqa: F811
+    root, _ = store
+    repo = Path(__file__).resolve().parents[2]
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, LONG, str(root)],
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stderr.readline().strip() == "query started"
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=120)  # without the fix it never ends
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 130, err
+    assert "the query was cancelled (Ctrl-C)" in err and "Traceback" not in err
