@@ -21,6 +21,7 @@ from pipelines.runs import run_recorded, versions
 from schemas.artifacts import combined_digest
 from schemas.errors import SpecError
 from schemas.fileio import json_digest, sha256_file
+from schemas.paths import checked_file, checked_path
 from schemas.spec import NAMED_PIPELINES, with_pipeline
 from schemas.spec_sections import Dtype, Factory, PosInt, Section
 from schemas.store import Run, RunStore
@@ -119,10 +120,16 @@ def load_ptq_spec(path: Path) -> tuple[PtqSpec, str]:
 
 
 def model_path(spec: PtqSpec) -> Path:
-    """The ONNX file of the spec, written first by ``model.export`` when one is given."""
-    path = Path(spec.model.file)
+    """The ONNX file of the spec, written first by ``model.export`` when one is given.
+
+    ``model.file`` must lie inside the allowed roots (:mod:`schemas.paths`) before the
+    export writes it, and still after (the export may have left a symlink); an existing
+    file must be a regular one. A missing file is left to the original stage to report."""
+    path = checked_path(spec.model.file, "model.file")
     if spec.model.export:
         import_object(spec.model.export, field="model.export")(path)
+    if path.is_symlink() or path.exists():
+        return checked_file(path, "model.file")
     return path
 
 

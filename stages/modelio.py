@@ -22,7 +22,7 @@ from torchao.quantization.pt2e import move_exported_model_to_eval
 from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
 from schemas.errors import ArtifactError, SpecError, StageError
-from schemas.paths import checked_path
+from schemas.paths import checked_file
 from stages.fake_quant import QFakeQuantize, quantizers
 from stages.layers import ID_KEY, OpInfo, assign_layer_ids, classify, is_tensor_node
 from stages.loader import import_object
@@ -47,7 +47,7 @@ def build_float(factory: str, weights: str | None = None) -> torch.nn.Module:
             hint="return the model instance",
         )
     if weights:
-        load_weights(model, checked_path(weights, "model.weights"), field="model.weights")
+        load_weights(model, checked_file(weights, "model.weights"), field="model.weights")
     return model.eval()
 
 
