@@ -9,6 +9,7 @@ linked (or copied) into the new run, so every run folder is complete on its own.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import time
@@ -29,6 +30,7 @@ from stages.context import RunContext, toolchain_settings
 from stages.registry import StageDef, code_version
 from stages.registry_types import StageCall
 
+LOG = logging.getLogger(__name__)
 PACKAGES = ("torch", "torchao", "numpy", "onnx", "onnxruntime", "prefect", "pydantic")
 
 
@@ -171,9 +173,10 @@ def from_cache(
     longer valid (a file missing or failing its digest: recompute, never a wrong hit)."""
     try:
         hit = store.cache_lookup(key)
-    except ArtifactError:
-        return None  # an unreadable index entry is a miss, never a wrong hit
-    if not hit or hit.get("run_id") == run.run_id:
+    except ArtifactError as e:  # a miss, never a wrong hit; computing rewrites the entry
+        LOG.warning("stage %s: ignoring a bad stage cache entry: %s", stage, e.message)
+        return None
+    if not hit or hit["run_id"] == run.run_id:
         return None
     try:
         src = store.open(hit["run_id"])

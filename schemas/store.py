@@ -300,7 +300,8 @@ class RunStore:
             self.remote.copy_files(src.run_id, dst.run_id, rels)
 
     def cache_lookup(self, key: str) -> dict[str, Any] | None:
-        """The payload recorded under ``key``, or None (a miss)."""
+        """The payload recorded under ``key``, or None (a miss); :class:`ArtifactError` if
+        the entry is unreadable or not an object naming a ``run_id``."""
         path = self._cache_path(key)
         try:
             if self.remote is not None:
@@ -314,7 +315,13 @@ class RunStore:
             return None
         except (OSError, ValueError) as e:
             raise ArtifactError(f"unreadable cache entry ({e})", where=str(path)) from e
-        return payload if isinstance(payload, dict) else None
+        if not isinstance(payload, dict) or not isinstance(payload.get("run_id"), str):
+            raise ArtifactError(
+                f"not a cache entry (expected an object with a run_id): {raw[:80]!r}",
+                where=str(path),
+                hint="it is ignored and rewritten when the stage is computed again",
+            )
+        return payload
 
     def cache_record(self, key: str, payload: dict[str, Any]) -> None:
         """Record ``payload`` under ``key`` (atomic; replaces an earlier entry)."""
