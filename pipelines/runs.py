@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from pipelines.gc import mark_interrupted
 from pipelines.limits import guard
 from schemas.artifacts import Artifact, combined_digest
 from schemas.errors import ArtifactError, SpecError, StageError
 from schemas.fileio import json_digest
+from schemas.manifest import Manifest
 from schemas.remote import is_url
 from schemas.spec import PipelineSpec, spec_digest, stage_config_digest
 from schemas.store import Run, RunStore
@@ -54,11 +56,13 @@ def versions() -> dict[str, str]:
 def start_run(
     store: RunStore, spec: PipelineSpec, spec_text: str, parent: str | None = None
 ) -> Run:
-    """A new run folder for ``spec`` (status running).
+    """A new run folder for ``spec`` (status running, its row in the runs table), after
+    marking runs whose process died interrupted (:mod:`pipelines.gc`).
 
     Its spec.yaml is ``spec_text`` when that is the spec as run, else (overrides, injected
     faults) the effective spec, so analysing the run later sees what ran."""
-    return store.create_run(
+    mark_interrupted(store)
+    run = store.create_run(
         spec.name,
         effective_spec_text(spec, spec_text),
         spec_digest(spec),
@@ -67,6 +71,8 @@ def start_run(
         dict(spec.tags),
         parent_run=parent,
     )
+    write_run_row(run, run.manifest(), spec)
+    return run
 
 
 def effective_spec_text(spec: PipelineSpec, spec_text: str) -> str:
@@ -216,7 +222,11 @@ def stage_row(run: Run, rec, duration_s: float, digest: str | None, hit: bool) -
 
 def finish_run(run: Run, spec: PipelineSpec, error: str | None = None) -> None:
     """Mark the run complete or failed and write its row of the runs table."""
-    m = run.finish("failed" if error else "complete", error)
+    write_run_row(run, run.finish("failed" if error else "complete", error), spec)
+
+
+def write_run_row(run: Run, m: Manifest, spec: PipelineSpec) -> None:
+    """The run's row of the runs table as of manifest ``m`` (written at start and end)."""
     write_rows(
         run,
         "runs",
