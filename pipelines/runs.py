@@ -180,7 +180,10 @@ def from_cache(
     try:
         hit = store.cache_lookup(key)
     except ArtifactError as e:  # a miss, never a wrong hit; computing rewrites the entry
-        LOG.warning("stage %s: ignoring a bad stage cache entry: %s", stage, e.message)
+        LOG.warning(
+            "stage %s: ignoring a bad stage cache entry (%s: %s); the stage is computed and "
+            "the entry rewritten", stage, e.where, e.what,
+        )  # fmt: skip
         return None
     if not hit or hit["run_id"] == run.run_id:
         return None

@@ -334,7 +334,7 @@ class RunStore:
             raise ArtifactError(
                 f"not a cache entry (expected an object with a run_id): {raw[:80]!r}",
                 where=str(path),
-                hint="it is ignored and rewritten when the stage is computed again",
+                hint="delete it; a run computing the stage rewrites it",
             )
         return payload
 
