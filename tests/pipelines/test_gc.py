@@ -38,6 +38,7 @@ def _cli(monkeypatch, capsys, *args) -> str:
     from qparity import cli
 
     monkeypatch.setattr(sys, "argv", ["qparity", *map(str, args)])
+    monkeypatch.setattr(cli.out, "_width", 200)  # no wrapped table cells
     with pytest.raises(SystemExit) as e:
         cli.main()
         raise SystemExit(0)
@@ -74,7 +75,6 @@ def _killed_in_prepare(tmp_path: Path) -> str:
 def test_a_sigkilled_run_reads_interrupted_and_gc_marks_it(tmp_path, monkeypatch, capsys):
     run_id = _killed_in_prepare(tmp_path)
     root = tmp_path / "runs"
-    monkeypatch.setenv("COLUMNS", "200")
     assert f"{run_id} │ interrupted" in _cli(monkeypatch, capsys, "runs", "--runs", root)
     shown = _cli(monkeypatch, capsys, "show", run_id, "--runs", root)
     assert "status=interrupted" in shown and "prepare │ interrupted" in shown
