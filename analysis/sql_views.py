@@ -7,7 +7,8 @@ table no run has written yet is an empty view with the right columns and types, 
 never fails on a young store. ``chain`` is one more view: ``(stage, position)`` of every
 stage in chain order, for ``ORDER BY`` and "the stage before" questions. Each file of
 ``analysis/sql/views/`` is one more view over those, named after the file
-(``first_divergences``: the first divergent stage and layer of each localized run).
+(``first_divergences``: the first divergent stage and layer of each localized run). A run
+whose process died unmarked reads as ``interrupted`` in ``runs`` (:mod:`schemas.owner`).
 
 Why Arrow datasets, not ``read_parquet(glob)`` views: DuckDB 2.0.1 checks file access when a
 view runs, so views over ``read_parquet`` need the store root in ``allowed_directories``,
@@ -23,9 +24,11 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from schemas.errors import QueryError
+from schemas.owner import died
 from schemas.spec_sections import STAGE_NAMES
 from schemas.store import RunStore
 from schemas.store_layout import run_folders, table_files
@@ -59,6 +62,19 @@ def _dataset(table: str, files: list[str]) -> ds.Dataset | pa.Table:
     return ds.dataset(files, schema=schema, format="parquet")
 
 
+def _show_interrupted(data: ds.Dataset | pa.Table, root: str | Path) -> ds.Dataset | pa.Table:
+    """The runs rows with status ``interrupted`` for runs whose process died but that no
+    one has marked yet (schemas.owner): SQL shows what ``qparity runs`` shows."""
+    local = RunStore(RunStore(root).root)  # store_files already synced a URL store's copy
+    dead = [m.run_id for m in local.list_runs() if died(m)]
+    if not dead:
+        return data
+    rows = data.to_table() if isinstance(data, ds.Dataset) else data
+    gone = pc.is_in(rows["run_id"], value_set=pa.array(dead, pa.string()))
+    status = pc.if_else(gone, pa.scalar("interrupted"), rows["status"])
+    return rows.set_column(rows.schema.get_field_index("status"), "status", status)
+
+
 def _chain() -> pa.Table:
     return pa.table(
         {
@@ -80,7 +96,8 @@ def connect(root: str | Path) -> duckdb.DuckDBPyConnection:
     try:
         con.execute("SET TimeZone = 'UTC'")
         for table, files in store_files(root).items():
-            con.register(table, _dataset(table, files))
+            data = _dataset(table, files)
+            con.register(table, _show_interrupted(data, root) if table == "runs" else data)
         con.register(CHAIN_VIEW, _chain())
         for path in sorted(VIEWS_DIR.glob("*.sql")):
             con.execute(f"CREATE VIEW {path.stem} AS {path.read_text()}")

@@ -27,6 +27,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact  #
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from pipelines.runs import StageOutcome, execute_stage, finish_run, start_run  # noqa: E402
+from schemas.owner import heartbeat  # noqa: E402
 from schemas.spec import PipelineSpec  # noqa: E402
 from schemas.store import RunStore  # noqa: E402
 from stages.context import RunContext  # noqa: E402
@@ -191,15 +192,16 @@ def run_chain(
     ctx = RunContext(spec=spec, run=run, code_version=code_version(), recompute=recompute)
     result, t0 = ChainResult(run.run_id, prefect_startup_s=startup), time.perf_counter()
     try:
-        if use_prefect:
-            result.outcomes, result.analysis = with_quiet_prefect(
-                lambda: chain_flow(store, ctx, on_stage)
-            )
-        else:
-            result.outcomes = _run_plan(
-                store, ctx, on_stage, lambda s, up: execute_stage(store, ctx, s, up)
-            )
-            result.analysis = run_analysis(ctx)
+        with heartbeat(run.heartbeat):  # a killed run is told from a slow one (schemas.owner)
+            if use_prefect:
+                result.outcomes, result.analysis = with_quiet_prefect(
+                    lambda: chain_flow(store, ctx, on_stage)
+                )
+            else:
+                result.outcomes = _run_plan(
+                    store, ctx, on_stage, lambda s, up: execute_stage(store, ctx, s, up)
+                )
+                result.analysis = run_analysis(ctx)
     except BaseException as e:
         finish_run(run, spec, error=f"{type(e).__name__}: {e}")
         raise

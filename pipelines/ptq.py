@@ -4,7 +4,8 @@
 runs :data:`stages.ptq.chain.STAGES` in order and records each like the QAT chain does:
 the manifest (stage_started / stage_finished / stage_failed), the ``stages`` and
 ``metrics`` tables (pipelines.runs' row writers) and, at the end, the ``runs`` table.
-No stage cache: every stage is computed (the chain takes seconds on the bundled example).
+The run's row of ``runs`` is written at start too (status running); runs whose process
+died are marked interrupted first (:mod:`pipelines.gc`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,14 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import AfterValidator, ValidationError
 
+from pipelines.gc import mark_interrupted
 from pipelines.runs import run_recorded, versions
 from schemas.artifacts import combined_digest
 from schemas.errors import SpecError
 from schemas.fileio import json_digest, sha256_file
+from schemas.manifest import Manifest
+from schemas.owner import heartbeat
+from schemas.paths import checked_file, checked_path
 from schemas.spec import NAMED_PIPELINES, with_pipeline
 from schemas.spec_sections import Dtype, Factory, PosInt, Section
 from schemas.store import Run, RunStore
@@ -119,10 +124,16 @@ def load_ptq_spec(path: Path) -> tuple[PtqSpec, str]:
 
 
 def model_path(spec: PtqSpec) -> Path:
-    """The ONNX file of the spec, written first by ``model.export`` when one is given."""
-    path = Path(spec.model.file)
+    """The ONNX file of the spec, written first by ``model.export`` when one is given.
+
+    ``model.file`` must lie inside the allowed roots (:mod:`schemas.paths`) before the
+    export writes it, and still after (the export may have left a symlink); an existing
+    file must be a regular one. A missing file is left to the original stage to report."""
+    path = checked_path(spec.model.file, "model.file")
     if spec.model.export:
         import_object(spec.model.export, field="model.export")(path)
+    if path.is_symlink() or path.exists():
+        return checked_file(path, "model.file")
     return path
 
 
@@ -142,17 +153,20 @@ def run_ptq(
     onnx_path = Path(onnx_path)
     name = re.sub(r"[^A-Za-z0-9._-]", "_", onnx_path.stem) or "model"
     store = RunStore(store_root)
+    mark_interrupted(store)
     run = store.create_run(
         name, spec_text or yaml.safe_dump(spec.model_dump(mode="json")), json_digest(spec.model_dump(mode="json")),
         code_version(), versions(), dict(spec.tags),
     )  # fmt: skip
+    _write_run_row(run, run.manifest(), spec, onnx_path)
     error = None
     try:
         ctx = _context(run, name, onnx_path, spec)
         stages = STAGES[: names.index(stop_after or names[-1]) + 1]
-        _run_stages(
-            lambda stage, up: _execute(store, ctx, stage, up, spec), stages, run, use_prefect
-        )
+        with heartbeat(run.heartbeat):
+            _run_stages(
+                lambda stage, up: _execute(store, ctx, stage, up, spec), stages, run, use_prefect
+            )
     except BaseException as e:
         error = f"{type(e).__name__}: {e}"
         raise
@@ -214,7 +228,11 @@ def _source_digest(path: Path) -> str:
 
 def _finish(run: Run, spec: PtqSpec, path: Path, error: str | None) -> None:
     """Mark the run complete or failed; its row of the runs table."""
-    m = run.finish("failed" if error else "complete", error)
+    _write_run_row(run, run.finish("failed" if error else "complete", error), spec, path)
+
+
+def _write_run_row(run: Run, m: Manifest, spec: PtqSpec, path: Path) -> None:
+    """The run's row of the runs table as of manifest ``m`` (written at start and end)."""
     settings = {"chain": "ptq", **spec.quant.model_dump(mode="json")}
     row = {
         "run_id": run.run_id, "started_at": m.started_at, "finished_at": m.finished_at,

@@ -9,6 +9,7 @@ linked (or copied) into the new run, so every run folder is complete on its own.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import time
@@ -17,10 +18,12 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from pipelines.gc import mark_interrupted
 from pipelines.limits import guard
 from schemas.artifacts import Artifact, combined_digest
 from schemas.errors import ArtifactError, SpecError, StageError
 from schemas.fileio import json_digest
+from schemas.manifest import Manifest
 from schemas.remote import is_url
 from schemas.spec import PipelineSpec, spec_digest, stage_config_digest
 from schemas.store import Run, RunStore
@@ -29,6 +32,7 @@ from stages.context import RunContext, toolchain_settings
 from stages.registry import StageDef, code_version
 from stages.registry_types import StageCall
 
+LOG = logging.getLogger(__name__)
 PACKAGES = ("torch", "torchao", "numpy", "onnx", "onnxruntime", "prefect", "pydantic")
 
 
@@ -52,11 +56,13 @@ def versions() -> dict[str, str]:
 def start_run(
     store: RunStore, spec: PipelineSpec, spec_text: str, parent: str | None = None
 ) -> Run:
-    """A new run folder for ``spec`` (status running).
+    """A new run folder for ``spec`` (status running, its row in the runs table), after
+    marking runs whose process died interrupted (:mod:`pipelines.gc`).
 
     Its spec.yaml is ``spec_text`` when that is the spec as run, else (overrides, injected
     faults) the effective spec, so analysing the run later sees what ran."""
-    return store.create_run(
+    mark_interrupted(store)
+    run = store.create_run(
         spec.name,
         effective_spec_text(spec, spec_text),
         spec_digest(spec),
@@ -65,6 +71,8 @@ def start_run(
         dict(spec.tags),
         parent_run=parent,
     )
+    write_run_row(run, run.manifest(), spec)
+    return run
 
 
 def effective_spec_text(spec: PipelineSpec, spec_text: str) -> str:
@@ -171,9 +179,13 @@ def from_cache(
     longer valid (a file missing or failing its digest: recompute, never a wrong hit)."""
     try:
         hit = store.cache_lookup(key)
-    except ArtifactError:
-        return None  # an unreadable index entry is a miss, never a wrong hit
-    if not hit or hit.get("run_id") == run.run_id:
+    except ArtifactError as e:  # a miss, never a wrong hit; computing rewrites the entry
+        LOG.warning(
+            "stage %s: ignoring a bad stage cache entry (%s: %s); the stage is computed and "
+            "the entry rewritten", stage, e.where, e.what,
+        )  # fmt: skip
+        return None
+    if not hit or hit["run_id"] == run.run_id:
         return None
     try:
         src = store.open(hit["run_id"])
@@ -213,7 +225,11 @@ def stage_row(run: Run, rec, duration_s: float, digest: str | None, hit: bool) -
 
 def finish_run(run: Run, spec: PipelineSpec, error: str | None = None) -> None:
     """Mark the run complete or failed and write its row of the runs table."""
-    m = run.finish("failed" if error else "complete", error)
+    write_run_row(run, run.finish("failed" if error else "complete", error), spec)
+
+
+def write_run_row(run: Run, m: Manifest, spec: PipelineSpec) -> None:
+    """The run's row of the runs table as of manifest ``m`` (written at start and end)."""
     write_rows(
         run,
         "runs",

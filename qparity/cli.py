@@ -94,6 +94,7 @@ def list_runs(runs: RunsOpt = None):
 
     Example: qparity runs --runs ./runs
     """
+    from schemas.owner import shown_status
     from schemas.store import RunStore
 
     table = Table("run_id", "status", "started_at", "stages", "tags")
@@ -101,7 +102,7 @@ def list_runs(runs: RunsOpt = None):
         done = sum(s.status == "complete" for s in m.stages.values())
         table.add_row(
             m.run_id,
-            m.status,
+            shown_status(m),  # a running run whose process died: interrupted
             m.started_at[:19],
             f"{done}/{len(m.stages)}",
             ",".join(f"{k}={v}" for k, v in m.tags.items()),
@@ -202,6 +203,10 @@ app.command("edit")(edit_command)
 from qparity.cli_ptq import ptq_command  # noqa: E402
 
 app.command("ptq")(ptq_command)
+
+from qparity.cli_gc import gc_command  # noqa: E402
+
+app.command("gc")(gc_command)
 
 
 def _is_usage_error(e: Exception) -> bool:

@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from schemas.owner import as_shown
 from schemas.spec import load_spec, with_overrides
 from schemas.store import RunStore
 from schemas.tables import read_run_table
@@ -100,7 +101,7 @@ def _finish_view(out: Console, store_root: str | Path, result) -> None:
 def stage_table(store_root: str | Path, run_id: str) -> Table:
     """Stages of a run with duration, cache hit and top-1 (from the run's tables)."""
     run = RunStore(store_root).open(run_id)
-    m = run.manifest()
+    m = as_shown(run.manifest())
     metrics = {(r["stage"], r["metric"]): r for r in read_run_table(run, "metrics")}
     table = Table("stage", "status", "duration_s", "cache", "top1", title=f"run {run_id}")
     if ("float", "top1") in metrics:
@@ -123,7 +124,7 @@ def stage_table(store_root: str | Path, run_id: str) -> Table:
 def show_run(out: Console, store_root: str | Path, run_id: str) -> None:
     """Print a run's header, stage table and every metric."""
     run = RunStore(store_root).open(run_id)
-    m = run.manifest()
+    m = as_shown(run.manifest())  # a running run whose process died: interrupted
     out.print(
         f"[bold]{m.run_id}[/]  status={m.status}  started={m.started_at[:19]}  "
         f"spec={m.spec_digest[:12]}  code={m.code_version}",

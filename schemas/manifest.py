@@ -16,8 +16,8 @@ class StageRecord(_Record):
 
     stage: str
     """Stage name."""
-    status: Literal["running", "complete", "failed", "skipped"]
-    """Where the stage is."""
+    status: Literal["running", "complete", "failed", "skipped", "interrupted"]
+    """Where the stage is (interrupted: its run's process died while it ran)."""
     started_at: str
     """ISO-8601 UTC start time."""
     finished_at: str | None = None
@@ -34,6 +34,20 @@ class StageRecord(_Record):
     """The error message, if the stage failed."""
 
 
+class RunOwner(_Record):
+    """The process running a run, and when it last said it was alive (schemas.owner)."""
+
+    host: str
+    """Host name of the machine the process runs on."""
+    pid: int
+    """Its process id on that host."""
+    process: str | None = None
+    """``<boot id>:<start time in clock ticks>`` of the process (Linux ``/proc``): a pid
+    reused by another process, or a reboot, no longer matches it. None where unknown."""
+    heartbeat_at: str
+    """ISO-8601 UTC time of the process's last manifest write or heartbeat."""
+
+
 class Manifest(_Record):
     """A run's manifest.json: what ran, with what, and how it went."""
 
@@ -43,8 +57,8 @@ class Manifest(_Record):
     """The pipeline name from the spec."""
     spec_digest: str
     """Digest of the validated spec."""
-    status: Literal["running", "complete", "failed"]
-    """Where the run is."""
+    status: Literal["running", "complete", "failed", "interrupted"]
+    """Where the run is (interrupted: its process died before it ended; see ``owner``)."""
     started_at: str
     """ISO-8601 UTC start time."""
     finished_at: str | None = None
@@ -60,4 +74,6 @@ class Manifest(_Record):
     parent_run: str | None = None
     """The run this one was rerun from, if any."""
     error: str | None = None
-    """The error message, if the run failed."""
+    """The error message, if the run failed or was interrupted."""
+    owner: RunOwner | None = None
+    """The process running the run, recorded when it starts (None in older runs)."""

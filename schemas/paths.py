@@ -9,6 +9,7 @@ running it widens the roots.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from schemas.errors import SpecError
@@ -34,3 +35,36 @@ def checked_path(value: str | Path, field: str) -> Path:
             hint=f"move the file under one of them, or add its folder to ${ROOTS_ENV}",
         )
     return path
+
+
+def checked_file(value: str | Path, field: str) -> Path:
+    """:func:`checked_path` of a file to read: SpecError unless it is a regular file.
+
+    A FIFO or a device would block the reader forever (or stream without end), so only a
+    regular file (after following symlinks) passes; the check is a ``stat``, which never
+    blocks."""
+    path = checked_path(value, field)
+    try:
+        mode = path.stat().st_mode
+    except OSError as e:
+        raise SpecError(
+            f"cannot read {path} ({e.strerror or e})",
+            where=field,
+            hint="check that the file exists and is readable",
+        ) from e
+    if not stat.S_ISREG(mode):
+        raise SpecError(
+            f"{path} is not a regular file ({_kind(mode)})",
+            where=field,
+            hint="point to a file on disk, not a pipe, device, socket or folder",
+        )
+    return path
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):  # fmt: skip
+        if test(mode):
+            return name
+    return "not a regular file"

@@ -37,6 +37,7 @@ from schemas.fileio import (
     validate_run_id,
 )
 from schemas.manifest import Manifest, StageRecord
+from schemas.owner import is_mine, this_owner
 from schemas.remote import Remote, is_url, local_root
 from schemas.store_layout import check_root, refuse_linked_run, run_folders
 
@@ -80,16 +81,21 @@ class Run:
             raise ArtifactError(f"invalid manifest: {e}", where=str(path), hint=_RERUN_HINT) from e
 
     def update_manifest(self, fn: Callable[[Manifest], Manifest]) -> Manifest:
-        """Apply ``fn`` to the manifest under an exclusive lock and write it atomically."""
+        """Apply ``fn`` to the manifest under an exclusive lock and write it atomically
+        (a running run's owner writing it also refreshes its heartbeat)."""
         with open(self.root / ".manifest.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                new = fn(self.manifest())
+                new = _beat(fn(self.manifest()))
                 atomic_write_json(self.root / "manifest.json", new.model_dump(mode="json"))
                 self.publish()
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
         return new
+
+    def heartbeat(self) -> Manifest:
+        """Tell readers the run's owner is alive (:func:`schemas.owner.heartbeat`)."""
+        return self.update_manifest(lambda m: m)
 
     def publish(self) -> None:
         """For a store at a URL: upload what changed in the run, manifest last (no-op locally).
@@ -201,6 +207,13 @@ class Run:
                 )
 
 
+def _beat(m: Manifest) -> Manifest:
+    """``m`` with its heartbeat refreshed when it is running and owned by this process."""
+    if m.status != "running" or m.owner is None or not is_mine(m.owner):
+        return m
+    return m.model_copy(update={"owner": m.owner.model_copy(update={"heartbeat_at": utc_now()})})
+
+
 class RunStore:
     """The folder of all runs, plus the content-addressed stage cache index.
 
@@ -234,7 +247,8 @@ class RunStore:
         tags: dict[str, str],
         parent_run: str | None = None,
     ) -> Run:
-        """Make a new run folder with spec.yaml and a 'running' manifest (written last)."""
+        """Make a new run folder with spec.yaml and a 'running' manifest (written last)
+        naming this process as its owner."""
         run = Run(self.root, new_run_id(name), self.remote)
         for sub in ("artifacts", "debug", "tables"):
             (run.root / sub).mkdir(parents=True)
@@ -249,6 +263,7 @@ class RunStore:
             versions=versions,
             tags=tags,
             parent_run=parent_run,
+            owner=this_owner(),
         )
         atomic_write_json(run.root / "manifest.json", manifest.model_dump(mode="json"))
         run.publish()
@@ -300,7 +315,8 @@ class RunStore:
             self.remote.copy_files(src.run_id, dst.run_id, rels)
 
     def cache_lookup(self, key: str) -> dict[str, Any] | None:
-        """The payload recorded under ``key``, or None (a miss)."""
+        """The payload recorded under ``key``, or None (a miss); :class:`ArtifactError` if
+        the entry is unreadable or not an object naming a ``run_id``."""
         path = self._cache_path(key)
         try:
             if self.remote is not None:
@@ -314,7 +330,13 @@ class RunStore:
             return None
         except (OSError, ValueError) as e:
             raise ArtifactError(f"unreadable cache entry ({e})", where=str(path)) from e
-        return payload if isinstance(payload, dict) else None
+        if not isinstance(payload, dict) or not isinstance(payload.get("run_id"), str):
+            raise ArtifactError(
+                f"not a cache entry (expected an object with a run_id): {raw[:80]!r}",
+                where=str(path),
+                hint="delete it; a run computing the stage rewrites it",
+            )
+        return payload
 
     def cache_record(self, key: str, payload: dict[str, Any]) -> None:
         """Record ``payload`` under ``key`` (atomic; replaces an earlier entry)."""

@@ -22,7 +22,7 @@ from torchao.quantization.pt2e import move_exported_model_to_eval
 from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
 from schemas.errors import ArtifactError, SpecError, StageError
-from schemas.paths import checked_path
+from schemas.paths import checked_file
 from stages.constant_fold import fold_constants
 from stages.fake_quant import QFakeQuantize, quantizers
 from stages.functionalize import TRAINING_ONLY_KEY, out_of_place, remove_training_noise
@@ -49,7 +49,7 @@ def build_float(factory: str, weights: str | None = None) -> torch.nn.Module:
             hint="return the model instance",
         )
     if weights:
-        load_weights(model, checked_path(weights, "model.weights"), field="model.weights")
+        load_weights(model, checked_file(weights, "model.weights"), field="model.weights")
     return model.eval()
 
 

@@ -116,12 +116,39 @@ def _closure(names: list[str], upstream: dict[str, str | None], spec) -> set[str
     return out
 
 
+CODE_PACKAGES = ("schemas", "simulator", "stages")
+"""The folders whose files the stages run: every file in them enters the code version."""
+NOT_CODE = frozenset({".md", ".pyc", ".pyo"})
+"""Suffixes of files in them that cannot change a stage's result (docs, bytecode)."""
+
+
+def source_files(root: Path) -> list[Path]:
+    """Every file of :data:`CODE_PACKAGES` under ``root`` a stage's result may depend on:
+    Python, the simulator's C kernels and headers, and any other file added there; not
+    docs, bytecode or hidden files (editors' swap files, atomic writes' temp files)."""
+    found = []
+    for pkg in CODE_PACKAGES:
+        for f in (root / pkg).rglob("*"):
+            rel = f.relative_to(root).parts
+            if (
+                f.is_file()
+                and f.suffix not in NOT_CODE
+                and not any(p.startswith(".") or p == "__pycache__" for p in rel)
+            ):
+                found.append(f)
+    return sorted(found, key=lambda f: f.relative_to(root).as_posix())
+
+
+def source_digest(root: Path) -> str:
+    """Digest of the paths and bytes of :func:`source_files` under ``root``."""
+    parts = [
+        f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() for f in source_files(root)
+    ]
+    return sha256_bytes(b"\0".join(parts))[:16]
+
+
 @cache
 def code_version() -> str:
-    """Digest of the product code stages depend on (schemas, simulator, stages)."""
-    root = Path(__file__).resolve().parent.parent
-    parts = []
-    for pkg in ("schemas", "simulator", "stages"):
-        for f in sorted((root / pkg).rglob("*.py")):
-            parts.append(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
-    return sha256_bytes(b"\0".join(parts))[:16]
+    """Digest of the product code stages depend on (schemas, simulator, stages): its
+    Python and its C sources, so an edited kernel never reuses cached results."""
+    return source_digest(Path(__file__).resolve().parent.parent)

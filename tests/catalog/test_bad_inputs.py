@@ -20,7 +20,7 @@ from pipelines.flow import run_chain
 from schemas.errors import ArtifactError, QparityError, QueryError, SpecError
 from schemas.spec import load_spec, parse_spec
 from schemas.store import RunStore
-from tests.catalog import cases_cli, cases_data, cases_files
+from tests.catalog import cases_cli, cases_data, cases_files, cases_inputs
 from tests.conftest import tiny_spec_dict
 
 
@@ -103,7 +103,13 @@ def _sql(env: Env, query: str):
 
 
 def all_cases() -> dict:
-    return {**spec_cases(), **cases_data.cases(), **cases_files.cases(), **cases_cli.cases()}
+    return {
+        **spec_cases(),
+        **cases_data.cases(),
+        **cases_files.cases(),
+        **cases_cli.cases(),
+        **cases_inputs.cases(),
+    }
 
 
 CASES = all_cases()

@@ -1,5 +1,7 @@
 """The chain without Prefect: cache hits across runs, digests checked, failures recorded."""
 
+import json
+
 import pytest
 import yaml
 
@@ -129,3 +131,16 @@ def test_every_step_a_spec_may_name_has_an_implementation():
 
     (item,) = get_args(CompareSpec.model_fields["steps"].annotation)
     assert set(get_args(item)) == set(ANALYSIS_STEPS)
+
+
+def test_a_bad_cache_entry_is_ignored_with_a_warning_and_rewritten(tmp_path, caplog):
+    first = _run(tmp_path, stages={"stop_after": "prepare"})
+    (entry,) = (tmp_path / ".cache" / "index").glob("*.json")
+    entry.write_text('{"x": 1}')
+    with caplog.at_level("WARNING", logger="pipelines.runs"):
+        again = _run(tmp_path, stages={"stop_after": "prepare"})
+    assert not again.outcomes["prepare"].cache_hit
+    assert "prepare: ignoring a bad stage cache entry" in caplog.text and entry.name in caplog.text
+    assert json.loads(entry.read_text()) == {"run_id": again.run_id, "stage": "prepare"}
+    third = _run(tmp_path, stages={"stop_after": "prepare"})
+    assert third.outcomes["prepare"].source_run == again.run_id != first.run_id

@@ -219,3 +219,13 @@ def test_cache_index(tmp_path):
         with pytest.raises(ArtifactError, match="invalid cache key"):
             store.cache_lookup(bad)
     assert isinstance(store.list_runs()[0], Manifest)
+
+
+@pytest.mark.parametrize("raw", ['{"x": 1}', '{"run_id": 5}', "[1]", "null", "{bad json"])
+def test_a_cache_entry_that_is_not_one_is_an_artifact_error(tmp_path, raw):
+    store, _ = make_run(tmp_path)
+    key = "0123abcd" * 8
+    store.cache_record(key, {"run_id": "r1"})
+    (store.root / ".cache" / "index" / f"{key}.json").write_text(raw)
+    with pytest.raises(ArtifactError, match=f"{key}.json"):
+        store.cache_lookup(key)

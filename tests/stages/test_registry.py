@@ -51,3 +51,45 @@ def test_named_pipelines_are_fragments_the_spec_overrides():
     assert spec.compare.enabled is False and spec.compare.probe_samples == 2
     with pytest.raises(SpecError, match="unknown named pipeline 'nope'.*qat_chain"):
         parse_spec(tiny_spec_dict(pipeline="nope"), "t")
+
+
+@pytest.fixture
+def code_copy(tmp_path, monkeypatch):
+    """A copy of the product code; code_version() digests it instead of the checkout."""
+    import shutil
+    from pathlib import Path
+
+    from stages import registry
+
+    repo = Path(registry.__file__).resolve().parent.parent
+    for pkg in ("schemas", "simulator", "stages"):
+        shutil.copytree(repo / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(registry, "__file__", str(tmp_path / "stages" / "registry.py"))
+    registry.code_version.cache_clear()
+    yield tmp_path
+    monkeypatch.undo()
+    registry.code_version.cache_clear()
+
+
+def _edited_version(root, rel: str) -> str:
+    from stages import registry
+
+    path = root / rel
+    path.write_bytes(path.read_bytes() + b"\n/* edited */\n")
+    registry.code_version.cache_clear()
+    return registry.code_version()
+
+
+@pytest.mark.parametrize("rel", ["simulator/csrc/qconv.c", "simulator/csrc/qsimd.h"])
+def test_editing_a_c_source_changes_the_code_version_of_the_stage_cache_key(code_copy, rel):
+    from stages.registry import code_version
+
+    before = code_version()
+    assert _edited_version(code_copy, rel) != before
+
+
+def test_docs_are_not_part_of_the_code_version(code_copy):
+    from stages.registry import code_version
+
+    before = code_version()
+    assert _edited_version(code_copy, "simulator/README.md") == before
