@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from schemas.errors import SimulatorError
+from schemas.errors import QparityError, SimulatorError
+from schemas.fileio import atomic_save, atomic_write_text
 from simulator import packed
 
 LOG = logging.getLogger(__name__)
@@ -107,22 +108,22 @@ def build(target_dir: Path | None = None) -> Path:
     if lib.exists():
         return lib
     out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
-    os.close(fd)
     fd, gen = tempfile.mkstemp(suffix="-packed.c", dir=out_dir)  # the plan's wrappers
     os.close(fd)
     try:
-        Path(gen).write_text(packed.source(SIGNATURES))
-        cmd = [cc, *FLAGS, "-o", tmp, *map(str, SOURCES), gen, "-lm"]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if res.returncode != 0:
-            raise SimulatorError(f"{' '.join(cmd)} failed: {res.stderr.strip()[-800:]}",
-                                 where="native kernels", hint=HINT)  # fmt: skip
-        os.replace(tmp, lib)
+        atomic_write_text(gen, packed.source(SIGNATURES))
+        atomic_save(lib, lambda tmp: _compile(cc, tmp, gen))
     finally:
-        Path(tmp).unlink(missing_ok=True)
         Path(gen).unlink(missing_ok=True)
     return lib
+
+
+def _compile(cc: str, out: str, gen: str) -> None:
+    cmd = [cc, *FLAGS, "-o", out, *map(str, SOURCES), gen, "-lm"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if res.returncode != 0:
+        raise SimulatorError(f"{' '.join(cmd)} failed: {res.stderr.strip()[-800:]}",
+                             where="native kernels", hint=HINT)  # fmt: skip
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -140,7 +141,7 @@ def _state() -> tuple[ctypes.CDLL | None, str]:
         return None, "off (QPARITY_NATIVE=0)"
     try:
         lib = _load(build())
-    except (SimulatorError, OSError, subprocess.SubprocessError) as e:
+    except (QparityError, OSError, subprocess.SubprocessError) as e:
         LOG.info("compiled simulator kernels unavailable: %s", e)
         return None, f"unavailable: {getattr(e, 'what', e)}"
     if not lib.qp_cpu_ok():
