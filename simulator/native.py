@@ -161,13 +161,26 @@ def amx() -> bool:
     """Whether the AMX-INT8 linear (qamx.c) runs: the kernels load, this CPU has AMX and the
     OS grants the tile state, and ``QPARITY_AMX`` is not ``0`` (read on each call, so tests
     can compare both paths)."""
-    return os.environ.get("QPARITY_AMX", "1") != "0" and _amx_granted()
+    return os.environ.get("QPARITY_AMX", "1") != "0" and amx_supported()
 
 
 @functools.cache
-def _amx_granted() -> bool:
+def amx_supported() -> bool:
+    """Whether the kernels load, this CPU has AMX-INT8 and the OS grants the tile state
+    (whatever ``QPARITY_AMX`` says)."""
     lib = _state()[0]
     return lib is not None and bool(lib.qp_amx_ok())
+
+
+def linear_kernel() -> str:
+    """Which kernel runs LINEAR here, and why not AMX when it does not (bench lines, skips)."""
+    if _state()[0] is None:
+        return f"the reference integer ops (compiled kernels {status()})"
+    if not amx_supported():
+        return "AVX-512 VNNI (this CPU lacks AMX-INT8, or the OS does not grant its tile state)"
+    if not amx():
+        return "AVX-512 VNNI (QPARITY_AMX=0)"
+    return "AMX-INT8 tiles (AVX-512 VNNI for rows longer than exec_native.AMX_K_MAX)"
 
 
 def status() -> str:
