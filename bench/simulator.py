@@ -258,7 +258,7 @@ def main() -> None:
     print(f"# run store {store}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{os.cpu_count()} cores; at least {rounds} timed rounds after 1 warm-up (fast models "
           f"up to {MIN_TIMED_S:.0f} s of rounds); compiled kernels "
-          f"{native.status()}", flush=True)  # fmt: skip
+          f"{native.status()}; LINEAR on {native.linear_kernel()}", flush=True)  # fmt: skip
     rows, notes, splits, t_start = [], [], {}, time.perf_counter()
     for name in args.models:
         batch = MODELS[name][1]

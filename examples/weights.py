@@ -4,7 +4,7 @@ Each example trains a small model deterministically and caches the weights as sa
 under a file name carrying `source_key`: a short hash of the architecture and training
 source, the hyperparameters and the torch major.minor version, so any of those changing
 retrains on the next `load_or_train`. Weights load with ``safetensors.torch.load_file``
-(no pickle) and are written atomically (temp file + ``os.replace``).
+(no pickle) and are written atomically (``schemas.fileio.atomic_save``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import inspect
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,6 +23,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+
+from schemas.fileio import atomic_save
 
 log = logging.getLogger(__name__)
 
@@ -59,18 +60,9 @@ def untrained(make: Callable[[], M], seed: int) -> M:
 
 
 def save_atomic(model: nn.Module, path: Path, key: str) -> None:
-    """Write the model's state dict as safetensors via a temp file and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write the model's state dict as safetensors through the store's atomic writer."""
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(state, tmp, metadata={"cache_key": key})
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_save(path, lambda tmp: save_file(state, tmp, metadata={"cache_key": key}))
 
 
 def load_or_train(path: Path, key: str, make: Callable[[], M], train: Callable[[], M]) -> M:

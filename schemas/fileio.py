@@ -12,7 +12,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -71,22 +71,22 @@ def json_digest(obj: Any) -> str:
 
 
 @contextmanager
-def atomic_writer(path: str | Path) -> Iterator[IO[bytes]]:
-    """Yield a binary file that replaces ``path`` only if the block completes.
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a fresh temp path next to ``path``; what the block writes there replaces ``path``
+    only if the block completes.
 
-    Data goes to ``.<name>.tmp-<uuid>`` in the same folder, is flushed and fsynced,
-    renamed over ``path``, and the folder is fsynced. On any error the temp file is
-    removed and ``path`` is untouched; OS errors become :class:`ArtifactError`.
+    The temp name is ``.<name>.tmp-<uuid>`` in the same folder (two writers never share
+    one). After the block the file is fsynced, renamed over ``path`` and the folder is
+    fsynced. On any error the temp file is removed and ``path`` is untouched; OS errors
+    become :class:`ArtifactError`. Every file the product writes goes through here.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "xb") as fh:
-            yield fh
-            fh.flush()
-            _crash_point()
-            os.fsync(fh.fileno())
+        yield tmp
+        _fsync_file(tmp)
+        _crash_point()
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except BaseException as e:
@@ -98,6 +98,21 @@ def atomic_writer(path: str | Path) -> Iterator[IO[bytes]]:
                 hint="free disk space or fix the folder permissions; nothing was replaced",
             ) from e
         raise
+
+
+def atomic_save(path: str | Path, save: Callable[[str], object]) -> None:
+    """Write ``path`` atomically through a library call that writes to a file name
+    (``save(name)``: ``onnx.save``, safetensors' ``save_file``, a compiler's ``-o``)."""
+    with atomic_path(path) as tmp:
+        save(str(tmp))
+
+
+@contextmanager
+def atomic_writer(path: str | Path) -> Iterator[IO[bytes]]:
+    """Yield a binary file that replaces ``path`` only if the block completes
+    (:func:`atomic_path`)."""
+    with atomic_path(path) as tmp, open(tmp, "xb") as fh:
+        yield fh
 
 
 CRASH_ENV = "QPARITY_CRASH_AT_WRITE"
@@ -116,6 +131,14 @@ def _crash_point() -> None:
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -144,13 +167,10 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
 
 def link_or_copy(src: Path, dst: Path) -> None:
     """Hard-link ``src`` to ``dst`` (replacing it atomically); copy across file systems."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.link")
     try:
-        tmp.unlink(missing_ok=True)
-        os.link(src, tmp)
-        os.replace(tmp, dst)
-    except OSError:  # another file system: copy instead
+        with atomic_path(dst) as tmp:
+            os.link(src, tmp)
+    except ArtifactError:  # another file system, or one without hard links: copy instead
         atomic_copy(src, dst)
 
 

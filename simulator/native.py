@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from schemas.errors import SimulatorError
+from schemas.errors import QparityError, SimulatorError
+from schemas.fileio import atomic_save, atomic_write_text
 from simulator import packed
 
 LOG = logging.getLogger(__name__)
@@ -107,22 +108,22 @@ def build(target_dir: Path | None = None) -> Path:
     if lib.exists():
         return lib
     out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
-    os.close(fd)
     fd, gen = tempfile.mkstemp(suffix="-packed.c", dir=out_dir)  # the plan's wrappers
     os.close(fd)
     try:
-        Path(gen).write_text(packed.source(SIGNATURES))
-        cmd = [cc, *FLAGS, "-o", tmp, *map(str, SOURCES), gen, "-lm"]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if res.returncode != 0:
-            raise SimulatorError(f"{' '.join(cmd)} failed: {res.stderr.strip()[-800:]}",
-                                 where="native kernels", hint=HINT)  # fmt: skip
-        os.replace(tmp, lib)
+        atomic_write_text(gen, packed.source(SIGNATURES))
+        atomic_save(lib, lambda tmp: _compile(cc, tmp, gen))
     finally:
-        Path(tmp).unlink(missing_ok=True)
         Path(gen).unlink(missing_ok=True)
     return lib
+
+
+def _compile(cc: str, out: str, gen: str) -> None:
+    cmd = [cc, *FLAGS, "-o", out, *map(str, SOURCES), gen, "-lm"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if res.returncode != 0:
+        raise SimulatorError(f"{' '.join(cmd)} failed: {res.stderr.strip()[-800:]}",
+                             where="native kernels", hint=HINT)  # fmt: skip
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -140,7 +141,7 @@ def _state() -> tuple[ctypes.CDLL | None, str]:
         return None, "off (QPARITY_NATIVE=0)"
     try:
         lib = _load(build())
-    except (SimulatorError, OSError, subprocess.SubprocessError) as e:
+    except (QparityError, OSError, subprocess.SubprocessError) as e:
         LOG.info("compiled simulator kernels unavailable: %s", e)
         return None, f"unavailable: {getattr(e, 'what', e)}"
     if not lib.qp_cpu_ok():
@@ -160,13 +161,26 @@ def amx() -> bool:
     """Whether the AMX-INT8 linear (qamx.c) runs: the kernels load, this CPU has AMX and the
     OS grants the tile state, and ``QPARITY_AMX`` is not ``0`` (read on each call, so tests
     can compare both paths)."""
-    return os.environ.get("QPARITY_AMX", "1") != "0" and _amx_granted()
+    return os.environ.get("QPARITY_AMX", "1") != "0" and amx_supported()
 
 
 @functools.cache
-def _amx_granted() -> bool:
+def amx_supported() -> bool:
+    """Whether the kernels load, this CPU has AMX-INT8 and the OS grants the tile state
+    (whatever ``QPARITY_AMX`` says)."""
     lib = _state()[0]
     return lib is not None and bool(lib.qp_amx_ok())
+
+
+def linear_kernel() -> str:
+    """Which kernel runs LINEAR here, and why not AMX when it does not (bench lines, skips)."""
+    if _state()[0] is None:
+        return f"the reference integer ops (compiled kernels {status()})"
+    if not amx_supported():
+        return "AVX-512 VNNI (this CPU lacks AMX-INT8, or the OS does not grant its tile state)"
+    if not amx():
+        return "AVX-512 VNNI (QPARITY_AMX=0)"
+    return "AMX-INT8 tiles (AVX-512 VNNI for rows longer than exec_native.AMX_K_MAX)"
 
 
 def status() -> str:

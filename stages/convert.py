@@ -10,7 +10,6 @@ integer limits on the calibration samples are listed in debug/convert_advisor.tx
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict
 
 import numpy as np
@@ -19,6 +18,7 @@ import torch
 
 from schemas.artifacts import Metric, QatOnnxModel, QuantizedModel
 from schemas.errors import StageError
+from schemas.fileio import atomic_save
 from simulator import fixedpoint as fp
 from stages.context import RunContext, convert_settings
 from stages.convert_graph import Converter, QTensor
@@ -68,9 +68,7 @@ def convert(upstream: QatOnnxModel, ctx: RunContext, call: StageCall) -> Quantiz
 
 
 def _save(model: onnx.ModelProto, path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    onnx.save(model, str(tmp))
-    os.replace(tmp, path)
+    atomic_save(path, lambda tmp: onnx.save(model, tmp))
 
 
 def layer_json(layers: dict[str, QTensor]) -> dict:

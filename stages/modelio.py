@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import inspect
-import os
 import re
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from torchao.quantization.pt2e import move_exported_model_to_eval
 from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
 from schemas.errors import ArtifactError, SpecError, StageError
+from schemas.fileio import atomic_save
 from schemas.paths import checked_file
 from stages.constant_fold import fold_constants
 from stages.fake_quant import QFakeQuantize, quantizers
@@ -76,9 +76,7 @@ def load_weights(model: torch.nn.Module, path: Path, *, field: str) -> None:
 def save_state(model: torch.nn.Module, path: Path) -> None:
     """state_dict -> safetensors (tensors made contiguous and unshared)."""
     state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
-    tmp = path.with_name(f".{path.name}.tmp")
-    safetensors.torch.save_file(state, str(tmp))
-    os.replace(tmp, path)
+    atomic_save(path, lambda tmp: safetensors.torch.save_file(state, tmp))
 
 
 def export_graph(

@@ -30,6 +30,7 @@ import torch.fx
 from onnx import helper
 
 from schemas.errors import StageError
+from schemas.fileio import atomic_save
 from stages.fake_quant import QFakeQuantize, quantizers
 from stages.layers import ID_KEY, is_tensor_node
 from stages.onnx_builder import (
@@ -99,7 +100,7 @@ def export_onnx(
             unmapped[layer] = "not in the exported graph (folded before export, e.g. BN)"
     model = _model(b, inputs, outputs)
     if path is not None:
-        onnx.save(model, str(path))
+        atomic_save(path, lambda tmp: onnx.save(model, tmp))
     return ExportResult(model, mapped, unmapped, path)
 
 

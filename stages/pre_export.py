@@ -16,6 +16,7 @@ import safetensors.numpy
 
 from schemas.artifacts import Metric, QatExportModel, QatModelArtifact
 from schemas.errors import ArtifactError
+from schemas.fileio import atomic_save
 from simulator.lut import LutTable, max_error
 from stages.context import RunContext
 from stages.evaluate import top1
@@ -88,9 +89,7 @@ def save_tables(ctx: RunContext, ops: dict[str, FixedPointOp]) -> None:
         arrays.update({f"{lid}/{k}": np.ascontiguousarray(v) for k, v in op.initializers.items()})
     ctx.run.write_text("artifacts/pre_export/tables.json", json.dumps(meta, indent=1))
     path = ctx.run.path("artifacts/pre_export/tables.safetensors")
-    tmp = path.with_name(".tables.safetensors.tmp")
-    safetensors.numpy.save_file(arrays, str(tmp))
-    tmp.replace(path)
+    atomic_save(path, lambda tmp: safetensors.numpy.save_file(arrays, tmp))
 
 
 def load_tables(ctx: RunContext, art: QatExportModel) -> dict[str, FixedPointOp]:

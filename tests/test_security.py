@@ -3,6 +3,7 @@ servers on localhost."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 
@@ -33,9 +34,35 @@ def test_product_code_never(rule):
     assert hits == []
 
 
-def test_servers_we_start_bind_to_localhost():
-    text = (ROOT / "pipelines" / "sweep_flow.py").read_text()
-    assert '"host": "127.0.0.1"' in text
+def test_the_dask_cluster_a_sweep_starts_listens_on_localhost_only():
+    """The LocalCluster of a ``runner: {kind: dask, workers: N}`` sweep, started by the
+    product's own task runner: its scheduler, its workers and every socket any process of
+    ours listens on are bound to a loopback address."""
+    from pipelines.sweep import DaskRunner
+    from pipelines.sweep_flow import task_runner
+
+    with task_runner(DaskRunner(kind="dask", workers=1)) as runner:
+        client = runner.client
+        addresses = [client.scheduler.address, *client.scheduler_info()["workers"]]
+        listening = _listening()
+    assert len(addresses) == 2 and all(
+        _loopback(a.split("//")[1].rsplit(":", 1)[0]) for a in addresses
+    )
+    assert {a.rsplit(":", 1)[1] for a in addresses} <= {str(port) for _, port in listening}
+    assert [ip for ip, _ in listening if not _loopback(ip)] == []
+
+
+def _listening() -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket this process and its children listen on."""
+    import psutil
+
+    me = psutil.Process()
+    return [(c.laddr.ip, c.laddr.port) for p in (me, *me.children(recursive=True))
+            for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN]  # fmt: skip
+
+
+def _loopback(ip: str) -> bool:
+    return ipaddress.ip_address(ip.strip("[]")).is_loopback
 
 
 def test_spec_paths_stay_inside_the_allowed_roots(tmp_path, monkeypatch):

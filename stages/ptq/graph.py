@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from pathlib import Path
 
 import onnx
 from onnx import helper
 
+from schemas.fileio import atomic_save
 from stages.onnx_builder import LAYER_KEY
 
 OPSET = 21
@@ -88,7 +88,4 @@ def rename_input(graph: onnx.GraphProto, old: str, new: str) -> None:
 
 def save_model(model: onnx.ModelProto, path: Path) -> None:
     """Write ``model`` to a temporary name and rename it into place (never half-written)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    onnx.save(model, str(tmp))
-    os.replace(tmp, path)
+    atomic_save(path, lambda tmp: onnx.save(model, tmp))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
+from pipelines import limits
 from pipelines.flow import run_chain
 from pipelines.limits import LimitExceeded, guard
 from schemas.spec import parse_spec
@@ -32,9 +33,16 @@ def test_memory_limit_stops_a_growing_stage():
             time.sleep(0.01)
 
 
-def test_no_limits_no_watchdog():
+def test_no_limits_no_watchdog(monkeypatch):
+    """No limit starts no watchdog thread; the same spy sees one as soon as a limit is set."""
+    started = []
+    monkeypatch.setattr(limits, "_watch", lambda *args: started.append(args[3:]))
     with guard("free", None, None):
         pass
+    assert started == []
+    with guard("bounded", 60, None):
+        pass
+    assert started == [(60, None)]
 
 
 def test_a_run_past_its_limit_marks_the_stage_failed(tmp_path):

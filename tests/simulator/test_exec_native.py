@@ -160,13 +160,36 @@ def test_int32_input_stays_on_the_torch_path(in_dtype, b_dtype):
     np.testing.assert_array_equal(got, want)
 
 
+NEEDS_AMX = pytest.mark.skipif(
+    not native.amx_supported(),
+    reason=f"AMX-INT8 linear (qamx.c) not tested here: LINEAR runs on {native.linear_kernel()}",
+)
+LINEAR_CASES = dict(
+    rows=st.lists(st.integers(1, 9), min_size=1, max_size=3), k=st.integers(1, 90),
+    o=st.integers(1, 40), per_channel=st.booleans(), mode=st.sampled_from(MODES),
+    out_dtype=st.sampled_from(["int8", "int16", "int32"]), relu=st.integers(0, 1),
+    wide=st.booleans(), seed=st.integers(0, 2**31),
+)  # fmt: skip
+
+
 @settings(max_examples=40, deadline=None)
-@given(rows=st.lists(st.integers(1, 9), min_size=1, max_size=3), k=st.integers(1, 90),
-       o=st.integers(1, 40), per_channel=st.booleans(), mode=st.sampled_from(MODES),
-       out_dtype=st.sampled_from(["int8", "int16", "int32"]), relu=st.integers(0, 1),
-       wide=st.booleans(), seed=st.integers(0, 2**31))  # fmt: skip
-def test_native_linear_equals_qlinear(rows, k, o, per_channel, mode, out_dtype, relu, wide,
-                                      seed):  # fmt: skip
+@given(**LINEAR_CASES)
+def test_native_linear_on_vnni_equals_qlinear(**case):
+    """QPARITY_AMX=0: the AVX-512 VNNI kernel, on every machine that has the kernels."""
+    _linear_case("0", **case)
+
+
+@NEEDS_AMX
+@settings(max_examples=40, deadline=None)
+@given(**LINEAR_CASES)
+def test_native_linear_on_amx_equals_qlinear(**case):
+    """The AMX-INT8 tiles; skipped, with the reason, on a CPU without AMX."""
+    _linear_case("1", **case)
+
+
+def _linear_case(amx, rows, k, o, per_channel, mode, out_dtype, relu, wide, seed) -> None:
+    """One random LINEAR on the path ``amx`` selects (K <= 90: within AMX_K_MAX) against
+    the reference QLinear, integers and dtype."""
     rng = np.random.default_rng(seed)
     dt = np.int16 if wide else np.int8
     x = rng.integers(np.iinfo(dt).min, np.iinfo(dt).max + 1, (*rows, k)).astype(dt)
@@ -180,16 +203,23 @@ def test_native_linear_equals_qlinear(rows, k, o, per_channel, mode, out_dtype, 
     want = CUSTOM_OPS["QLinear"].evaluate([x, w, bias, mult, shift], attrs)
     instr = Instruction(Op.LINEAR, ("x",), ("out",), ("w", "b", "m", "s"), attrs, ("fc",))
     consts = {"w": w, "b": bias, "m": mult, "s": shift}
-    for amx in ("1", "0"):  # AMX tiles (when this CPU has them), then VNNI
-        with _amx_spy(amx) as tiles:
-            on = native.amx()
-            ex = Executor(Program("nash-e", {"x": {}}, {"out": {}}, [instr], consts))
-            got = ex.run({"x": x})[0]["out"]
-        plans = [v for key, v in ex.consts.derived.items() if key[0] == "linear_native"]
-        assert len(plans) == 1 and plans[0] is not None
-        assert tiles == [on]  # K <= 90: within AMX_K_MAX
-        np.testing.assert_array_equal(got, want)
-        assert got.dtype == want.dtype
+    with _amx_spy(amx) as tiles:
+        ex = Executor(Program("nash-e", {"x": {}}, {"out": {}}, [instr], consts))
+        got = ex.run({"x": x})[0]["out"]
+    plans = [v for key, v in ex.consts.derived.items() if key[0] == "linear_native"]
+    assert len(plans) == 1 and plans[0] is not None
+    assert tiles == [amx == "1"]  # the path asked for is the path that ran
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == want.dtype
+
+
+def test_linear_kernel_names_the_path_that_runs(monkeypatch):
+    monkeypatch.setenv("QPARITY_AMX", "0")
+    assert native.linear_kernel() == "AVX-512 VNNI (QPARITY_AMX=0)" or not native.amx_supported()
+    monkeypatch.setenv("QPARITY_AMX", "1")
+    tiles = native.linear_kernel().startswith("AMX-INT8 tiles")
+    assert tiles == native.amx() == native.amx_supported()
+    assert tiles or native.linear_kernel().startswith("AVX-512 VNNI (this CPU lacks AMX-INT8")
 
 
 @contextlib.contextmanager
