@@ -8,9 +8,10 @@
   featuremaps). The first such pair is the first divergent stage.
 - Its first divergent layer is the first layer, in topological order, whose own error is
   above the tolerance (else the layer with the largest own error).
-- Triage, as the vendor's verifier reads a pair: every layer off from the input on ->
-  input or preprocessing; only the output layers -> post-processing; else a stage/op
-  problem at the first divergent layer.
+- Triage reads own errors first, since a layer's total error may all be inherited: an
+  input off -> input or preprocessing; the first divergent layer adding more than the
+  tolerance of its own -> a stage/op problem at that layer; no layer off, only the output
+  -> post-processing; else the first layer off in total says where (see :func:`triage`).
 """
 
 from __future__ import annotations
@@ -100,20 +101,46 @@ def judge_pair(
 
 
 def triage(result: PairResult, v: PairVerdict, dtypes: dict[str, str]) -> str:
-    """The vendor's three cases, read from the layers' total error on the whole split."""
+    """Where to look, from the first divergent layer's own error and the layers' total
+    error on the whole split (a total error may be inherited, an own error is not):
+
+    - an input (``input:*``) off in total -> the input data or preprocessing;
+    - the first divergent layer adds more than the tolerance of its own -> a stage/op
+      problem at that layer (also when it is the first or the output layer);
+    - no layer off in total, only the model output -> post-processing of the output;
+    - else the first layer off in total: when it is the first compared layer and own
+      errors are exact, it only passes on what its inputs bring (input or preprocessing);
+      otherwise a stage/op problem there.
+    """
+    off = _off_in_total(result, v, dtypes)
+    if any(lid.startswith("input:") for lid in off):
+        return "the input is off: check the input data or preprocessing"
+    lid, own = v.first_layer, v.own
+    if own.exact and lid in own.steps and own.steps[lid] > limit(v.tolerance, dtypes.get(lid)):
+        return (
+            f"{lid} adds {own.steps[lid]:.3g} step(s) of its own: "
+            f"a {result.analysis} stage/op problem at {lid}"
+        )
+    if not off:
+        return "no layer is off, only the output: check post-processing of the model output"
+    layers = [i for i in result.layer_ids if not i.startswith("input:")]
+    if own.exact and off[0] == layers[0]:
+        return (
+            f"every layer is off from {off[0]} on and none adds error of its own: "
+            "check the input data or preprocessing"
+        )
+    return f"{off[0]} is the first layer off: a {result.analysis} stage/op problem at {off[0]}"
+
+
+def _off_in_total(result: PairResult, v: PairVerdict, dtypes: dict[str, str]) -> list[str]:
+    """Layers (and inputs) whose total error on the whole split is past the tolerance
+    (at least one step), in topological order."""
     tol = max(v.tolerance, 1.0)
-    off = [
+    return [
         lid
         for lid in result.layer_ids
         if result.aggregates[lid]["max_qscale_diff"] > limit(tol, dtypes.get(lid))
     ]
-    if not off:
-        return "output only: check post-processing of the model output"
-    if result.layer_ids[0] in off:
-        return "all layers off from the input: check the input data or preprocessing"
-    if set(off) <= set(result.layer_ids[-1:]):
-        return "only the output layer is off: check post-processing of the model output"
-    return f"a subset of layers is off from {v.first_layer}: a {result.analysis} stage/op problem"
 
 
 def first_divergence(verdicts: list[PairVerdict]) -> PairVerdict | None:
