@@ -22,16 +22,13 @@ import numpy as np
 
 from analysis.compare import OUTPUT, PairResult
 from analysis.own_error import OwnErrors, own_errors, sensitivity
+from analysis.tolerance import factor, limit, span_of, total_limit
 from stages.context import RunContext
 from stages.stage_models import StageModel
 
 EXACT_PAIRS = {("convert", "compile"), ("compile", "board_sim"), ("quantized", "hbm"),
                ("hbm", "board")}  # fmt: skip
 TOP_SENSITIVE = 10
-EPS = 1e-2
-"""Float slack on own errors in steps (float32 values of int16 layers are not exact)."""
-WIDE = {"int16": 256.0}
-"""A tolerance in int8 steps is this many steps of a wider layer (same range, finer grid)."""
 
 
 @dataclass
@@ -47,12 +44,6 @@ class PairVerdict:
     sensitive: list[tuple[str, float, float]] = field(default_factory=list)
     triage: str = ""
     samples: list[int] = field(default_factory=list)
-
-
-def limit(tolerance: float, dtype: str | None) -> float:
-    """Steps a layer of ``dtype`` may be off: the tolerance in int8 steps, times
-    ``WIDE[dtype]`` for a wider layer, plus the float slack ``EPS``."""
-    return tolerance * WIDE.get(dtype, 1.0) + EPS
 
 
 def tolerance(ctx: RunContext, base: str, analysis: str) -> float:
@@ -72,8 +63,8 @@ def judge_pair(
 ) -> PairVerdict:
     """The verdict of one chain pair on its bad-case ``samples``.
 
-    Own errors are judged in int8 steps: an int16 layer may add ``WIDE['int16']`` times the
-    tolerance in its own (256x finer) steps."""
+    Own errors are judged in int8 steps (analysis.tolerance.limit): an int16 layer may add
+    256 times the tolerance in its own (256x finer) steps."""
     th = ctx.spec.compare.thresholds
     v = PairVerdict(result.base, result.analysis, samples=[int(i) for i in samples])
     v.tolerance = tolerance(ctx, result.base, result.analysis)
@@ -93,11 +84,23 @@ def judge_pair(
             f"first {over[0]} ({v.own.steps[over[0]]:.3g})"
         )
     if v.reasons:
-        v.first_layer = over[0] if over else max(ids, key=lambda i: v.own.steps[i])
-        ranked = sorted(ids, key=lambda i: -v.own.steps[i])[:TOP_SENSITIVE]
-        v.sensitive = sensitivity(base, ana, samples, v.own, [i for i in ids if i in ranked])
+        size = in_int8_steps(result, v.own, dtypes)
+        v.first_layer = over[0] if over else max(ids, key=size.__getitem__)
+        ranked = set(sorted(ids, key=lambda i: -size[i])[:TOP_SENSITIVE]) | {v.first_layer}
+        candidates = [i for i in ids if i in ranked]
+        v.sensitive = sensitivity(base, ana, samples, v.own, candidates, size)
         v.triage = triage(result, v, dtypes)
     return v
+
+
+def in_int8_steps(result: PairResult, own: OwnErrors, dtypes: dict[str, str]) -> dict[str, float]:
+    """Own errors in int8 steps (an int32 accumulator's: in 1/127 of its range), so layers
+    of different dtypes rank together: raw steps of an int16 or int32 layer are far finer
+    than an int8 layer's."""
+    return {
+        lid: steps / factor(dtypes.get(lid), span_of(result.aggregates[lid], result.steps[lid]))
+        for lid, steps in own.steps.items()
+    }
 
 
 def triage(result: PairResult, v: PairVerdict, dtypes: dict[str, str]) -> str:
@@ -139,7 +142,8 @@ def _off_in_total(result: PairResult, v: PairVerdict, dtypes: dict[str, str]) ->
     return [
         lid
         for lid in result.layer_ids
-        if result.aggregates[lid]["max_qscale_diff"] > limit(tol, dtypes.get(lid))
+        if result.aggregates[lid]["max_qscale_diff"]
+        > total_limit(tol, dtypes.get(lid), result.aggregates[lid], result.steps.get(lid, 0.0))
     ]
 
 

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import yaml
 
-from analysis.compare import PairResult
-from analysis.localize import PairVerdict, triage
+from analysis.compare import OUTPUT, PairResult
+from analysis.localize import PairVerdict, judge_pair, triage
 from analysis.own_error import OwnErrors
 from pipelines.flow import run_chain
 from schemas.errors import SpecError
 from schemas.spec import parse_spec
 from schemas.store import RunStore
 from schemas.tables import read_run_table
+from stages.stage_models import StageModel
 from tests.conftest import tiny_spec_dict
 
 
@@ -136,3 +138,33 @@ def test_triage_without_any_layer_off_is_post_processing():
 def test_triage_without_exact_own_errors_names_the_first_layer_off():
     got = _triage({"relu": 4, "head": 9e3}, {"relu": 4, "head": 9e3}, "relu", exact=False)
     assert got.startswith("relu is the first layer off")
+
+
+def _fixed(values: dict[str, float], out: float, substitutable: bool) -> StageModel:
+    """A stage model whose every layer and output is a constant, whatever it is fed."""
+
+    def run(idx, replace):
+        n = len(idx)
+        return np.full((n, 10), out), {k: np.full((n, 4), v) for k, v in values.items()}
+
+    return StageModel("x", run, substitutable=substitutable)
+
+
+def test_sensitive_ops_rank_layers_of_any_dtype_in_int8_steps(make_ctx):
+    """convert -> compile (simulator: estimated sensitivity): the int8 conv adds 2 of its
+    steps, the int32 head 40 of its far finer ones (0.1 int8 step of its range)."""
+    steps = {"conv": 0.01, "head": 1.3e-5}
+    result = PairResult("convert", "compile", layer_ids=["conv", "head"], steps=steps)
+    result.aggregates = {
+        "conv": {"base_min": 0.0, "base_max": 1.27, "max_qscale_diff": 2.0},
+        "head": {"base_min": -0.6, "base_max": 0.6, "max_qscale_diff": 40.0},
+        OUTPUT: {"cosine": 0.5},
+    }
+    models = {
+        "convert": _fixed({"conv": 0.0, "head": 0.0}, 0.0, substitutable=True),
+        "compile": _fixed({"conv": 0.02, "head": 40 * 1.3e-5}, 1.0, substitutable=False),
+    }
+    dtypes = {"conv": "int8", "head": "int32"}
+    v = judge_pair(make_ctx(), models, result, {}, np.arange(3), dtypes)
+    assert v.first_layer == "conv"
+    assert [lid for lid, *_ in v.sensitive] == ["conv", "head"]
