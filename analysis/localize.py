@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from analysis.compare import OUTPUT, PairResult
+from analysis.layer_graph import Layer
 from analysis.own_error import OwnErrors, own_errors, sensitivity
 from analysis.tolerance import factor, limit, span_of, total_limit
 from stages.context import RunContext
@@ -60,11 +61,13 @@ def judge_pair(
     top1: dict[str, float],
     samples: np.ndarray,
     dtypes: dict[str, str],
+    layers: dict[str, Layer] | None = None,
 ) -> PairVerdict:
     """The verdict of one chain pair on its bad-case ``samples``.
 
     Own errors are judged in int8 steps (analysis.tolerance.limit): an int16 layer may add
-    256 times the tolerance in its own (256x finer) steps."""
+    256 times the tolerance in its own (256x finer) steps. ``layers`` (their producers)
+    rank the sensitive ops when only total errors are known (:func:`in_int8_steps`)."""
     th = ctx.spec.compare.thresholds
     v = PairVerdict(result.base, result.analysis, samples=[int(i) for i in samples])
     v.tolerance = tolerance(ctx, result.base, result.analysis)
@@ -84,7 +87,7 @@ def judge_pair(
             f"first {over[0]} ({v.own.steps[over[0]]:.3g})"
         )
     if v.reasons:
-        size = in_int8_steps(result, v.own, dtypes)
+        size = in_int8_steps(result, v.own, dtypes, layers or {})
         v.first_layer = over[0] if over else max(ids, key=size.__getitem__)
         ranked = set(sorted(ids, key=lambda i: -size[i])[:TOP_SENSITIVE]) | {v.first_layer}
         candidates = [i for i in ids if i in ranked]
@@ -93,14 +96,38 @@ def judge_pair(
     return v
 
 
-def in_int8_steps(result: PairResult, own: OwnErrors, dtypes: dict[str, str]) -> dict[str, float]:
+def in_int8_steps(
+    result: PairResult, own: OwnErrors, dtypes: dict[str, str], layers: dict[str, Layer]
+) -> dict[str, float]:
     """Own errors in int8 steps (an int32 accumulator's: in 1/127 of its range), so layers
     of different dtypes rank together: raw steps of an int16 or int32 layer are far finer
-    than an int8 layer's."""
-    return {
+    than an int8 layer's. When total errors stand in (``own.exact`` False), each layer
+    keeps only what it adds to the largest error upstream of it (:func:`_upstream`): a
+    total error carries everything upstream, which would rank the last layers first."""
+    size = {
         lid: steps / factor(dtypes.get(lid), span_of(result.aggregates[lid], result.steps[lid]))
         for lid, steps in own.steps.items()
     }
+    if own.exact:
+        return size
+    return {lid: max(s - _upstream(lid, size, layers), 0.0) for lid, s in size.items()}
+
+
+def _upstream(lid: str, size: dict[str, float], layers: dict[str, Layer]) -> float:
+    """The largest ``size`` among the nearest layers upstream of ``lid`` that have one
+    (a layer the stage does not capture, e.g. a conv fused with its relu, is passed
+    through to its own producers)."""
+    found, todo, seen = 0.0, list(layers[lid].producers) if lid in layers else [], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        if p in size:
+            found = max(found, size[p])
+        elif p in layers:
+            todo += layers[p].producers
+    return found
 
 
 def triage(result: PairResult, v: PairVerdict, dtypes: dict[str, str]) -> str:

@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from analysis.compare import OUTPUT, PairResult
+from analysis.layer_graph import Layer
 from analysis.localize import PairVerdict, judge_pair, triage
 from analysis.own_error import OwnErrors
 from pipelines.flow import run_chain
@@ -168,3 +169,27 @@ def test_sensitive_ops_rank_layers_of_any_dtype_in_int8_steps(make_ctx):
     v = judge_pair(make_ctx(), models, result, {}, np.arange(3), dtypes)
     assert v.first_layer == "conv"
     assert [lid for lid, *_ in v.sensitive] == ["conv", "head"]
+
+
+def test_sensitive_ops_from_total_errors_rank_where_the_error_enters(make_ctx):
+    """compile -> board_sim, both programs: only total errors are known; relu's is all
+    the conv's (5 steps, through conv2), the head's the conv's plus 1 of its own."""
+    ids = ["conv", "relu", "head"]
+    result = PairResult("compile", "board_sim", layer_ids=ids, steps=dict.fromkeys(ids, 0.01))
+    totals = {"conv": 5.0, "relu": 5.0, "head": 6.0}
+    result.aggregates = {lid: {"base_min": -1.0, "base_max": 1.0, "max_qscale_diff": t}
+                         for lid, t in totals.items()} | {OUTPUT: {"cosine": 0.5}}  # fmt: skip
+    models = {
+        "compile": _fixed(dict.fromkeys(ids, 0.0), 0.0, substitutable=False),
+        "board_sim": _fixed({k: t * 0.01 for k, t in totals.items()}, 1.0, substitutable=False),
+    }
+    layers = {
+        "conv": Layer("conv", "conv", 0, ("input:x",)),
+        "conv2": Layer("conv2", "conv", 1, ("conv",)),  # fused with relu: not captured
+        "relu": Layer("relu", "relu", 2, ("conv2",)),
+        "head": Layer("head", "linear", 3, ("relu",)),
+    }
+    dtypes = dict.fromkeys(ids, "int8")
+    v = judge_pair(make_ctx(), models, result, {}, np.arange(3), dtypes, layers)
+    assert v.first_layer == "conv"
+    assert [lid for lid, *_ in v.sensitive][:2] == ["conv", "head"]
