@@ -79,7 +79,7 @@ def analyze_models(ctx, chain: list[str], models: dict, layers: dict, integer: d
     top1 = {
         m["stage"]: m["value"] for m in read_run_table(ctx.run, "metrics") if m["metric"] == "top1"
     }
-    verdicts, bad_rows = _judge(ctx, chain, models, results, top1, dtypes)
+    verdicts, bad_rows = _judge(ctx, chain, models, results, top1, dtypes, layers)
     first = first_divergence(verdicts)
     write_rows(ctx.run, "badcases", bad_rows, "all")
     ctx.write_debug("badcase.txt", badcases.render(bad_rows))
@@ -91,7 +91,9 @@ def analyze_models(ctx, chain: list[str], models: dict, layers: dict, integer: d
     return Analysis(ctx.run.run_id, chain, verdicts, first, files)
 
 
-def _judge(ctx, chain, models, results, top1, dtypes) -> tuple[list[PairVerdict], list[dict]]:
+def _judge(
+    ctx, chain, models, results, top1, dtypes, layers
+) -> tuple[list[PairVerdict], list[dict]]:
     """Each chain pair's bad cases and verdict."""
     metric = ctx.spec.compare.badcase_metric
     verdicts, bad_rows = [], []
@@ -99,7 +101,8 @@ def _judge(ctx, chain, models, results, top1, dtypes) -> tuple[list[PairVerdict]
         picked = badcases.select(results[(base, ana)], metric, BADCASES)
         bad_rows += badcases.rows(results[(base, ana)], picked, metric)
         samples = np.asarray([s for s, _ in picked])
-        verdicts.append(judge_pair(ctx, models, results[(base, ana)], top1, samples, dtypes))
+        pair = results[(base, ana)]
+        verdicts.append(judge_pair(ctx, models, pair, top1, samples, dtypes, layers))
     return verdicts, bad_rows
 
 

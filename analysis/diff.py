@@ -7,18 +7,22 @@ returns one Arrow table per section; :func:`render_diff` turns them into rich ta
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import yaml
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
 from analysis.query import connect, named
-from schemas.errors import QueryError
+from schemas.errors import QueryError, SpecError
+from schemas.spec import load_spec
+from schemas.store import RunStore
 
 SECTIONS = {
     "run": "run_diff_run",
@@ -29,7 +33,7 @@ SECTIONS = {
 """Section name -> the named query that answers it."""
 
 _TITLES = {
-    "run": "Recipe: fields, settings and tags that differ",
+    "run": "Recipe: fields, settings, tags and spec fields that differ",
     "stages": "Stages: artifacts that differ (same digest = same artifact) and cache hits",
     "metrics": "Metrics: b - a per stage",
     "localization": "Localization: findings that differ",
@@ -54,9 +58,32 @@ def diff_runs(root: str | Path, a: str, b: str) -> dict[str, pa.Table]:
                 where=str(root),
                 hint="`qparity runs` lists runs; a run still running has no row yet",
             )
-        return {section: named(con, query, a=a, b=b) for section, query in SECTIONS.items()}
+        specs = {"a_spec": spec_json(root, a), "b_spec": spec_json(root, b)}
+        return {
+            section: named(con, query, a=a, b=b, **(specs if section == "run" else {}))
+            for section, query in SECTIONS.items()
+        }
     finally:
         con.close()
+
+
+def spec_json(root: str | Path, run_id: str) -> str | None:
+    """The run's spec.yaml as JSON text for the ``spec`` rows of the run section: validated
+    (defaults filled in, so a spec that spells out a default equals one that omits it),
+    else as written (e.g. a PTQ spec); without ``tags``, which have their own section.
+    None when the run has no readable spec file."""
+    path = RunStore(root).open(run_id).path("spec.yaml")
+    try:
+        data = load_spec(path).model_dump(mode="json")
+    except SpecError:
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            return None
+    if not isinstance(data, dict):
+        return None
+    data.pop("tags", None)
+    return json.dumps(data, sort_keys=True, default=str)
 
 
 def _cell(value: Any) -> str:

@@ -66,22 +66,26 @@ def sensitivity(
     idx: np.ndarray,
     own: OwnErrors,
     candidates: list[str],
+    size: dict[str, float] | None = None,
 ) -> list[tuple[str, float, float]]:
     """(layer id, L1 before, L1 after reverting it) for each candidate, best first.
 
     Without substitution in the analysis model (the simulator), a layer's own error stands
-    in: after = before * (1 - own / max own), an estimate, ranked the same way.
+    in: after = before * (1 - own / max own), an estimate, ranked the same way. ``size``
+    (default ``own.steps``) is that own error in units comparable across layers, e.g. int8
+    steps: raw steps of an int32 layer are far finer than an int8 layer's.
     """
+    size = size or own.steps
     out_base, _ = base.run(idx)
     out_ana, _ = analysis.run(idx)
     before = l1(out_ana, out_base)
     rows = []
-    worst = max((own.steps[c] for c in candidates), default=0.0) or 1.0
+    worst = max((size[c] for c in candidates), default=0.0) or 1.0
     for lid in candidates:
         if analysis.substitutable and own.exact:
             out_rev, _ = analysis.run(idx, replace={lid: own.reverted[lid]})
             after = l1(out_rev, out_base)
         else:
-            after = before * (1 - own.steps[lid] / worst)
+            after = before * (1 - size[lid] / worst)
         rows.append((lid, before, after))
     return sorted(rows, key=lambda r: round(r[2] - r[1], 12))  # stable: ties in topo order

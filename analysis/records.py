@@ -1,7 +1,8 @@
 """Rows of the localization and sensitivity tables, and the few full tensors kept.
 
-``localization`` is long format: one ``stage`` row per chain pair (rank 1 = the first
-divergent stage, its ``value`` the largest own error, ``detail`` the reasons), one ``layer``
+``localization`` is long format: one ``stage`` row per chain pair (the divergent pairs
+ranked 1, 2, ... in chain order, so rank 1 is the first divergent stage; 0 for a pair within
+thresholds; its ``value`` the largest own error, ``detail`` the reasons), one ``layer``
 row for the first divergent layer, ``sensitive`` rows (rank order) and a ``triage`` row.
 ``layer_tensors`` keeps full tensors only for the probe samples and the first divergent
 pair's worst bad cases, never for the whole dataset.
@@ -32,11 +33,12 @@ def localization_rows(
     run_id: str, verdicts: list[PairVerdict], first: PairVerdict | None, layers: dict[str, Layer]
 ) -> list[dict]:
     """The localization table of one run."""
-    rows, rank = [], 0
+    rows, divergent = [], 0
     for v in verdicts:
         worst = max(v.own.steps.values(), default=0.0) if v.own else 0.0
         status = "; ".join(v.reasons) if v.reasons else "within thresholds"
-        rank = rank + 1 if v.reasons else 0
+        divergent += bool(v.reasons)  # a passing pair in between does not restart the count
+        rank = divergent if v.reasons else 0
         rows.append(
             _row(run_id, "stage", rank, v, metric="own_error_steps", value=worst, detail=status)
         )

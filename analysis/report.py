@@ -86,7 +86,7 @@ def gather(run: Run, report_dir: Path) -> ReportData:
     """Read the run's manifest and tables; links are relative to ``report_dir``."""
     loc = read_run_table(run, "localization")
     summary = [r for r in loc if r["kind"] in SUMMARY_KINDS]
-    summary.sort(key=lambda r: (SUMMARY_KINDS.index(r["kind"]), _stage_pos(r["stage"])))
+    summary.sort(key=lambda r: (SUMMARY_KINDS.index(r["kind"]), stage_position(r["stage"])))
     return ReportData(
         run_id=run.run_id,
         header=_header(run),
@@ -95,17 +95,17 @@ def gather(run: Run, report_dir: Path) -> ReportData:
         localization=summary,
         sensitivity=sorted(
             read_run_table(run, "sensitivity"),
-            key=lambda r: (_stage_pos(r["analysis_stage"]), r["rank"]),
+            key=lambda r: (stage_position(r["analysis_stage"]), r["rank"]),
         ),
         badcases=sorted(
             read_run_table(run, "badcases"),
-            key=lambda r: (_stage_pos(r["analysis_stage"]), r["base_stage"], r["rank"]),
+            key=lambda r: (stage_position(r["analysis_stage"]), r["base_stage"], r["rank"]),
         ),
         links=_links(run, report_dir),
     )
 
 
-def _stage_pos(stage: str | None) -> int:
+def stage_position(stage: str | None) -> int:
     """Chain position of a stage; unknown names (e.g. 'float') first."""
     return STAGE_NAMES.index(stage) if stage in STAGE_NAMES else -1
 
@@ -135,7 +135,7 @@ def _chain(run: Run) -> list[dict]:
     metrics = read_run_table(run, "metrics")
     top1 = {r["stage"]: r for r in metrics if r["metric"] == "top1"}
     records = run.manifest().stages
-    names = sorted(set(records) | set(top1), key=lambda s: (_stage_pos(s), s))
+    names = sorted(set(records) | set(top1), key=lambda s: (stage_position(s), s))
     rows, previous = [], None
     for name in names:
         rec, metric = records.get(name), top1.get(name)
@@ -154,7 +154,7 @@ def _chain(run: Run) -> list[dict]:
 def _heatmap(run: Run, loc: list[dict]) -> Heatmap | None:
     """The chain pairs' aggregate rows by (layer, stage); None without analysis tables."""
     stage_rows = sorted(
-        (r for r in loc if r["kind"] == "stage"), key=lambda r: _stage_pos(r["stage"])
+        (r for r in loc if r["kind"] == "stage"), key=lambda r: stage_position(r["stage"])
     )
     pairs = [(r["base_stage"], r["stage"]) for r in stage_rows]
     wanted = set(pairs)

@@ -12,6 +12,8 @@ import html
 import math
 from typing import TYPE_CHECKING
 
+from analysis.tolerance import total_limit
+
 if TYPE_CHECKING:
     from analysis.report import Heatmap, ReportData
 
@@ -80,12 +82,19 @@ def table(columns: list[tuple[str, str]], rows: list[dict], css: str = "") -> st
     return f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def severity(metric: str, value: float | None, hm: Heatmap) -> float | None:
-    """0 (clean) .. 0.5 (at the threshold) .. 1 (far past it); None if there is no value."""
+def severity(metric: str, row: dict | None, hm: Heatmap) -> float | None:
+    """0 (clean) .. 0.5 (at the threshold) .. 1 (far past it) of a layer_stats ``row``; None
+    if there is no value. Steps of a wide layer are judged as the localizer judges a total
+    error (:func:`analysis.tolerance.total_limit`: int16 and int32 get their allowance)."""
+    value = row[metric] if row else None
     if value is None or math.isnan(value):
         return None
     t = hm.thresholds
-    err, limit = (1.0 - value, 1.0 - t.cosine) if metric == "cosine" else (value, t.max_qscale_diff)
+    if metric == "cosine":
+        err, limit = 1.0 - value, 1.0 - t.cosine
+    else:
+        err = value
+        limit = total_limit(t.max_qscale_diff, row.get("dtype"), row, row.get("scale") or 0.0)
     err = max(err, 0.0)
     if limit <= 0:
         return 0.0 if err == 0 else 1.0
@@ -117,7 +126,7 @@ def _cell(hm: Heatmap, metric: str, layer: dict, base: str, stage: str) -> str:
     title = "first divergent layer" if first else f"{layer['layer_id']} at {stage}"
     return (
         f'<td class="cell{" first" if first else ""}" style="background:'
-        f'{colour(severity(metric, value, hm))}" title="{esc(title)}" {data}>{esc(text)}{mark}</td>'
+        f'{colour(severity(metric, row, hm))}" title="{esc(title)}" {data}>{esc(text)}{mark}</td>'
     )
 
 

@@ -13,11 +13,15 @@ from pathlib import Path
 
 import yaml
 
+from analysis.report import stage_position
 from pipelines.flow import ChainResult, StageHook, run_chain
 from schemas.spec import load_spec, with_overrides
 from schemas.store import RunStore
 from schemas.tables import read_run_table
 from stages.registry import get, plan
+
+FINDINGS = ("stage", "layer", "triage", "sensitive")
+"""The order of the kinds of localization rows side by side."""
 
 
 def rerun(
@@ -63,12 +67,20 @@ def localization_side_by_side(store_root: str | Path, parent_id: str, child_id: 
     and largest own error, then the first divergent layer, triage and sensitive ops."""
     store = RunStore(store_root)
     rows: dict[tuple, dict] = {}
+    places: dict[tuple, tuple] = {}
     for side, rid in (("parent", parent_id), ("rerun", child_id)):
         for r in read_run_table(store.open(rid), "localization"):
             key, text = _finding(r)
             rows.setdefault(key, {"kind": r["kind"], "rank": key[1]})[side] = text
-    order = ["stage", "layer", "triage", "sensitive"]
-    return [rows[k] for k in sorted(rows, key=lambda k: (order.index(k[0]), str(k[1])))]
+            places.setdefault(key, _place(r))
+    return [rows[k] for k in sorted(rows, key=places.__getitem__)]
+
+
+def _place(r: dict) -> tuple[int, int]:
+    """Where a finding goes: kinds in FINDINGS order, then stage pairs in chain order and
+    the other kinds by rank (a number: rank 10 after rank 2)."""
+    kind = FINDINGS.index(r["kind"]) if r["kind"] in FINDINGS else len(FINDINGS)
+    return kind, stage_position(r["stage"]) if r["kind"] == "stage" else (r["rank"] or 0)
 
 
 def _finding(r: dict) -> tuple[tuple, str]:

@@ -1,10 +1,12 @@
 -- run_diff_run: what changed in the recipe between run $a and run $b?
 -- One row per difference, from the runs table: section 'run' for the fields spec_digest,
 -- model, march, consistency_level, code_version and status; sections 'settings' and
--- 'tags' for every leaf of those JSON columns (key: its JSON path without '$.', value: the
--- JSON text, strings unquoted). A key only one run has shows NULL on the other side.
--- Equal values are left out. Ordered by section, key.
--- Parameters: $a, $b (run ids).
+-- 'tags' for every leaf of those JSON columns, and section 'spec' for every leaf of the
+-- runs' specs (faults, stages, data, quant, ...: the spec files are not in any table, so
+-- they come as parameters). Key: the leaf's JSON path without '$.', e.g.
+-- faults[0].layer; value: the JSON text, strings unquoted. A key only one run has shows
+-- NULL on the other side. Equal values are left out. Ordered by section, key.
+-- Parameters: $a, $b (run ids), $a_spec, $b_spec (each run's spec as JSON text, or NULL).
 WITH picked AS (
     SELECT 'a' AS side, * FROM runs WHERE run_id = $a
     UNION ALL
@@ -23,6 +25,9 @@ json_columns AS (
     SELECT side, 'settings' AS section, settings AS doc FROM picked
     UNION ALL
     SELECT side, 'tags' AS section, tags AS doc FROM picked
+    UNION ALL
+    SELECT side, 'spec' AS section, CASE side WHEN 'a' THEN $a_spec ELSE $b_spec END AS doc
+    FROM picked
 ),
 leaves AS (
     SELECT

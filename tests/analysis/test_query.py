@@ -344,3 +344,16 @@ def test_layer_stats_pair_golden(store):
     assert got.column("layer_id").to_pylist() == ["conv1", "conv2", "add1"]
     assert got.column("max_qscale_diff").to_pylist() == [1.0, 3.0, 2.0]
     assert named(root, "runs_by_id", ids=[r1, "nope"]).column("run_id").to_pylist() == [r1]
+
+
+def test_the_first_divergences_view_takes_the_first_rank_1_stage_in_chain_order(tmp_path):
+    """Runs localized before ranks counted on past a passing pair have two rank-1 stages."""
+    s = RunStore(tmp_path / "runs")
+    run = _run(s, "2026-01-01T00:00:00", "m", {})
+    write_rows(run, "localization", [
+        _loc(run.run_id, "stage", 1, "convert", "export", metric="own_error_steps", value=19.0),
+        _loc(run.run_id, "stage", 0, "compile", "convert", metric="own_error_steps", value=0.0),
+        _loc(run.run_id, "stage", 1, "board_sim", "compile", metric="own_error_steps", value=2.0),
+    ], "localize")  # fmt: skip
+    view = run_sql(s.root, "SELECT first_stage, stage_value FROM first_divergences").to_pylist()
+    assert view == [{"first_stage": "convert", "stage_value": 19.0}]

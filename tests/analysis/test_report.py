@@ -11,11 +11,12 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from analysis.report import write_report
-from analysis.report_html import fmt
+from analysis.report import Heatmap, write_report
+from analysis.report_html import fmt, severity
 from pipelines.flow import run_chain
 from qparity.cli_report import report_command
 from schemas.spec import parse_spec
+from schemas.spec_sections import Thresholds
 from schemas.store import Run, RunStore
 from schemas.tables import read_run_table
 from tests.conftest import tiny_spec_dict
@@ -167,3 +168,20 @@ def test_the_command_prints_the_path_it_wrote(built, tmp_path):
     result = CliRunner().invoke(app, ["report", run.run_id, "--runs", str(root), "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert result.output.strip() == str(out) and out.is_file()
+
+
+def _stats(dtype: str, qdiff: float, scale: float, top: float) -> dict:
+    """An aggregate layer_stats row: max |base| = ``top``."""
+    return {"dtype": dtype, "max_qscale_diff": qdiff, "scale": scale, "cosine": 1.0,
+            "base_min": -top, "base_max": top}  # fmt: skip
+
+
+def test_wide_layers_of_a_clean_run_are_not_red():
+    """Clean runs: digits' int16 gate is 221 of its steps off (under one int8 step of its
+    range), the tiny model's int32 conv2 127 (its range is 391 int8 steps of 1/127)."""
+    hm = Heatmap(pairs=[], layers=[], cells={}, first=None, thresholds=Thresholds())
+    clean = [_stats("int16", 221.0, 1e-4, 32767e-4), _stats("int32", 127.0, 1.3e-5, 0.646)]
+    assert all(severity("max_qscale_diff", row, hm) < 0.5 for row in clean)
+    faulty = [_stats("int16", 2000.0, 1e-4, 32767e-4), _stats("int32", 1e4, 1.3e-5, 0.646)]
+    assert all(severity("max_qscale_diff", row, hm) > 0.5 for row in faulty)
+    assert severity("max_qscale_diff", _stats("int8", 221.0, 0.01, 1.27), hm) > 0.9

@@ -10,6 +10,7 @@ from pipelines.rerun import localization_side_by_side, rerun
 from schemas.errors import SpecError
 from schemas.spec import parse_spec
 from schemas.store import RunStore
+from schemas.tables import write_rows
 from tests.conftest import tiny_spec_dict
 
 
@@ -50,3 +51,26 @@ def test_rerun_of_a_stage_outside_the_chain_is_a_spec_error(faulted):
         rerun(root, parent.run_id, "qat", [], use_prefect=False)
     with pytest.raises(SpecError, match="unknown stage"):
         rerun(root, parent.run_id, "nope", [], use_prefect=False)
+
+
+def _loc(run_id: str, kind: str, rank: int, stage: str, base: str, layer=None) -> dict:
+    return {
+        "run_id": run_id, "kind": kind, "rank": rank, "stage": stage, "base_stage": base,
+        "layer_id": layer, "op_type": None, "metric": None, "value": 1.0, "threshold": 1.0,
+        "detail": None,
+    }  # fmt: skip
+
+
+def test_side_by_side_rows_are_in_chain_order_and_numeric_rank_order(tmp_path):
+    store = RunStore(tmp_path)
+    runs = [store.create_run("t", "", "0" * 64, "v0", {}, {}) for _ in range(2)]
+    for run in runs:
+        rid = run.run_id
+        rows = [_loc(rid, "stage", 0, s, b) for b, s in
+                (("export", "convert"), ("convert", "compile"), ("compile", "board_sim"))]  # fmt: skip
+        rows += [_loc(rid, "sensitive", i, "convert", "export", f"l{i}") for i in range(1, 12)]
+        write_rows(run, "localization", rows, "all")
+    got = localization_side_by_side(tmp_path, runs[0].run_id, runs[1].run_id)
+    assert [r["rank"] for r in got] == [
+        "export->convert", "convert->compile", "compile->board_sim", *range(1, 12)
+    ]  # fmt: skip

@@ -2,11 +2,17 @@
 -- kind='stage' localization row of rank 1) and the first divergent layer in it (the
 -- kind='layer' row of rank 1). Runs without such rows have no row here. A view of every
 -- `qparity sql` session; first_divergence and model_history join it to runs.
+-- Runs localized before stage ranks counted on past a passing pair can hold several
+-- rank-1 stage rows: the first in chain order is the first divergent stage.
 WITH firsts AS (  -- one scan of localization: the rank-1 stage and layer rows of each run
-    SELECT run_id, kind, stage, base_stage, layer_id, op_type, metric, value, threshold
-    FROM localization
-    WHERE kind IN ('stage', 'layer') AND rank = 1
-    QUALIFY row_number() OVER (PARTITION BY run_id, kind ORDER BY stage, layer_id) = 1
+    SELECT l.run_id, l.kind, l.stage, l.base_stage, l.layer_id, l.op_type, l.metric, l.value,
+        l.threshold
+    FROM localization AS l
+    LEFT JOIN chain AS c ON c.stage = l.stage
+    WHERE l.kind IN ('stage', 'layer') AND l.rank = 1
+    QUALIFY row_number() OVER (
+        PARTITION BY l.run_id, l.kind ORDER BY c.position NULLS LAST, l.stage, l.layer_id
+    ) = 1
 )
 SELECT
     run_id,
