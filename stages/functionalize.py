@@ -11,6 +11,8 @@ sees one functional, deterministic graph:
   the deploy behaviour (the noise has mean 1: stochastic depth and dropout scale by the
   keep probability), which makes the QAT model's evaluation deterministic. What was removed
   is returned, and prepare lists it in model_check_result.txt.
+- :func:`unbind_to_select`: ``q, k, v = qkv.unbind(0)`` (timm's attention) becomes three
+  ``select`` ops, which every stage already carries.
 - :func:`out_of_place`: ``aten.op_(x, ...)`` becomes ``aten.op(x, ...)`` and every later use
   of ``x`` reads the new value. An in-place op on a view whose base is read afterwards would
   change meaning, so it is refused with the layer and op named.
@@ -168,3 +170,29 @@ def _is_view(node: torch.fx.Node) -> bool:
     if node.target is operator.getitem:
         return isinstance(node.args[0], torch.fx.Node) and _is_view(node.args[0])
     return bool(getattr(node.target, "is_view", False))
+
+
+def unbind_to_select(gm: torch.fx.GraphModule) -> int:
+    """``getitem(unbind(x, d), i)`` -> ``select(x, d, i)``; returns how many unbinds went."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.unbind.int:
+            continue
+        x, dim = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        for user in list(node.users):
+            if user.target is not operator.getitem:
+                raise StageError(
+                    f"the outputs of unbind at {_where(node)} are used as a list",
+                    where="prepare",
+                    hint="index the result (a, b = x.unbind(0)) or use torch.select",
+                )
+            with gm.graph.inserting_before(user):
+                sel = gm.graph.call_function(aten.select.int, (x, dim, user.args[1]))
+            sel.meta = dict(node.meta, val=user.meta.get("val"))
+            user.replace_all_uses_with(sel)
+            gm.graph.erase_node(user)
+        gm.graph.erase_node(node)
+        count += 1
+    if count:
+        gm.recompile()
+    return count

@@ -111,6 +111,7 @@ def _table() -> dict[object, tuple[str, Category]]:
                 aten.expand.default,
             ],
             "permute": [aten.permute.default, aten.transpose.int, aten.t.default],
+            "roll": [aten.roll.default],
             "slice": [
                 aten.slice.Tensor,
                 aten.select.int,
@@ -118,6 +119,7 @@ def _table() -> dict[object, tuple[str, Category]]:
                 aten.split_with_sizes.default,
                 aten.chunk.default,
                 aten.narrow.default,
+                aten.index.Tensor,
                 operator.getitem,
             ],
             "identity": [

@@ -25,7 +25,12 @@ from schemas.fileio import atomic_save
 from schemas.paths import checked_file
 from stages.constant_fold import fold_constants
 from stages.fake_quant import QFakeQuantize, quantizers
-from stages.functionalize import TRAINING_ONLY_KEY, out_of_place, remove_training_noise
+from stages.functionalize import (
+    TRAINING_ONLY_KEY,
+    out_of_place,
+    remove_training_noise,
+    unbind_to_select,
+)
 from stages.layers import ID_KEY, OpInfo, assign_layer_ids, classify, is_tensor_node
 from stages.loader import import_object
 from stages.quantizer import NashQuantizer, QuantPolicy
@@ -108,6 +113,7 @@ def export_graph(
     gm.meta[TRAINING_ONLY_KEY] = remove_training_noise(gm)
     fold_constants(gm)
     out_of_place(gm)
+    unbind_to_select(gm)
     return gm
 
 

@@ -240,6 +240,32 @@ def _identity(b, node):
     return b.arg(node.args[0])
 
 
+def _roll(b, node):
+    """torch.roll has no ONNX op: per shifted dim, a Gather of the rotated positions
+    (``(arange(n) - shift) mod n``): exact data movement under any scale."""
+    a = b.args(node)
+    x, shape = b.arg(a["self"]), b.shape(a["self"])
+    dims = list(a.get("dims") or [])
+    if not dims:
+        raise b.fail("roll without dims (over the flattened tensor)", hint="give dims")
+    for shift, dim in zip(list(a["shifts"]), dims, strict=True):
+        n = shape[dim]
+        if not isinstance(n, int):
+            raise b.fail("roll along a dynamic dim", hint="roll static dims only")
+        x = b.emit("Gather", [x, b.ints((np.arange(n) - shift) % n)], axis=dim)
+    return x if x != b.arg(a["self"]) else b.emit("Identity", [x])
+
+
+def _index(b, node):
+    """x[idx] with one constant integer index tensor on dim 0 (relative position bias
+    tables): Gather(x, idx) on axis 0."""
+    a = b.args(node)
+    indices = list(a["indices"])
+    if len(indices) != 1 or not isinstance(indices[0], torch.fx.Node):
+        raise b.fail("indexing with several index tensors or None", hint="index one dim")
+    return b.emit("Gather", [b.arg(a["self"]), b.arg(indices[0])], axis=0)
+
+
 def _getitem(b, node):
     """Pick one output of a multi-output op; an Identity so the item has its own node."""
     src, idx = node.args
@@ -263,7 +289,7 @@ def shape_rules() -> dict:
         aten.slice.Tensor: _slice, aten.narrow.default: _slice,
         aten.cat.default: _cat, aten.concat.default: _cat,
         aten.pad.default: _pad, aten.constant_pad_nd.default: _pad,
-        operator.getitem: _getitem,
+        operator.getitem: _getitem, aten.roll.default: _roll, aten.index.Tensor: _index,
         aten.max_pool2d.default: max_pool, aten.max_pool1d.default: max_pool,
         aten.avg_pool2d.default: avg_pool, aten.avg_pool1d.default: avg_pool,
         aten.adaptive_avg_pool2d.default: _adaptive("AveragePool", "GlobalAveragePool"),

@@ -118,3 +118,18 @@ def test_randomness_used_other_than_as_a_scale_is_refused_naming_the_op():
     gm = _raw(AddNoise(), torch.randn(2, 3))
     with pytest.raises(StageError, match="random values"):
         remove_training_noise(gm)
+
+
+def test_timm_attention_unbind_becomes_selects_with_the_same_values():
+    from timm.layers import Attention
+
+    from stages.functionalize import unbind_to_select
+
+    torch.manual_seed(0)
+    attn = Attention(16, num_heads=2).eval()
+    x = torch.randn(2, 5, 16)
+    gm = _raw(attn, x)
+    assert aten.unbind.int in _targets(gm)
+    assert unbind_to_select(gm) == 1
+    assert aten.unbind.int not in _targets(gm) and aten.select.int in _targets(gm)
+    torch.testing.assert_close(gm(x), attn(x))
