@@ -156,6 +156,8 @@ class QuantizedModel(Artifact):
     """The arithmetic: multiplier_bits, rounding, fuse_requantize."""
     float_ops: list[str] = []
     """Layer ids left as float islands (DequantizeLinear, float op, QuantizeLinear)."""
+    folded_constants: list[str] = []
+    """qat.onnx nodes computed on constants only, folded into initializers before convert."""
     warnings: list[str] = []
     """Advisor warnings (e.g. layers whose outputs mostly saturate)."""
     metrics: list[Metric] = []

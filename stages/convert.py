@@ -25,6 +25,7 @@ from stages.convert_graph import Converter, QTensor
 from stages.evaluate import top1
 from stages.faults import inject_convert
 from stages.onnx_export import render_graph_text
+from stages.onnx_fold import fold_constant_nodes
 from stages.onnx_runner import OnnxRunner
 from stages.registry_types import StageCall
 
@@ -38,6 +39,7 @@ def convert(upstream: QatOnnxModel, ctx: RunContext, call: StageCall) -> Quantiz
         raise StageError(
             f"cannot read {upstream.onnx_file} ({e})", where="convert", hint="rerun export"
         ) from e
+    src, folded = fold_constant_nodes(src)
     converter = Converter(src, settings)
     model, layers = converter.run()
     model = inject_convert(ctx, model, layers)
@@ -62,6 +64,7 @@ def convert(upstream: QatOnnxModel, ctx: RunContext, call: StageCall) -> Quantiz
         layers_file=files[1],
         settings=asdict(settings),
         float_ops=sorted(converter.islands),
+        folded_constants=folded,
         warnings=warnings,
         metrics=[Metric(stage="convert", metric="top1", value=acc, n_samples=len(ctx.evaluation))],
     )

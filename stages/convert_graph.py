@@ -197,9 +197,12 @@ class Converter:
 
     def layer_table(self) -> dict[str, QTensor]:
         """Layer id -> integer form of its final tensor (qat.onnx names it by the id);
-        the quantized model input as ``input:<name>``."""
+        the quantized model input as ``input:<name>``. Layers that became constants
+        (folded before convert) are not activations and are left out."""
         ids = {_layer_id(n) for n in self.src.graph.node}
-        table = {name: q for name, q in self.qt.items() if name in ids}
+        table = {
+            name: q for name, q in self.qt.items() if name in ids and q.name not in self.new_inits
+        }
         table.update(
             {
                 name.removesuffix("[input]"): q
