@@ -193,8 +193,11 @@ class Compiler:
             return False
         if op is Op.CONV:
             return attrs.get("group", 1) == 1
-        if op is Op.ADD:  # per-channel multipliers must be [C, 1, 1] or scalars
-            return all(self.inits[c].size == 1 or self.inits[c].ndim == 3 for c in node.input[2:4])
+        if op is Op.ADD:  # per-channel multipliers must be [C, 1, 1] or scalars, and a
+            # constant operand (swin's relative position bias) a scalar: it is not packed
+            return all(
+                self.inits[c].size == 1 or self.inits[c].ndim == 3 for c in node.input[2:4]
+            ) and all(self.inits[c].size == 1 for c in node.input[:2] if c in self.inits)
         if op in (Op.CLIP, Op.REQUANT) and self.layouts.get(node.input[0], Layout()).kind != "nhwc":
             return False  # elementwise on a plain buffer: converting would only add work
         return op in (Op.CLIP, Op.MAXPOOL) or (
