@@ -24,10 +24,10 @@ class _Capture(torch.fx.Interpreter):
     def run_node(self, n: torch.fx.Node):
         result = super().run_node(n)
         lid = self._layer_of(n)
-        if lid is None:
-            return result
+        if lid is None or not isinstance(result, torch.Tensor):
+            return result  # a multi-output op (split, chunk): its getitems are captured
         self.values[lid] = result
-        if lid in self.replace and isinstance(result, torch.Tensor) and self._last(n):
+        if lid in self.replace and self._last(n):
             result = self.replace[lid].to(result.dtype)
         return result
 
