@@ -1,0 +1,134 @@
+"""The zoo through the whole QAT chain: one row per model.
+
+    python bench/zoo.py                          # every zoo model, native size, 100 frames
+    python bench/zoo.py --small --frames 32      # the reduced input sizes the tests use
+    python bench/zoo.py resnet18 mobilenet_v2 --frames 1000
+
+Each model runs in its own process (``qparity run`` of a spec made from
+examples/zoo/spec.yaml with that model, ``--no-prefect``, the analysis on) so one that
+fails prints its error and the others go on. A row: stages completed, top-1 per stage
+(agreement with the float model: the zoo's labels are the float model's argmax), the
+first divergent stage, and wall time. ``--store DIR`` keeps the runs (default: a
+temporary folder); ``--markdown`` prints the table as markdown for examples/zoo/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from examples.zoo.models import ZOO  # noqa: E402
+
+STAGES = ["prepare", "calibrate", "pre_export", "export", "convert", "compile", "board_sim"]
+
+
+def spec_for(name: str, small: bool, frames: int) -> dict:
+    """examples/zoo/spec.yaml with the model, its dataset and the frame count set."""
+    spec = yaml.safe_load((ROOT / "examples/zoo/spec.yaml").read_text())
+    attr = f"small_{name}" if small else name
+    spec["name"] = f"zoo-{name.replace('_', '-')}"
+    spec["model"]["factory"] = f"examples.zoo.models:{attr}"
+    spec["data"]["dataset"] = f"examples.zoo.data:{attr}"
+    spec["data"]["evaluation_samples"] = frames
+    return spec
+
+
+def run_one(name: str, small: bool, frames: int, store: Path) -> dict:
+    """One model through ``qparity run``; its row (stages, top-1s, divergence, time)."""
+    spec_path = store / f"{name}.yaml"
+    spec_path.write_text(yaml.safe_dump(spec_for(name, small, frames)))
+    env = dict(os.environ, QPARITY_ZOO_FRAMES=str(frames))
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "qparity.cli", "run", str(spec_path), "--no-prefect", "-q",
+         "--runs", str(store)],
+        cwd=ROOT, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    row = {"model": name, "seconds": time.perf_counter() - t0, "error": None}
+    row.update(_results(store, spec_for(name, small, frames)["name"]))
+    if proc.returncode != 0:
+        text = " ".join((proc.stderr + proc.stdout).split())
+        start = text.find("error")
+        row["error"] = text[start : start + 300] if start >= 0 else f"exit {proc.returncode}"
+    return row
+
+
+def _results(store: Path, spec_name: str) -> dict:
+    """Per-stage top-1 and the first divergent stage of the newest run of ``spec_name``."""
+    import duckdb
+
+    runs = sorted(p for p in store.glob(f"{spec_name}-*") if p.is_dir())
+    if not runs:
+        return {"top1": {}, "completed": 0, "diverges": "-"}
+    run = runs[-1]
+    manifest = json.loads((run / "manifest.json").read_text())
+    done = [s for s in STAGES if manifest.get("stages", {}).get(s, {}).get("status") == "complete"]
+    metrics = duckdb.sql(
+        f"SELECT stage, value FROM read_parquet('{run}/tables/metrics/**/*.parquet') "
+        "WHERE metric = 'top1'"
+    ).fetchall() if (run / "tables/metrics").exists() else []  # fmt: skip
+    loc = run / "tables/localization"
+    diverges = "-"
+    if loc.exists():
+        rows = duckdb.sql(
+            f"SELECT stage FROM read_parquet('{loc}/**/*.parquet') "
+            "WHERE kind = 'stage' AND rank = 1 LIMIT 1"
+        ).fetchall()
+        diverges = rows[0][0] if rows else "none"
+    return {"top1": dict(metrics), "completed": len(done), "diverges": diverges}
+
+
+def render(rows: list[dict], markdown: bool) -> str:
+    cols = ["float", *STAGES]
+    head = ["model", "stages", *cols, "first divergent", "time"]
+    lines = []
+    for r in rows:
+        t1 = [f"{r['top1'][c]:.3f}" if c in r["top1"] else "-" for c in cols]
+        cells = [r["model"], f"{r['completed']}/7", *t1, r["diverges"], f"{r['seconds']:.0f} s"]
+        lines.append(cells)
+        if r["error"]:
+            lines.append([f"  error: {r['error']}"] + [""] * (len(head) - 1))
+    if markdown:
+        out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        return "\n".join(out + ["| " + " | ".join(c) + " |" for c in lines if c[1]])
+    widths = [max(len(str(x[i])) for x in [head, *lines]) for i in range(len(head))]
+    return "\n".join(
+        "  ".join(str(c).ljust(w) for c, w in zip(x, widths, strict=True)) for x in [head, *lines]
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="*", help="zoo names (default: all)")
+    ap.add_argument("--frames", type=int, default=100, help="evaluation frames per model")
+    ap.add_argument("--small", action="store_true", help="the reduced input sizes")
+    ap.add_argument("--store", type=Path, help="keep the runs here")
+    ap.add_argument("--markdown", action="store_true")
+    args = ap.parse_args()
+    names = args.models or [n for n in ZOO if not args.small or ZOO[n].small]
+    store = args.store or Path(tempfile.mkdtemp(prefix="qparity-zoo-"))
+    store.mkdir(parents=True, exist_ok=True)
+    print(f"# zoo: {len(names)} models, {args.frames} evaluation frames, "
+          f"{'reduced' if args.small else 'native'} input size, {os.cpu_count()} cores, "
+          f"load {os.getloadavg()[0]:.1f}; runs in {store}", flush=True)  # fmt: skip
+    rows = []
+    for name in names:
+        rows.append(run_one(name, args.small, args.frames, store))
+        print("\n".join(render(rows[-1:], False).splitlines()[1:]), flush=True)
+    print()
+    print(render(rows, args.markdown))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The zoo: architectures as torchvision and timm ship them, seeded, for the whole chain."""

@@ -1,0 +1,54 @@
+"""The zoo's datasets: image crops labelled by the float model's own top-1.
+
+The zoo's weights are seeded, not trained, so there are no true labels: each image is
+labelled with the float model's argmax, and a stage's top-1 is its *agreement* with the
+float model (what the vendor's consistency checks measure). ``examples.zoo.data:<name>``
+(or ``small_<name>``) is the dataset of ``examples.zoo.models:<name>``: 256 calibration
+crops and :func:`evaluation_frames` evaluation crops (the spec's sample counts cut them).
+Labels are computed once per process and model.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+import torch
+
+from examples.zoo import images
+from examples.zoo.models import build, entry_of
+
+CALIBRATION = 256
+
+
+def evaluation_frames() -> int:
+    """Evaluation crops made: ``$QPARITY_ZOO_FRAMES`` (bench/zoo.py sets it to its frame
+    count, so 100-frame runs do not label 1000), else 1000."""
+    return int(os.environ.get("QPARITY_ZOO_FRAMES", "1000"))
+
+
+@functools.cache
+def dataset(name: str, size: int, frames: int) -> dict:
+    """Calibration and evaluation crops of zoo model ``name`` at ``size``, labelled."""
+    model = build(name, size)
+    train = images.crops(CALIBRATION, size, seed=1)
+    evaluation = images.crops(frames, size, seed=2)
+    return {
+        "train": (train, _labels(model, train)),
+        "evaluation": (evaluation, _labels(model, evaluation)),
+    }
+
+
+def _labels(model: torch.nn.Module, x: np.ndarray, batch: int = 32) -> np.ndarray:
+    with torch.no_grad():
+        out = [model(torch.from_numpy(x[s : s + batch])).argmax(1) for s in range(0, len(x), batch)]
+    return torch.cat(out).numpy().astype(np.int64)
+
+
+def __getattr__(attr: str):
+    """``examples.zoo.data:<name>`` as a spec's dataset."""
+    if attr.startswith("__"):
+        raise AttributeError(attr)
+    entry, size = entry_of(attr)
+    return lambda: dataset(entry.name, size, evaluation_frames())

@@ -1,0 +1,103 @@
+"""The zoo: the libraries' own models through every stage (a few, at reduced size), its
+specs and sweep, and torchvision beside a torch whose compiled ops it cannot load."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from examples.zoo import images, make_specs
+from examples.zoo.models import ZOO, entry_of
+from pipelines.flow import run_chain
+from pipelines.sweep import expand, load_sweep
+from schemas.spec import parse_spec
+from schemas.store import RunStore
+
+ROOT = Path(__file__).resolve().parents[2]
+STAGES = ["prepare", "calibrate", "pre_export", "export", "convert", "compile", "board_sim"]
+
+
+def test_the_zoo_has_30_architectures_from_both_libraries():
+    assert len(ZOO) >= 30
+    assert {e.library for e in ZOO.values()} == {"torchvision", "timm"}
+
+
+def test_specs_on_disk_are_what_make_specs_writes():
+    for name in ZOO:
+        path = ROOT / "examples/zoo/specs" / f"{name}.yaml"
+        assert path.read_text() == make_specs.spec_text(name), f"rerun make_specs for {name}"
+
+
+def test_the_zoo_sweep_runs_every_model_once():
+    runs = expand(load_sweep(ROOT / "pipelines/sweeps/zoo.yaml"))
+    factories = sorted(spec.model.factory for _, spec in runs)
+    assert factories == sorted(f"examples.zoo.models:{n}" for n in ZOO)
+
+
+def test_crops_are_seeded_normalized_images():
+    a, b = images.crops(3, 32, seed=5), images.crops(3, 32, seed=5)
+    assert a.shape == (3, 3, 32, 32) and a.dtype == np.float32
+    np.testing.assert_array_equal(a, b)
+    assert -2.2 < a.min() < 0 < a.max() < 2.7  # ImageNet-normalized pixels
+    assert not np.array_equal(a, images.crops(3, 32, seed=6))
+
+
+def test_unknown_zoo_names_say_what_the_zoo_has():
+    with pytest.raises(AttributeError, match="resnet18"):
+        entry_of("resnet9000")
+
+
+def test_torchvision_imports_beside_a_torch_whose_compiled_ops_it_cannot_load():
+    """As with the registry's CUDA-built torchvision beside the CPU torch: _C.so fails to
+    load, then torchvision's fake-kernel registrations fail; the models still build."""
+    script = textwrap.dedent(
+        """
+        import torch
+        real = torch.ops.load_library
+        def load_library(path):
+            if "torchvision" in str(path):
+                raise OSError("libcudart.so.13: cannot open shared object file")
+            return real(path)
+        torch.ops.load_library = load_library
+        try:
+            import torchvision  # noqa: F401
+            raise SystemExit("expected the plain import to fail")
+        except RuntimeError as e:
+            assert "torchvision::nms" in str(e), e
+        from examples.zoo import libs
+        tv = libs.torchvision()
+        out = tv.models.mobilenet_v3_small(num_classes=3)(torch.randn(1, 3, 32, 32))
+        print(tuple(out.shape))
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("(1, 3)")
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v3_small", "swin_t"])
+def test_a_zoo_model_as_its_library_ships_it_runs_every_stage(name, tmp_path, monkeypatch):
+    """In-place ops, hardswish/hardsigmoid SE gates, dropout (mobilenet_v3); windowed
+    attention with an in-place-built mask and relative position bias (swin): every stage
+    completes and compile proves itself bit-exact against quantized.onnx."""
+    monkeypatch.setenv("QPARITY_ZOO_FRAMES", "8")
+    spec = yaml.safe_load((ROOT / "examples/zoo/spec.yaml").read_text())
+    spec["model"]["factory"] = f"examples.zoo.models:small_{name}"
+    spec["data"].update(
+        dataset=f"examples.zoo.data:small_{name}",
+        calibration_samples=8,
+        evaluation_samples=8,
+        batch_size=8,
+    )
+    spec["compare"] = {"enabled": False}
+    result = run_chain(parse_spec(spec, "zoo"), yaml.safe_dump(spec), tmp_path, use_prefect=False)
+    manifest = RunStore(tmp_path).open(result.run_id).manifest()
+    assert [s for s in STAGES if manifest.stages[s].status == "complete"] == STAGES
