@@ -92,6 +92,10 @@ LAYER_STATS = _fields(
     ("analysis_mean", pa.float64()),
     ("base_nan_count", pa.int64()),
     ("analysis_nan_count", pa.int64()),
+    ("rtol", pa.float64()),
+    ("kl", pa.float64()),
+    ("base_var", pa.float64()),
+    ("analysis_var", pa.float64()),
 )
 """Per-layer comparison of two stages: one row per sample and layer, plus aggregate rows."""
 
