@@ -166,8 +166,11 @@ FAULTS = _fields(
     ("kind", pa.string()),
     ("amount", pa.float64()),
     ("detail", pa.string()),
+    ("changed", pa.bool_()),
+    ("reason", pa.string()),
 )
-"""Faults injected by the spec (proof that localization works)."""
+"""Faults injected by the spec (proof that localization works); ``changed``: whether the
+fault changed what its stage computes (stages.fault_effects), ``reason`` says how."""
 
 SCHEMAS: dict[str, pa.Schema] = {
     "runs": RUNS,
