@@ -78,7 +78,7 @@ def _hist(x: np.ndarray, edges: tuple[float, float]) -> np.ndarray:
     """Row-wise counts of ``x`` (batch x n) in ``BINS`` equal bins over ``edges`` (values
     outside go to the end bins), as one bincount."""
     lo, hi = edges
-    idx = np.clip(((x - lo) * (BINS / (hi - lo))).astype(np.int64), 0, BINS - 1)
+    idx = np.clip((x - lo) * (BINS / (hi - lo)), 0, BINS - 1).astype(np.int64)  # clip first
     idx += np.arange(x.shape[0])[:, None] * BINS
     return np.bincount(idx.ravel(), minlength=x.shape[0] * BINS).reshape(-1, BINS).astype(float)
 

@@ -114,3 +114,10 @@ def test_kl_of_streamed_histograms_equals_one_pass():
     p, q = p / p.sum(), q / q.sum()
     want = float(np.sum(p[p > 0] * np.log(p[p > 0] / np.maximum(q[p > 0], 1e-10))))
     assert math.isclose(acc.result(0.1)["kl"], want, rel_tol=1e-9)
+
+
+def test_values_outside_the_kl_edges_count_in_the_end_bins():
+    a, b = np.array([[0.0, 1.0]]), np.array([[1e300, -1e300]])
+    s = sums(a, b, 1.0, (0.0, 1.0))
+    assert s["hb"][0, -1] == 1 and s["hb"][0, 0] == 1 and s["hb"].sum() == 2
+    assert finish(s, 1.0)["kl"][0] == 0.0  # same two end bins, same histogram
