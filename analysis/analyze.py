@@ -15,6 +15,7 @@ import numpy as np
 
 from analysis import badcases, vendor_files
 from analysis.compare import PairResult, compare_stages
+from analysis.flops import layer_flops
 from analysis.layer_graph import Layer, load_layers
 from analysis.localize import PairVerdict, first_divergence, judge_pair
 from analysis.records import localization_rows, sensitivity_rows, write_tensors
@@ -149,10 +150,11 @@ def _write_files(
             ctx.write_debug("compare_per_layer_out.csv", csv_text)
         if v.sensitive:
             name = f"output_{v.analysis}_l1_sensitive_ops.txt"
-            ctx.write_debug(name, vendor_files.render_sensitive(v, layers, dtypes))
+            flops = layer_flops(ctx.run, results[(v.base, v.analysis)].shapes)
+            ctx.write_debug(name, vendor_files.render_sensitive(v, layers, dtypes, flops))
             files.append(f"debug/{name}")
     top = first or verdicts[-1]
-    advisor = vendor_files.advisor(results[(top.base, top.analysis)], layers, dtypes)
+    advisor = vendor_files.advisor(results[(top.base, top.analysis)], layers, dtypes, top)
     ctx.write_debug("abnormal_layer_advisor.txt", advisor)
     files += [
         f"debug/{n}"

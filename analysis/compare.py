@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from analysis.layer_graph import Layer, ordered
-from analysis.metrics import METRICS, Accumulator, finish, step_of, sums
+from analysis.metrics import METRICS, Accumulator, finish, hist_edges, step_of, sums
 from schemas.tables import write_columns
 from stages.context import RunContext
 from stages.progress import tick
@@ -35,6 +35,10 @@ class PairResult:
     layer_ids: list[str] = field(default_factory=list)
     unmapped: list[str] = field(default_factory=list)
     steps: dict[str, float] = field(default_factory=dict)
+    edges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Layer id -> the [lo, hi] of its KL histograms (fixed on the first batch)."""
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Layer id -> its tensor's shape for one sample (batch dimension 1)."""
     acc: dict[str, Accumulator] = field(default_factory=dict)
     aggregates: dict[str, dict[str, float]] = field(default_factory=dict)
     output: dict[str, list] = field(default_factory=dict)
@@ -95,7 +99,9 @@ def _batch(ctx, r: PairResult, idx, base_run, ana_run, layers, dtypes, b: int) -
     cols: dict[str, list] = {}
     for lid in [*r.layer_ids, OUTPUT]:
         a, v = (out_a, out_b) if lid == OUTPUT else (base[lid], ana[lid])
-        s = sums(a, v, r.steps[lid])
+        if lid not in r.edges:
+            r.edges[lid], r.shapes[lid] = hist_edges(a, v), (1, *np.shape(a)[1:])
+        s = sums(a, v, r.steps[lid], r.edges[lid])
         r.acc[lid].add(s)
         m = finish(s, r.steps[lid])
         if lid == OUTPUT:
@@ -131,7 +137,7 @@ def _append(cols, r: PairResult, lid, layers, dtypes, m, s, idx, aggregate=None)
     cols.setdefault("n_elements", []).extend(np.asarray(s["n"]).astype(np.int64).tolist())
     for key in (*METRICS, "base_min", "base_max", "base_mean"):
         cols.setdefault(key, []).extend(np.asarray(m[key], dtype=np.float64).tolist())
-    for key in ("analysis_min", "analysis_max", "analysis_mean"):
+    for key in ("analysis_min", "analysis_max", "analysis_mean", "base_var", "analysis_var"):
         cols.setdefault(key, []).extend(np.asarray(m[key], dtype=np.float64).tolist())
     cols.setdefault("base_nan_count", []).extend(np.asarray(s["a_nan"]).astype(int).tolist())
     cols.setdefault("analysis_nan_count", []).extend(np.asarray(s["b_nan"]).astype(int).tolist())

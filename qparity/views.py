@@ -82,6 +82,7 @@ def progress(out: Console, quiet: bool):
 
 def _finish_view(out: Console, store_root: str | Path, result) -> None:
     out.print(stage_table(store_root, result.run_id))
+    print_faults(out, RunStore(store_root).open(result.run_id))
     if result.analysis is not None:
         print_analysis(out, result.analysis)
     for step, path in result.steps.items():
@@ -133,9 +134,25 @@ def show_run(out: Console, store_root: str | Path, run_id: str) -> None:
     if m.error:
         out.print(f"[red]error:[/] {m.error}", highlight=False)
     out.print(stage_table(store_root, run_id))
+    print_faults(out, run)
     table = Table("stage", "metric", "value", "n_samples", title="metrics")
     for r in read_run_table(run, "metrics"):
         table.add_row(r["stage"], r["metric"], f"{r['value']:.6g}", str(r["n_samples"]))
+    out.print(table)
+
+
+def print_faults(out: Console, run) -> None:
+    """The run's injected faults, if any, each saying whether it changed anything."""
+    rows = read_run_table(run, "faults")
+    if not rows:
+        return
+    table = Table("stage", "layer", "kind", "amount", "effect", title="injected faults")
+    for r in rows:
+        effect = "changed" if r.get("changed") else "CHANGED NOTHING"
+        if r.get("changed") is None:  # a run from before the column
+            effect = "not recorded"
+        reason = f": {r['reason']}" if r.get("reason") else ""
+        table.add_row(r["stage"], r["layer_id"], r["kind"], f"{r['amount']:g}", effect + reason)
     out.print(table)
 
 

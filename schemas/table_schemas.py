@@ -92,6 +92,10 @@ LAYER_STATS = _fields(
     ("analysis_mean", pa.float64()),
     ("base_nan_count", pa.int64()),
     ("analysis_nan_count", pa.int64()),
+    ("rtol", pa.float64()),
+    ("kl", pa.float64()),
+    ("base_var", pa.float64()),
+    ("analysis_var", pa.float64()),
 )
 """Per-layer comparison of two stages: one row per sample and layer, plus aggregate rows."""
 
@@ -162,8 +166,11 @@ FAULTS = _fields(
     ("kind", pa.string()),
     ("amount", pa.float64()),
     ("detail", pa.string()),
+    ("changed", pa.bool_()),
+    ("reason", pa.string()),
 )
-"""Faults injected by the spec (proof that localization works)."""
+"""Faults injected by the spec (proof that localization works); ``changed``: whether the
+fault changed what its stage computes (stages.fault_effects), ``reason`` says how."""
 
 SCHEMAS: dict[str, pa.Schema] = {
     "runs": RUNS,

@@ -1,9 +1,10 @@
 """Inject the spec's faults (schemas.spec_faults) into a stage's artifact, and record them.
 
 Each function takes what its stage is about to save and returns it corrupted as the fault
-says; every fault applied is a row of ``tables/faults``. A fault naming a layer or op type
-the stage does not have is a SpecError: a fault that silently hits nothing would make the
-localization benchmark lie.
+says; every fault applied is a row of ``tables/faults``, with whether it changed anything
+and why (stages.fault_effects: a fault can apply and change nothing). A fault naming a
+layer or op type the stage does not have is a SpecError: a fault that silently hits
+nothing would make the localization benchmark lie.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from schemas.errors import SpecError
 from schemas.spec_faults import FaultSpec
 from schemas.tables import write_rows
 from stages.context import RunContext
+from stages.fault_effects import Effect, board_effect, copy_model, integer_effect, table_effect
 
 MULT_TAGS = ("/req_mult#", "/mult#", "/ma#", "/mb#")
 SHIFT_TAGS = ("/req_shift#", "/shift#")
@@ -39,14 +41,15 @@ def targets(fault: FaultSpec, op_types: dict[str, str]) -> list[str]:
     return hit
 
 
-def record(ctx: RunContext, stage: str, applied: list[tuple[FaultSpec, str, str]]) -> None:
-    """Write the applied faults (fault, layer id, op type) to tables/faults."""
+def record(ctx: RunContext, stage: str, applied: list[tuple[FaultSpec, str, str, Effect]]) -> None:
+    """Write the applied faults (fault, layer id, op type, effect) to tables/faults."""
     rows = [
         {
             "run_id": ctx.run.run_id, "stage": stage, "layer_id": lid, "op_type": op,
             "kind": f.kind, "amount": float(f.amount), "detail": f.model_dump_json(),
+            "changed": e.changed, "reason": e.reason,
         }
-        for f, lid, op in applied
+        for f, lid, op, e in applied
     ]  # fmt: skip
     write_rows(ctx.run, "faults", rows, stage)
 
@@ -119,22 +122,29 @@ def op_types(ctx: RunContext, ids) -> dict[str, str]:
 
 
 def _inject(ctx: RunContext, stage: str, ids, apply) -> None:
-    """Apply each of ``stage``'s faults to the layers it hits (``apply(fault, layer id)``)
-    and record them."""
+    """Apply each of ``stage``'s faults to the layers it hits (``apply(fault, layer id)
+    -> Effect``) and record them."""
     faults = faults_of(ctx, stage)
     if not faults:
         return
     types, applied = op_types(ctx, ids), []
     for fault in faults:
         for lid in targets(fault, types):
-            apply(fault, lid)
-            applied.append((fault, lid, types[lid]))
+            applied.append((fault, lid, types[lid], apply(fault, lid)))
     record(ctx, stage, applied)
 
 
 def inject_convert(ctx: RunContext, model: onnx.ModelProto, layer_ids) -> onnx.ModelProto:
-    """convert's faults, applied (in place) to quantized.onnx before it is saved."""
-    _inject(ctx, "convert", layer_ids, lambda f, lid: corrupt_integer_graph(model, lid, f))
+    """convert's faults, applied (in place) to quantized.onnx before it is saved; each
+    one's effect judged on a calibration batch."""
+    x = ctx.calibration.x[: ctx.spec.stages.calibrate.batch_size]
+
+    def apply(fault, lid):
+        before = copy_model(model)
+        corrupt_integer_graph(model, lid, fault)
+        return integer_effect(before, model, lid, x)
+
+    _inject(ctx, "convert", layer_ids, apply)
     return model
 
 
@@ -142,7 +152,9 @@ def inject_pre_export(ctx: RunContext, ops: dict) -> dict:
     """pre_export's faults: coarsen the tables of the fixed-point ops they name."""
 
     def coarsen(fault, lid):
-        ops[lid].initializers = coarsen_tables(ops[lid].initializers, fault.amount)
+        before = ops[lid].initializers
+        ops[lid].initializers = coarsen_tables(before, fault.amount)
+        return table_effect(before, ops[lid].initializers)
 
     _inject(ctx, "pre_export", ops, coarsen)
     return ops
@@ -151,8 +163,11 @@ def inject_pre_export(ctx: RunContext, ops: dict) -> dict:
 def record_board(ctx: RunContext) -> None:
     """board_sim's faults in tables/faults (once per stage run; they hit the input)."""
     faults = faults_of(ctx, "board_sim")
+    camera = ctx.splits["camera"].x if "camera" in ctx.splits else None
+    cfg = ctx.spec.stages.board_sim
     if faults:
-        record(ctx, "board_sim", [(f, "input", "input") for f in faults])
+        record(ctx, "board_sim", [(f, "input", "input", board_effect(f, cfg, camera))
+                                  for f in faults])  # fmt: skip
 
 
 def inject_board(ctx: RunContext, frames: np.ndarray, color: str) -> tuple[np.ndarray, str]:

@@ -61,6 +61,8 @@ def test_vendor_files_are_written(clean, store):
     header = (debug / "compare_per_layer_out.txt").read_text().splitlines()[0]
     assert header.startswith("mod_name | base_op_type | analy_op_type")
     assert (debug / "compare_per_layer_out.csv").read_text().startswith("mod_name,")
+    for col in ("shape", "KL", "Rtol", "base_var", "analy_var"):
+        assert f" {col} |" in header
     assert (debug / "badcase.txt").exists() and (debug / "abnormal_layer_advisor.txt").exists()
 
 
@@ -83,6 +85,9 @@ def test_an_injected_fault_is_localized(store, fault, stage):
     layer_rows = [r for r in read_run_table(run, "localization") if r["kind"] == "layer"]
     assert [(r["stage"], r["layer_id"]) for r in layer_rows] == [(stage, fault["layer"])]
     assert read_run_table(run, "badcases") and read_run_table(run, "layer_tensors")
+    ops = run.path(f"debug/output_{stage}_l1_sensitive_ops.txt").read_text().splitlines()
+    row = next(r.split(" | ") for r in ops if r.startswith(f"{fault['layer']} |"))
+    assert row[1] == "weight" and row[-1].endswith("%)") and int(row[-1].split("(")[0]) > 0
 
 
 def test_a_fault_on_a_missing_layer_is_a_spec_error(store):

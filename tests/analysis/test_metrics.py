@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from analysis.metrics import Accumulator, finish, step_of, sums
+from analysis.metrics import Accumulator, finish, hist_edges, step_of, sums
 
 finite = st.floats(-100, 100, allow_nan=False, width=32)
 pairs = st.integers(1, 4).flatmap(
@@ -77,3 +77,47 @@ def test_step_is_the_scale_else_the_int8_step_of_the_range():
     assert step_of(0.25, np.zeros(3)) == 0.25
     assert step_of(None, np.array([-2.54, 1.0])) == 2.54 / 127
     assert step_of(None, np.zeros(3)) == 1.0
+
+
+def test_rtol_and_variances_match_the_formulas():
+    a = np.array([[1.0, -4.0, 2.0, 1.0]])
+    b = np.array([[1.5, -4.0, 2.0, 0.0]])
+    got = finish(sums(a, b, 0.5), 0.5)
+    assert math.isclose(got["rtol"][0], 1.0 / 4.0)  # max|b - a| / max|a|
+    assert math.isclose(got["base_var"][0], float(np.var(a)))
+    assert math.isclose(got["analysis_var"][0], float(np.var(b)))
+    zero = finish(sums(np.zeros((1, 3)), np.zeros((1, 3)), 1.0), 1.0)
+    assert zero["rtol"][0] == 0.0
+
+
+def test_kl_is_zero_for_equal_histograms_and_grows_with_the_shift():
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(2, 4000))
+    edges = hist_edges(a, a + 0.5)
+    same = finish(sums(a, a.copy(), 0.1, edges), 0.1)["kl"]
+    small = finish(sums(a, a + 0.1, 0.1, edges), 0.1)["kl"]
+    large = finish(sums(a, a + 0.5, 0.1, edges), 0.1)["kl"]
+    assert np.all(same == 0) and np.all(small > 0) and np.all(large > small)
+
+
+def test_kl_of_streamed_histograms_equals_one_pass():
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(size=(4, 500)), rng.normal(0.2, 1.1, size=(4, 500))
+    edges = hist_edges(a[:2], b[:2])  # fixed on the "first batch": later values clip
+    acc = Accumulator()
+    acc.add(sums(a[:2], b[:2], 0.1, edges))
+    acc.add(sums(a[2:], b[2:], 0.1, edges))
+    whole = sums(a.reshape(1, -1), b.reshape(1, -1), 0.1, edges)
+    assert math.isclose(acc.result(0.1)["kl"], finish(whole, 0.1)["kl"][0], rel_tol=1e-12)
+    p, _ = np.histogram(np.clip(a, *edges), bins=256, range=edges)
+    q, _ = np.histogram(np.clip(b, *edges), bins=256, range=edges)
+    p, q = p / p.sum(), q / q.sum()
+    want = float(np.sum(p[p > 0] * np.log(p[p > 0] / np.maximum(q[p > 0], 1e-10))))
+    assert math.isclose(acc.result(0.1)["kl"], want, rel_tol=1e-9)
+
+
+def test_values_outside_the_kl_edges_count_in_the_end_bins():
+    a, b = np.array([[0.0, 1.0]]), np.array([[1e300, -1e300]])
+    s = sums(a, b, 1.0, (0.0, 1.0))
+    assert s["hb"][0, -1] == 1 and s["hb"][0, 0] == 1 and s["hb"].sum() == 2
+    assert finish(s, 1.0)["kl"][0] == 0.0  # same two end bins, same histogram

@@ -1,0 +1,77 @@
+"""Floating-point operations per layer, for the flops column of the sensitive-ops file.
+
+flops = 2 x MACs (one multiply and one add per multiply-accumulate), per sample:
+
+- conv, linear: MACs = elements of the output x (weight elements / output channels), i.e.
+  ``C_in / groups x kernel`` for a conv and ``in_features`` for a linear; the weight's
+  shape is read from the header of prepare's float.safetensors (no tensor is loaded);
+- matmul: MACs = elements of the output x K, K the last dimension of its first input
+  (the producing layer's captured shape);
+- every other op: 0 (no multiply-accumulate).
+
+A layer whose shape or weight is not known has no entry (the file shows ``-``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+
+from schemas.store import Run
+
+WEIGHT_FILE = "artifacts/prepare/float.safetensors"
+
+
+def weight_shapes(run: Run) -> dict[str, tuple[int, ...]]:
+    """Graph node name of each parameter (dots as underscores) -> its shape; {} without
+    the file (a PTQ chain)."""
+    path = run.path(WEIGHT_FILE)
+    try:
+        with open(path, "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+    except (OSError, ValueError, struct.error):
+        return {}
+    return {
+        k.replace(".", "_"): tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"
+    }
+
+
+def layer_flops(run: Run, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+    """Layer id -> flops for one sample, for the layers of ``shapes`` (module docstring)."""
+    try:
+        records = json.loads(run.path("artifacts/prepare/layers.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    weights = weight_shapes(run)
+    layer_of = {r["node"]: r["layer_id"] for r in records}
+    out = {}
+    for r in records:
+        lid = r["layer_id"]
+        if r["merged_into"] or lid not in shapes:
+            continue
+        macs = _macs(r, shapes, weights, layer_of)
+        if macs is not None:
+            out[lid] = 2 * macs
+    return out
+
+
+def _macs(record: dict, shapes: dict, weights: dict, layer_of: dict) -> int | None:
+    """Multiply-accumulates of one layer; None when a needed shape is unknown."""
+    out_elems = math.prod(shapes[record["layer_id"]])
+    if record["op_type"] in ("conv", "linear"):
+        w = next((weights[i] for i in record["inputs"] if len(weights.get(i, ())) >= 2), None)
+        return None if w is None else out_elems * math.prod(w) // w[0]
+    if record["op_type"] == "matmul":
+        first = layer_of.get(record["inputs"][0]) if record["inputs"] else None
+        return out_elems * shapes[first][-1] if first in shapes else None
+    return 0
+
+
+def render_flops(lid: str, flops: dict[str, int]) -> str:
+    """The vendor's ``N(x.xx%)``: the layer's flops and its share of all layers' flops."""
+    if lid not in flops:
+        return "-"
+    total = sum(flops.values())
+    return f"{flops[lid]}({100 * flops[lid] / total if total else 0.0:.2f}%)"

@@ -1,0 +1,28 @@
+"""What the CLI prints about a run: injected faults say whether they changed anything."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from qparity.views import show_run
+from schemas.spec_faults import FaultSpec
+from stages.fault_effects import Effect
+from stages.faults import record
+
+
+def test_show_says_which_injected_fault_changed_nothing(make_ctx):
+    ctx = make_ctx()
+    applied = [
+        (FaultSpec(kind="scale_steps", layer="conv2"), "conv2", "conv",
+         Effect(False, "no integer of layer conv2 changes")),
+        (FaultSpec(kind="bias_drop", layer="conv"), "conv", "conv",
+         Effect(True, "9 of 10 output values of conv change")),
+    ]  # fmt: skip
+    record(ctx, "convert", applied)
+    buf = io.StringIO()
+    show_run(Console(file=buf, width=200), ctx.run.root.parent, ctx.run.run_id)
+    lines = {ln.split("│")[2].strip(): ln for ln in buf.getvalue().splitlines() if "│ conv" in ln}
+    assert "CHANGED NOTHING: no integer of layer conv2 changes" in lines["conv2"]
+    assert "changed: 9 of 10" in lines["conv"] and "NOTHING" not in lines["conv"]
