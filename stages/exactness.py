@@ -60,7 +60,9 @@ class Exactness:
         ]) + "\n"  # fmt: skip
 
 
-def check_exact(program: Program, run_root: Path, quantized, x: np.ndarray, stage: str):
+def check_exact(
+    program: Program, run_root: Path, quantized, x: np.ndarray, stage: str
+) -> Exactness:
     """Prove ``program`` equals quantized.onnx (``quantized``: an artifact with
     ``onnx_file`` and ``layers_file``) on the samples ``x`` through every execution path;
     an :class:`Exactness`, or a StageError (``where`` = ``stage``) naming the first layer
@@ -74,7 +76,7 @@ def check_exact(program: Program, run_root: Path, quantized, x: np.ndarray, stag
     executor, feed = Executor(program), {next(iter(program.inputs)): x}
     paths = tuple(_run(executor, feed, capture, want, ref, stage) for capture in RUNS)
     return Exactness(
-        layers=tuple(lid for lid in program.captures),
+        layers=tuple(program.captures),
         outputs=tuple(want),
         not_held=tuple(lid for lid in ref if lid not in program.captures),
         paths=paths,

@@ -3,7 +3,8 @@
 :data:`STAGES` lists them in chain order; ``pipelines.ptq`` runs them and records each in
 the run's manifest and tables. Every stage writes its vendor-named file (VENDOR_FILES) and
 top-1 on the evaluation split; quantized and hbm reuse convert's Converter and compile's
-Compiler unchanged, and hbm must equal quantized bit for bit on the probe samples.
+Compiler unchanged, and hbm must equal quantized bit for bit on the probe samples, on
+every execution path (compile's check, :func:`stages.exactness.check_exact`).
 """
 
 from __future__ import annotations
