@@ -111,6 +111,7 @@ class Executor:
         self.timings: list[tuple[int, Op, float]] | None = [] if timings else None
         self.replays = Replays()  # how each instruction's next run skips its kernel
         self._frozen: Frozen | bool | None = None  # the whole-run plan; False: none to build
+        self.last_path = ""  # how the last run executed (_path)
 
     def run(self, inputs: dict[str, np.ndarray], capture: bool = False):
         """(outputs by name, captures by layer id), numpy, in the reference layout.
@@ -119,7 +120,7 @@ class Executor:
         buffer) only when ``capture``; without it the second dict is empty. Runs after the
         first ones come from replays and then from the frozen plan (module docstring of
         :mod:`simulator.replay`, :mod:`simulator.frozen`); ``capture`` runs instruction by
-        instruction.
+        instruction. :attr:`last_path` then says which path ran.
         """
         bufs = self._load(inputs)
         frozen = None if capture else self._run_frozen(bufs)
@@ -127,12 +128,20 @@ class Executor:
             self._run(bufs)
         else:
             bufs.update(frozen)
+        self.last_path = self._path(frozen)
         # copies: a replay's buffers are then free again for the next run
         outputs = {name: self._export(bufs, name).copy() for name in self.program.outputs}
         captures = {}
         if capture:
             captures = {lid: self._export(bufs, b) for lid, b in self.program.captures.items()}
         return outputs, captures
+
+    def _path(self, frozen: dict | None) -> str:
+        """How a run executed: the frozen plan, every instruction replayed, or kernels."""
+        if frozen is not None:
+            return "frozen plan"
+        n, served = len(self.program.instructions), self.replays.served
+        return "replays" if served == n else f"kernels ({n - served} of {n} instructions)"
 
     def buffer_shapes(self, inputs: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
         """Every buffer's shape (stored layout) after one run: what the cost model needs."""

@@ -61,6 +61,11 @@ def round_div(v, d, mode: str):
     return fl + (twice > d) + extra
 
 
+def ratio_limit(bits: int) -> float:
+    """The ratios :func:`fixed_multiplier` represents with ``m < 2**bits`` are below this."""
+    return 2.0**bits - 1
+
+
 def fixed_multiplier(ratio, bits: int, rounding: str = "half_even"):
     """Integer ``(m, s)`` with ``m / 2**s ~ ratio``, ``m < 2**bits``, largest such ``s``.
 
@@ -69,12 +74,19 @@ def fixed_multiplier(ratio, bits: int, rounding: str = "half_even"):
     Example: ``ratio = 0.1 / 0.2028451 (0.49299), bits = 15 -> (32308, 16)`` (the vendor example).
     """
     r = np.asarray(ratio, dtype=np.float64)
-    if not (np.all(np.isfinite(r)) and np.all(r > 0) and np.all(r < 2.0**bits - 1)):
+    if not (np.all(np.isfinite(r)) and np.all(r > 0)):
         raise SimulatorError(
-            f"multiplier ratio {r} outside (0, 2**{bits} - 1)",
+            f"multiplier ratio {r} is zero, negative or not finite",
             where="requantize",
             hint="a scale is zero, negative or not finite: recalibrate (the layer's observer "
             "must see data) or check the scales in the model",
+        )
+    if np.any(r >= ratio_limit(bits)):
+        raise SimulatorError(
+            f"multiplier ratio {float(r.max()):.6g} is beyond the multiplier's range: "
+            f"m / 2**s with m < 2**{bits} and s >= 0 holds ratios below {ratio_limit(bits):g}",
+            where="requantize",
+            hint="use wider multipliers, or scales whose ratio is smaller",
         )
     s = np.clip(np.floor(np.log2((2.0**bits - 1) / r)), 0, 62).astype(np.int64)
     m = round_by(r * np.exp2(s), rounding)

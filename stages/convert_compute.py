@@ -8,7 +8,7 @@ import onnx
 from simulator import fixedpoint as fp
 from simulator.intmath import aligned_multipliers, fixed_multiplier
 from stages.convert_graph import Converter, QTensor, _attr
-from stages.convert_rules import _bits, _mult, _req
+from stages.convert_rules import _bits, _mult, _req, check_ratio
 from stages.onnx_builder import DOMAIN
 
 
@@ -143,6 +143,7 @@ def add(c: Converter, k: int, node: onnx.NodeProto) -> bool:
     if b is None:
         if node.input[1] not in c.inits or a.scale.size != 1:
             return False
+        check_ratio(c, float(a.scale) / s_out, "add")
         ma, shift = fixed_multiplier(float(a.scale) / s_out, _bits(c), c.settings.rounding)
         term = np.round(sign * c.inits[node.input[1]] / s_out * 2.0 ** int(shift))
         ins = [
@@ -153,9 +154,10 @@ def add(c: Converter, k: int, node: onnx.NodeProto) -> bool:
             c.const("shift", np.atleast_1d(shift)),
         ]
     else:
-        (ma, mb), shift = aligned_multipliers(
-            [_bcast(a) / s_out, _bcast(b) / s_out], _bits(c), c.settings.rounding
-        )
+        ratios = [_bcast(a) / s_out, _bcast(b) / s_out]
+        for r in ratios:
+            check_ratio(c, r, "add")
+        (ma, mb), shift = aligned_multipliers(ratios, _bits(c), c.settings.rounding)
         ins = [
             a.name,
             b.name,

@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from schemas.errors import StageError
+from schemas.errors import SimulatorError, StageError
 from stages.onnx_builder import DOMAIN, LAYER_KEY
 
 ZP = {"int8": np.int8, "int16": np.int16, "int32": np.int32}
@@ -121,6 +121,12 @@ class Converter:
             try:
                 if rule is None or not rule(self, k, node):
                     self.float_island(node)
+            except SimulatorError as e:  # the integer arithmetic refused a scale
+                raise StageError(
+                    f"cannot convert node {k} ({node.op_type} {node.name!r}): {e.what}",
+                    where=f"convert, layer {self.layer}",
+                    hint=e.hint,
+                ) from e
             except (KeyError, IndexError, ValueError, TypeError, AttributeError) as e:
                 raise StageError(
                     f"cannot convert node {k} ({node.op_type} {node.name!r}): "

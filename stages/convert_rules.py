@@ -17,8 +17,9 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from schemas.errors import StageError
 from simulator import fixedpoint as fp
-from simulator.intmath import fixed_multiplier
+from simulator.intmath import fixed_multiplier, ratio_limit
 from stages.convert_graph import ZP, Converter, QTensor, _attr
 from stages.onnx_builder import DOMAIN
 
@@ -41,7 +42,27 @@ def _bits(c: Converter) -> int:
     return c.settings.multiplier_bits - 1
 
 
+def check_ratio(c: Converter, ratio, tag: str) -> None:
+    """A StageError naming the layer when a requantize ratio needs a wider multiplier than
+    ``multiplier_bits`` (``fixed_multiplier`` holds ratios below ``2**(bits-1) - 1``)."""
+    r, limit = np.asarray(ratio, dtype=np.float64), ratio_limit(_bits(c))
+    if not np.any(np.isfinite(r) & (r >= limit)):
+        return  # in range (a zero or non-finite ratio: fixed_multiplier's own error)
+    bits = c.settings.multiplier_bits
+    worst = float(np.max(r[np.isfinite(r)]))
+    raise StageError(
+        f"the {tag} ratio of its scales is {worst:.6g}, beyond {bits}-bit multipliers: "
+        f"m / 2**s with |m| < 2**{bits - 1} and s >= 0 holds ratios below {limit:g}",
+        where=f"convert, layer {c.layer}",
+        hint="widen the multipliers (stages.convert.multiplier_bits: 16 or more; 32 with "
+        "quant.high_precision_qpp: true or quant.consistency_level: 0), or give the layer's "
+        "input and output one dtype (quant.overrides); a tiny output scale from a layer "
+        "that saw no data needs recalibrating instead",
+    )
+
+
 def _mult(c: Converter, tag: str, ratio) -> tuple[str, str]:
+    check_ratio(c, ratio, tag)
     m, s = fixed_multiplier(np.asarray(ratio, dtype=np.float64), _bits(c), c.settings.rounding)
     return (
         c.const(f"{tag}_mult", np.atleast_1d(m).astype(np.int64)),

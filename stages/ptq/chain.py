@@ -3,7 +3,8 @@
 :data:`STAGES` lists them in chain order; ``pipelines.ptq`` runs them and records each in
 the run's manifest and tables. Every stage writes its vendor-named file (VENDOR_FILES) and
 top-1 on the evaluation split; quantized and hbm reuse convert's Converter and compile's
-Compiler unchanged, and hbm must equal quantized bit for bit on the probe samples.
+Compiler unchanged, and hbm must equal quantized bit for bit on the probe samples, on
+every execution path (compile's check, :func:`stages.exactness.check_exact`).
 """
 
 from __future__ import annotations
@@ -12,17 +13,16 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import onnx
 
 from schemas.artifacts import Metric
-from schemas.errors import StageError
 from simulator import hbm
 from simulator.executor import Executor
 from stages.compile import tensor_shapes
 from stages.compile_graph import Compiler
-from stages.convert import layer_json, run_integer
+from stages.convert import layer_json
 from stages.convert_graph import Converter, ConvertSettings
+from stages.exactness import check_exact
 from stages.onnx_export import render_graph_text
 from stages.onnx_runner import OnnxRunner
 from stages.ptq import calibrate_onnx as cal
@@ -143,32 +143,17 @@ def hbm_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
     )
     rel = ctx.file("hbm")
     hbm.save(program, ctx.run.path(rel))
-    executor = Executor(hbm.load(ctx.run.path(rel)))
-    checked = bit_exact(ctx, up, executor)
-    name = next(iter(executor.program.inputs))
+    program = hbm.load(ctx.run.path(rel))
+    x = ctx.evaluation.x[: max(ctx.probe_samples, 2)]
+    exact = check_exact(program, ctx.run.root, up, x, "hbm")
+    ctx.write_debug("bit_exact.txt", exact.render())
+    executor, name = Executor(program), next(iter(program.inputs))
     metrics = [
         ctx.top1("hbm", lambda x: next(iter(executor.run({name: x})[0].values()))),
-        Metric(stage="hbm", metric="bit_exact_layers", value=checked, n_samples=ctx.probe_samples),
+        Metric(stage="hbm", metric="bit_exact_layers", value=len(exact.layers), n_samples=len(x)),
     ]
     return call.make(PtqModel, ctx.run, [rel], hbm_file=rel, layers_file=up.layers_file,
                      onnx_file=up.onnx_file, metrics=metrics)  # fmt: skip
-
-
-def bit_exact(ctx: PtqContext, up: PtqModel, executor: Executor) -> int:
-    """Layers the program holds, compared with quantized on the probe samples: all equal
-    (their count), else a StageError naming the first that differs."""
-    x = ctx.evaluation.x[: max(ctx.probe_samples, 2)]
-    ref_out, ref = run_integer(ctx.run.root, up, x)
-    name = next(iter(executor.program.inputs))
-    outs, got = executor.run({name: x}, capture=True)
-    for lid, ints in got.items():
-        if lid in ref and not np.array_equal(np.asarray(ints), ref[lid][0]):
-            raise StageError(f"the .hbm differs from quantized at layer {lid}", where="hbm",
-                             hint="this is a compiler bug: keep the run and report it")  # fmt: skip
-    if not np.array_equal(next(iter(outs.values())), ref_out[0]):
-        raise StageError("the .hbm output differs from quantized", where="hbm",
-                         hint="this is a compiler bug: keep the run and report it")  # fmt: skip
-    return sum(lid in ref for lid in got)
 
 
 def board_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:

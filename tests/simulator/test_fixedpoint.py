@@ -228,8 +228,11 @@ def test_fixed_multiplier_vendor_example_and_largest_shift():
     ratios = np.array([0.49299, 1e-6, 0.75, 63 * 256 / 7, 1.0])
     m, s = intmath.fixed_multiplier(ratios, 16)
     assert np.all(m < 2**16) and np.all(np.round(ratios * 2.0 ** (s + 1)) >= 2**16)
-    with pytest.raises(SimulatorError):
+    with pytest.raises(SimulatorError, match=r"ratio 131072 is beyond .* ratios below 65535"):
         intmath.fixed_multiplier(2.0**17, 16)
+    for bad in (0.0, -1.0, np.nan):
+        with pytest.raises(SimulatorError, match="zero, negative or not finite"):
+            intmath.fixed_multiplier(bad, 16)
 
 
 def ref_requantize(acc: int, m: int, s: int, dtype: str, mode: str) -> int:

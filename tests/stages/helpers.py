@@ -1,5 +1,7 @@
-"""Run a prefix of the chain with plain function calls (no Prefect, no cache)."""
+"""Run a prefix of the chain with plain function calls (no Prefect, no cache); break the
+frozen plan on purpose."""
 
+from simulator.frozen import Frozen
 from stages.registry import BY_NAME
 from stages.registry_types import StageCall
 
@@ -14,3 +16,19 @@ def run_stages(ctx, *names):
         ctx.run.save_artifact(art)
         arts[name] = art
     return arts
+
+
+def break_frozen_plan(monkeypatch) -> None:
+    """Every frozen-plan run's first output one off in its first value (a wrong kernel on
+    the path that gives the metrics)."""
+    run = Frozen.run
+
+    def off_by_one(self, xs, timings=None):
+        outs = run(self, xs, timings)
+        if outs is not None:
+            name = next(iter(outs))
+            outs[name] = outs[name].clone()
+            outs[name].view(-1)[0] += 1
+        return outs
+
+    monkeypatch.setattr(Frozen, "run", off_by_one)

@@ -11,9 +11,12 @@ from simulator import exec_ops, hbm, native
 from simulator.executor import Executor
 from simulator.frozen import Frozen
 from simulator.isa import Op
-from stages.compile import check_identical
+from simulator.replay import Replays
+from stages.compile import compile_model
 from stages.convert import run_integer
-from tests.stages.helpers import run_stages
+from stages.exactness import check_exact
+from stages.registry_types import StageCall
+from tests.stages.helpers import H, break_frozen_plan, run_stages
 
 CHAIN = ("prepare", "calibrate", "pre_export", "export", "convert", "compile")
 
@@ -132,9 +135,66 @@ def test_a_changed_number_is_caught(compiled):
     conv = next(i for i in program.instructions if i.layer_ids == ("conv", "relu"))
     consts = dict(program.constants)
     consts[conv.consts[2]] = consts[conv.consts[2]] * 2  # the requantize multipliers
-    broken = Executor(dataclasses.replace(program, constants=consts))
-    with pytest.raises(StageError, match="compile changed the integers of layer"):
-        check_identical(ctx, arts["convert"], broken)
+    broken = dataclasses.replace(program, constants=consts)
+    with pytest.raises(StageError, match="layer relu differs from quantized.onnx on the kernels"):
+        check_exact(broken, ctx.run.root, arts["convert"], ctx.evaluation.x[:2], "compile")
+
+
+def test_the_check_covers_every_path_layers_and_outputs(compiled):
+    """compile's check runs the probe samples through the kernels, the replays and the
+    frozen plan, and lists what it compared in debug/bit_exact.txt."""
+    ctx, arts = compiled
+    program = hbm.load(ctx.run.path(arts["compile"].hbm_file))
+    exact = check_exact(program, ctx.run.root, arts["convert"], ctx.evaluation.x[:3], "compile")
+    assert exact.paths[0].startswith("kernels") and exact.samples == 3
+    if native.library() is not None:
+        assert exact.paths[2:] == ("replays", "replays", "frozen plan")
+    assert set(exact.layers) == set(program.captures) and exact.outputs == ("head",)
+    assert {"conv", "conv2", "add"} <= set(exact.not_held)
+    text = ctx.run.path("debug/bit_exact.txt").read_text()
+    assert "frozen plan" in text or native.library() is None
+    assert "layers compared on runs 1-3: " in text and "relu" in text
+
+
+def _recompile(ctx, arts):
+    return compile_model(arts["convert"], ctx, StageCall("compile", H, H, "test"))
+
+
+@pytest.mark.skipif(native.library() is None, reason="no frozen plan without the kernels")
+def test_a_wrong_frozen_plan_output_fails_compile(compiled, monkeypatch):
+    """The frozen plan gives compile's (and board_sim's) top-1: one value off in its
+    output must stop compile, naming the output and the path."""
+    break_frozen_plan(monkeypatch)
+    with pytest.raises(StageError, match="output head differs .* on the frozen plan path: 1 of"):
+        _recompile(*compiled)
+
+
+@pytest.mark.skipif(native.library() is None, reason="no replays without the kernels")
+def test_a_wrong_replayed_instruction_fails_compile_naming_its_layer(compiled, monkeypatch):
+    calls = Replays._calls
+
+    def flip(self, i, instr, state, xs):
+        ys = calls(self, i, instr, state, xs)
+        if ys is not None and instr.layer_ids == ("conv", "relu"):
+            ys = [ys[0].clone(), *ys[1:]]
+            ys[0].view(-1)[0] ^= 1
+        return ys
+
+    monkeypatch.setattr(Replays, "_calls", flip)
+    with pytest.raises(StageError, match="layer relu differs .* on the replays path"):
+        _recompile(*compiled)
+
+
+def test_a_layer_the_reference_lacks_is_an_error(compiled):
+    ctx, arts = compiled
+    program = hbm.load(ctx.run.path(arts["compile"].hbm_file))
+    ghost = dataclasses.replace(program, captures={**program.captures, "ghost": "output"})
+    with pytest.raises(StageError, match=r"layers.json lacks: \['ghost'\]"):
+        check_exact(ghost, ctx.run.root, arts["convert"], ctx.evaluation.x[:2], "compile")
+    first = dataclasses.replace(program.instructions[0], layer_ids=("phantom",))
+    phantom = dataclasses.replace(program, instructions=[first, *program.instructions[1:]])
+    with pytest.raises(StageError, match="phantom"):
+        check_exact(phantom, ctx.run.root, arts["convert"], ctx.evaluation.x[:2], "compile")
 
 
 def test_tampered_hbm_is_refused(compiled):

@@ -45,6 +45,27 @@ def test_public_requantize_example_at_16_bits():
     assert int(conv.new_inits[m][0]) == 32308 and int(conv.new_inits[s][0]) == 16
 
 
+def test_a_ratio_beyond_narrow_multipliers_names_the_layer_and_the_fix(make_ctx):
+    """An int8 conv feeding int16 layers: the add's ratio of scales (about 279) is beyond
+    8-bit multipliers (below 127). The error says so, not that a scale is zero."""
+    quant = {"activation_dtype": "int16", "overrides": {"conv": "int8"}}
+    ctx = make_ctx(quant=quant, stages={"convert": {"multiplier_bits": 8}})
+    with pytest.raises(StageError) as e:
+        run_stages(ctx, *CHAIN)
+    msg = str(e.value)
+    assert "convert, layer add: the add ratio of its scales is 278.9" in msg
+    assert "beyond 8-bit multipliers" in msg and "ratios below 127" in msg
+    assert "stages.convert.multiplier_bits" in msg and "zero" not in msg
+
+
+def test_narrow_multipliers_name_the_layer_on_every_requantize():
+    conv = Converter(onnx.ModelProto(), ConvertSettings(multiplier_bits=8))
+    conv.layer = "fc"
+    with pytest.raises(StageError, match=r"layer fc: the req ratio of its scales is 300, .* 127"):
+        _mult(conv, "req", np.array([0.5, 300.0]))
+    assert conv.new_inits == {}
+
+
 def test_levels_set_fusion_and_multiplier_width(make_ctx):
     none, zero = make_ctx(), make_ctx(quant={"consistency_level": 0})
     assert convert_settings(none.spec) == ConvertSettings(16, "half_even", True)
@@ -62,6 +83,12 @@ def test_zero_scale_is_refused_naming_the_layer(make_ctx):
     init = next(i for i in model.graph.initializer if i.name == "conv[output]/scale")
     init.CopyFrom(numpy_helper.from_array(np.zeros_like(numpy_helper.to_array(init)), init.name))
     with pytest.raises(StageError, match=r"layer conv: quantizer scale .* zero"):
+        Converter(model, ConvertSettings()).run()
+    # a vast output scale: the ratio is below any 62-bit shift; the error still names conv
+    init.CopyFrom(
+        numpy_helper.from_array(np.full_like(numpy_helper.to_array(init), 1e30), init.name)
+    )
+    with pytest.raises(StageError, match=r"layer conv: cannot convert node .* too small"):
         Converter(model, ConvertSettings()).run()
 
 

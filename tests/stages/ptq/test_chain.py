@@ -9,15 +9,19 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from pipelines.ptq import run_ptq
+from pipelines.ptq import _context, run_ptq
+from schemas.errors import StageError
 from schemas.store import RunStore
 from schemas.tables import read_run_table
-from simulator import hbm
+from simulator import hbm, native
 from simulator.executor import Executor
 from stages.onnx_runner import OnnxRunner
 from stages.ptq import equivalence
-from stages.ptq.chain import STAGES
+from stages.ptq.chain import STAGES, hbm_stage
+from stages.ptq.context import PtqModel
+from stages.registry_types import StageCall
 from tests.models import data
+from tests.stages.helpers import H, break_frozen_plan
 from tests.stages.ptq.conftest import spec
 
 VENDOR = [
@@ -83,6 +87,19 @@ def test_quantized_and_hbm_agree_bit_for_bit(int8_run):
     assert len(got) >= 5
     for lid, ints in got.items():
         assert np.array_equal(ints, ref[layers[lid]["tensor"]]), lid
+
+
+@pytest.mark.skipif(native.library() is None, reason="no frozen plan without the kernels")
+def test_hbm_checks_the_frozen_plan_like_compile(int8_run, tiny_onnx, monkeypatch):
+    """hbm runs compile's check (stages.exactness): the frozen plan that gives hbm's and
+    board's top-1 is compared too, and one value off in its output stops the stage."""
+    text = (int8_run.root / "debug/bit_exact.txt").read_text()
+    assert "5: frozen plan" in text and "outputs compared on every run: head" in text
+    ctx = _context(int8_run, "tiny", tiny_onnx, spec())
+    up = int8_run.load_artifact("quantized", PtqModel)
+    break_frozen_plan(monkeypatch)
+    with pytest.raises(StageError, match="output head differs .* on the frozen plan path"):
+        hbm_stage(up, ctx, StageCall("hbm", H, H, "test"))
 
 
 def test_sigmoid_becomes_a_lookup_table(int8_run):

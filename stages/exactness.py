@@ -1,0 +1,126 @@
+"""A compiled program against quantized.onnx, bit for bit, on the path production runs.
+
+Both chains call :func:`check_exact` once the program is written: compile (QAT chain) and
+hbm (PTQ chain). It runs quantized.onnx's reference evaluator (``run_integer``) once on the
+probe samples, then feeds the same samples five times to one fresh
+:class:`~simulator.executor.Executor`, exactly as the evaluation feeds its batches
+(:data:`RUNS`): the first runs execute each instruction's kernel while the replays learn
+(:mod:`simulator.replay`), the third is served by the replays, the fourth is recorded and
+the fifth is the frozen plan (:mod:`simulator.frozen`), the path that gives compile's,
+hbm's and board_sim's top-1. Each run's model outputs must equal quantized.onnx's outputs,
+and on the three capture runs every layer the program holds (``program.captures``) must
+equal quantized.onnx's integers. A fresh Executor: the evaluation's own Executor then
+learns its replays on the evaluation's batch geometry, not on the probe batch's.
+
+Layers the program names but the reference lacks are an error, never skipped: a captured
+layer, or a layer id of the debug map (``Instruction.layer_ids``), missing from
+quantized.onnx's layers.json means the program and its reference disagree, so nothing
+could be proven. Reference layers the program no longer holds (fused into another
+instruction, such as a conv's int32 accumulator) are not compared; they are listed in
+``debug/bit_exact.txt`` (:meth:`Exactness.render`), as is which path served each run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from schemas.errors import StageError
+from simulator.executor import Executor
+from simulator.isa import Program
+from stages.convert import run_integer
+
+RUNS = (True, True, True, False, False)
+"""Capture flag of each run: kernels (replays learn), kernels (replays checked and
+adopted), replays, recorded for the frozen plan, frozen plan."""
+HINT = "this is a compiler or simulator bug: keep the run and report it"
+
+
+@dataclass(frozen=True)
+class Exactness:
+    """What :func:`check_exact` proved equal (it raises on the first difference)."""
+
+    layers: tuple[str, ...]  # layers compared on every capture run
+    outputs: tuple[str, ...]  # model outputs compared on every run
+    not_held: tuple[str, ...]  # reference layers the program no longer holds (fused)
+    paths: tuple[str, ...]  # how each run executed (Executor.last_path)
+    samples: int
+
+    def render(self) -> str:
+        """``debug/bit_exact.txt``."""
+        runs = ", ".join(f"{i + 1}: {p}" for i, p in enumerate(self.paths))
+        return "\n".join([
+            f"# program vs quantized.onnx on {self.samples} probe samples: all equal",
+            f"runs: {runs}",
+            f"outputs compared on every run: {', '.join(self.outputs)}",
+            f"layers compared on runs 1-3: {', '.join(self.layers) or '-'}",
+            f"not held by the program (fused, not compared): {', '.join(self.not_held) or '-'}",
+        ]) + "\n"  # fmt: skip
+
+
+def check_exact(
+    program: Program, run_root: Path, quantized, x: np.ndarray, stage: str
+) -> Exactness:
+    """Prove ``program`` equals quantized.onnx (``quantized``: an artifact with
+    ``onnx_file`` and ``layers_file``) on the samples ``x`` through every execution path;
+    an :class:`Exactness`, or a StageError (``where`` = ``stage``) naming the first layer
+    or output that differs and the path that produced it."""
+    ref_outs, ref = run_integer(run_root, quantized, x)
+    _check_known(program, ref, stage)
+    if len(ref_outs) != len(program.outputs):
+        raise StageError(f"the program has {len(program.outputs)} outputs, quantized.onnx "
+                         f"{len(ref_outs)}", where=stage, hint=HINT)  # fmt: skip
+    want = dict(zip(program.outputs, ref_outs, strict=True))
+    executor, feed = Executor(program), {next(iter(program.inputs)): x}
+    paths = tuple(_run(executor, feed, capture, want, ref, stage) for capture in RUNS)
+    return Exactness(
+        layers=tuple(program.captures),
+        outputs=tuple(want),
+        not_held=tuple(lid for lid in ref if lid not in program.captures),
+        paths=paths,
+        samples=len(x),
+    )
+
+
+def _check_known(program: Program, ref: dict, stage: str) -> None:
+    """Every layer the program names (captures, debug map) is one quantized.onnx has."""
+    named = {*program.captures, *(lid for i in program.instructions for lid in i.layer_ids)}
+    unknown = sorted(named - set(ref))
+    if unknown:
+        raise StageError(
+            f"the program names layers quantized.onnx's layers.json lacks: {unknown[:8]}",
+            where=stage,
+            hint="the program and quantized.onnx do not belong together: recompile from "
+            "this run's quantized artifact",
+        )
+
+
+def _run(executor: Executor, feed: dict, capture: bool, want: dict, ref: dict, stage: str):
+    """One run compared with the reference; the path that served it. A function of its
+    own so the captures (views of the replays' buffers) are released before the next run,
+    which could not reuse those buffers otherwise."""
+    outs, got = executor.run(feed, capture=capture)
+    path = executor.last_path
+    for lid, ints in got.items():  # layers first: the first to differ is the cause
+        _same(ints, ref[lid][0], f"layer {lid}", path, stage)
+    for name, value in outs.items():
+        _same(value, want[name], f"output {name}", path, stage)
+    return path
+
+
+def _same(got: np.ndarray, want: np.ndarray, what: str, path: str, stage: str) -> None:
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape:
+        raise StageError(f"{what} has shape {got.shape} on the {path} path, quantized.onnx "
+                         f"{want.shape}", where=stage, hint=HINT)  # fmt: skip
+    diff = got != want
+    if diff.any():
+        at = tuple(int(i) for i in np.argwhere(diff)[0])
+        raise StageError(
+            f"{what} differs from quantized.onnx on the {path} path: {int(diff.sum())} of "
+            f"{diff.size} values, first at {at}: {got[at]} vs {want[at]}",
+            where=stage,
+            hint=HINT,
+        )
