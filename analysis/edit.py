@@ -6,7 +6,9 @@ and on its output. Removing a pair rewires its consumers to the float value it q
 so that op runs in float: in the edited qat.onnx and, after reconverting, as a float
 island of the integer graph. Consistency of a model = agreement of its integer graph with
 its qat.onnx on the evaluation samples (output L1 and cosine); each fallback (each number
-alone, then all together) is ranked by how much it improves on the unedited pair.
+alone, then all together) is ranked by how much it improves on the unedited pair. A
+number with no pair of its own (a Relu, a table op and its integer Q/DQ) is kept, and
+:func:`why_kept` says why and what to number instead.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import onnx
 
 from analysis.verify import cosine
 from schemas.errors import SpecError
+from schemas.fileio import sha256_bytes
 
 QDQ = ("QuantizeLinear", "DequantizeLinear")
 
@@ -85,7 +88,38 @@ def remove_fake_quant(model: onnx.ModelProto, numbers: list[int]) -> tuple[onnx.
     drop = sorted({i for p in pairs for i in p}, reverse=True)
     for i in drop:
         del nodes[i]
+    made = {o for n in nodes for o in n.output}
+    kept = [v for v in edited.graph.value_info if v.name in made]  # the removed Q's types go
+    del edited.graph.value_info[:]
+    edited.graph.value_info.extend(kept)
     return edited, len(pairs)
+
+
+def why_kept(model: onnx.ModelProto, k: int) -> str:
+    """Why node ``k`` has no fake-quant pair to remove, and what to number instead."""
+    node = model.graph.node[k]
+    what = f"node {k} ({node.op_type} {node.name})"
+    if node.domain or node.op_type in QDQ:
+        return (
+            f"{what} is a table op or its integer input/output: the table computes on "
+            "integers in qat.onnx too, so it has no float form to fall back to"
+        )
+    producer = {o: i for i, n in enumerate(model.graph.node) for o in n.output}
+    src = producer.get(node.input[0]) if node.input else None
+    instead = f"number node {src} to run it on floats" if src is not None else "nothing to do"
+    return f"{what} has no fake quant of its own (it runs on its input's integers): {instead}"
+
+
+def edit_name(numbers: list[int]) -> str:
+    """A file-safe name of a set of node numbers: ``[1, 2, 3, 7]`` -> ``"1-3_7"``."""
+    runs: list[list[int]] = []
+    for k in numbers:
+        if runs and k == runs[-1][-1] + 1:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    name = "_".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+    return name if len(name) <= 80 else f"{name[:60]}_{sha256_bytes(name.encode())[:12]}"
 
 
 def agreement(qat_out: np.ndarray, int_out: np.ndarray) -> dict[str, float]:
