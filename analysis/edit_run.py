@@ -10,6 +10,7 @@ written to ``artifacts/edit/<name>/qat_modified.onnx`` (the vendor's qat_modifie
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -54,7 +55,7 @@ class EditResult:
     """How many of the run's convert faults every reconverted graph gets again."""
 
 
-def edit_run(store_root, run_id: str, numbers_text: str) -> EditResult:
+def edit_run(store_root: str | Path, run_id: str, numbers_text: str) -> EditResult:
     """Edit the numbered nodes of a run's qat.onnx, write the edit, rank the fallbacks."""
     run = RunStore(store_root).open(run_id)
     ctx = RunContext(spec=load_spec(run.path("spec.yaml")), run=run, code_version="")

@@ -9,11 +9,12 @@ import onnx
 import pytest
 import yaml
 
+from analysis import edit_run as edit_run_module
 from analysis.edit import agreement, pairs_of, parse_numbers, remove_fake_quant, why_kept
 from analysis.edit_run import SAMPLES, edit_run
 from pipelines.flow import run_chain
 from qparity import cli
-from schemas.errors import SpecError
+from schemas.errors import SpecError, StageError
 from schemas.spec import load_spec, parse_spec
 from stages.context import RunContext
 from stages.onnx_runner import OnnxRunner
@@ -26,6 +27,35 @@ def test_numbers_and_ranges():
         parse_numbers("5-12", 10)
     with pytest.raises(SpecError, match="'x' is not a number"):
         parse_numbers("x", 10)
+
+
+def _linear_3d() -> onnx.ModelProto:
+    """Export's linear on a 3-D input: DQ(Q(W)) -> Transpose -> MatMul -> Add(bias) -> Q/DQ."""
+    h, f32 = onnx.helper, onnx.TensorProto.FLOAT
+    consts = {"w": np.ones((8, 16), np.float32), "b": np.zeros(8, np.float32)}
+    consts |= {"s": np.float32(0.1), "z": np.int8(0)}
+    nodes = [
+        h.make_node("QuantizeLinear", ["w", "s", "z"], ["wq"], name="fc[weight]/q"),
+        h.make_node("DequantizeLinear", ["wq", "s", "z"], ["wd"], name="fc[weight]/dq"),
+        h.make_node("Transpose", ["wd"], ["wt"], perm=[1, 0], name="fc"),
+        h.make_node("MatMul", ["x", "wt"], ["mm"], name="fc/1"),
+        h.make_node("Add", ["mm", "b"], ["fc"], name="fc/2"),
+        h.make_node("QuantizeLinear", ["fc", "s", "z"], ["fq"], name="fc[output]/q"),
+        h.make_node("DequantizeLinear", ["fq", "s", "z"], ["y"], name="fc[output]/dq"),
+    ]
+    graph = h.make_graph(
+        nodes, "g", [h.make_tensor_value_info("x", f32, [2, 4, 16])],
+        [h.make_tensor_value_info("y", f32, None)],
+        [onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()],
+    )  # fmt: skip
+    return h.make_model(graph)
+
+
+def test_a_linear_on_a_3d_input_stands_for_its_transposed_weight_and_biased_output():
+    model = _linear_3d()
+    assert pairs_of(model, 3) == [(0, 1), (5, 6)]  # the MatMul
+    assert pairs_of(model, 4) == [(5, 6)] and pairs_of(model, 2) == []  # bias Add, Transpose
+    assert "number node 1 to run it on floats" in why_kept(model, 2)
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +172,17 @@ def test_the_command_prints_the_written_path_and_the_kept_nodes(run, monkeypatch
     printed = capsys.readouterr().out
     assert f"edited qat.onnx written: {root}/{run_id}/artifacts/edit/{conv}_{relu}/" in printed
     assert f"kept: node {relu} (Relu relu) has no fake quant of its own" in printed
+
+
+def test_an_edit_that_breaks_the_graph_is_refused_naming_the_nodes(run, monkeypatch):
+    root, run_id, model = run
+
+    class BreaksOnEdits(edit_run_module.Converter):
+        def run(self):
+            if len(self.src.graph.node) < len(model.graph.node):
+                raise StageError("the graph failed to run", where="qparity_quantized")
+            return super().run()
+
+    monkeypatch.setattr(edit_run_module, "Converter", BreaksOnEdits)
+    with pytest.raises(StageError, match=r"node\(s\) 9 of qat.onnx removed.*leave node\(s\) 9"):
+        edit_run(root, run_id, "9")
