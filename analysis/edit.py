@@ -6,7 +6,9 @@ and on its output. Removing a pair rewires its consumers to the float value it q
 so that op runs in float: in the edited qat.onnx and, after reconverting, as a float
 island of the integer graph. Consistency of a model = agreement of its integer graph with
 its qat.onnx on the evaluation samples (output L1 and cosine); each fallback (each number
-alone, then all together) is ranked by how much it improves on the unedited pair.
+alone, then all together) is ranked by how much it improves on the unedited pair. A
+number with no pair of its own (a Relu, a table op and its integer Q/DQ) is kept, and
+:func:`why_kept` says why and what to number instead.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import onnx
 
 from analysis.verify import cosine
 from schemas.errors import SpecError
+from schemas.fileio import sha256_bytes
 
 QDQ = ("QuantizeLinear", "DequantizeLinear")
 
@@ -47,12 +50,7 @@ def parse_numbers(text: str, count: int) -> list[int]:
 
 def pairs_of(model: onnx.ModelProto, k: int) -> list[tuple[int, int]]:
     """The (Quantize, Dequantize) node index pairs node ``k`` stands for."""
-    nodes = model.graph.node
-    producer = {o: i for i, n in enumerate(nodes) for o in n.output}
-    users: dict[str, list[int]] = {}
-    for i, n in enumerate(nodes):
-        for name in n.input:
-            users.setdefault(name, []).append(i)
+    nodes, (producer, users) = model.graph.node, _links(model)
     node = nodes[k]
     if node.op_type == "QuantizeLinear":
         return [(k, d) for d in users.get(node.output[0], []) if nodes[d].op_type == QDQ[1]]
@@ -60,14 +58,37 @@ def pairs_of(model: onnx.ModelProto, k: int) -> list[tuple[int, int]]:
         q = producer.get(node.input[0])
         return [(q, k)] if q is not None and nodes[q].op_type == QDQ[0] else []
     out = []
-    for name in node.input[1:]:  # weights: DQ(Q(initializer))
+    for name in node.input[1:]:  # weights: DQ(Q(initializer)), transposed for a MatMul
         d = producer.get(name)
+        if d is not None and nodes[d].op_type == "Transpose":
+            d = producer.get(nodes[d].input[0])
         if d is not None and nodes[d].op_type == QDQ[1]:
             out += pairs_of(model, d)
-    for q in users.get(node.output[0], []):
+    for q in users.get(_biased(model, node, users), []):
         if nodes[q].op_type == QDQ[0]:
             out += pairs_of(model, q)
     return out
+
+
+def _links(model: onnx.ModelProto) -> tuple[dict[str, int], dict[str, list[int]]]:
+    """(tensor -> index of its producer, tensor -> indices of its users)."""
+    producer = {o: i for i, n in enumerate(model.graph.node) for o in n.output}
+    users: dict[str, list[int]] = {}
+    for i, n in enumerate(model.graph.node):
+        for name in n.input:
+            users.setdefault(name, []).append(i)
+    return producer, users
+
+
+def _biased(model: onnx.ModelProto, node: onnx.NodeProto, users: dict) -> str:
+    """The node's output, or for a MatMul whose one user adds a constant bias (a linear
+    layer on a 3-D input), that Add's output: where the layer's output quantizer sits."""
+    after = users.get(node.output[0], [])
+    if node.op_type != "MatMul" or len(after) != 1:
+        return node.output[0]
+    add = model.graph.node[after[0]]
+    consts = {i.name for i in model.graph.initializer}
+    return add.output[0] if add.op_type == "Add" and add.input[1] in consts else node.output[0]
 
 
 def remove_fake_quant(model: onnx.ModelProto, numbers: list[int]) -> tuple[onnx.ModelProto, int]:
@@ -85,7 +106,48 @@ def remove_fake_quant(model: onnx.ModelProto, numbers: list[int]) -> tuple[onnx.
     drop = sorted({i for p in pairs for i in p}, reverse=True)
     for i in drop:
         del nodes[i]
+    made = {o for n in nodes for o in n.output}
+    kept = [v for v in edited.graph.value_info if v.name in made]  # the removed Q's types go
+    del edited.graph.value_info[:]
+    edited.graph.value_info.extend(kept)
     return edited, len(pairs)
+
+
+def why_kept(model: onnx.ModelProto, k: int) -> str:
+    """Why node ``k`` has no fake-quant pair to remove, and what to number instead."""
+    node = model.graph.node[k]
+    what = f"node {k} ({node.op_type} {node.name})"
+    if node.domain or node.op_type in QDQ:
+        return (
+            f"{what} is a table op or its integer input/output: the table computes on "
+            "integers in qat.onnx too, so it has no float form to fall back to"
+        )
+    src = _upstream_pair(model, k)
+    instead = f"number node {src} to run it on floats" if src is not None else "nothing to do"
+    return f"{what} has no fake quant of its own (it runs on its input's integers): {instead}"
+
+
+def _upstream_pair(model: onnx.ModelProto, k: int) -> int | None:
+    """The nearest node up node ``k``'s first-input chain that has a pair to remove."""
+    producer, _ = _links(model)
+    node = model.graph.node[k]
+    while node.input and (src := producer.get(node.input[0])) is not None:
+        if pairs_of(model, src):
+            return src
+        node = model.graph.node[src]
+    return None
+
+
+def edit_name(numbers: list[int]) -> str:
+    """A file-safe name of a set of node numbers: ``[1, 2, 3, 7]`` -> ``"1-3_7"``."""
+    runs: list[list[int]] = []
+    for k in numbers:
+        if runs and k == runs[-1][-1] + 1:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    name = "_".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+    return name if len(name) <= 80 else f"{name[:60]}_{sha256_bytes(name.encode())[:12]}"
 
 
 def agreement(qat_out: np.ndarray, int_out: np.ndarray) -> dict[str, float]:

@@ -187,6 +187,7 @@ class Converter:
             self.skip.add(k_q)
 
     def model(self) -> onnx.ModelProto:
+        """The integer model; custom ops keep the output types qat.onnx declares for them."""
         inits = [numpy_helper.from_array(v, k) for k, v in self.new_inits.items()]
         used = {n for node in self.nodes for n in node.input}
         inits += [i for i in self.src.graph.initializer if i.name in used]
@@ -196,10 +197,18 @@ class Converter:
             list(self.src.graph.input),
             list(self.src.graph.output),
             inits,
+            value_info=self.declared_types(),
         )
         model = helper.make_model(graph, opset_imports=list(self.src.opset_import))
         model.ir_version = self.src.ir_version
         return model
+
+    def declared_types(self) -> list[onnx.ValueInfoProto]:
+        """qat.onnx's declared types of the tensors this model still makes: without them
+        the reference evaluator leaves a table op's result int64, and a DequantizeLinear
+        emitted on it (a float island next to a Lut) fails on its int8 zero point."""
+        made = {o for node in self.nodes for o in node.output}
+        return [v for v in self.src.graph.value_info if v.name in made]
 
     def layer_table(self) -> dict[str, QTensor]:
         """Layer id -> integer form of its final tensor (qat.onnx names it by the id);

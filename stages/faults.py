@@ -28,9 +28,14 @@ def faults_of(ctx: RunContext, stage: str) -> list[FaultSpec]:
     return [f for f in ctx.spec.faults if f.stage == stage]
 
 
+def hits(fault: FaultSpec, op_types: dict[str, str]) -> list[str]:
+    """The layer ids of ``op_types`` (layer id -> op type) a fault names (maybe none)."""
+    return [lid for lid, op in op_types.items() if lid == fault.layer or op == fault.op_type]
+
+
 def targets(fault: FaultSpec, op_types: dict[str, str]) -> list[str]:
     """The layer ids a fault hits, from ``op_types`` (layer id -> op type) of the stage."""
-    hit = [lid for lid, op in op_types.items() if lid == fault.layer or op == fault.op_type]
+    hit = hits(fault, op_types)
     if not hit:
         raise SpecError(
             f"fault {fault.kind} names {fault.layer or fault.op_type!r}, which stage "
@@ -146,6 +151,22 @@ def inject_convert(ctx: RunContext, model: onnx.ModelProto, layer_ids) -> onnx.M
 
     _inject(ctx, "convert", layer_ids, apply)
     return model
+
+
+def reapply_convert(ctx: RunContext, model: onnx.ModelProto, layer_ids) -> list[str]:
+    """convert's faults, applied (in place) to a re-converted graph as the run applied them
+    (``qparity edit``), not recorded again. A layer an edit left in float has no integers
+    to corrupt: its fault is skipped, and named in the result (``"bias_drop on conv"``)."""
+    types, skipped = op_types(ctx, layer_ids), []
+    for fault in faults_of(ctx, "convert"):
+        hit = hits(fault, types)
+        skipped += [] if hit else [f"{fault.kind} on {fault.layer or fault.op_type}"]
+        for lid in hit:
+            try:
+                corrupt_integer_graph(model, lid, fault)
+            except SpecError:  # the layer's integer op is gone: nothing left to hit
+                skipped.append(f"{fault.kind} on {lid}")
+    return skipped
 
 
 def inject_pre_export(ctx: RunContext, ops: dict) -> dict:

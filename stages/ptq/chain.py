@@ -111,7 +111,6 @@ def quantized_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
     source = _load(ctx, up)
     converter = Converter(source, settings)
     model, layers = converter.run()
-    carry_types(source, model)
     rel = _save(ctx, "quantized", model)
     layers_rel = "artifacts/quantized/layers.json"
     ctx.run.write_text(layers_rel, json.dumps(layer_json(layers), indent=1))
@@ -119,17 +118,6 @@ def quantized_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
     islands = {lid: "float island in the integer graph" for lid in sorted(converter.islands)}
     return call.make(PtqModel, ctx.run, [rel, layers_rel], onnx_file=rel, layers_file=layers_rel,
                      float_ops=islands, metrics=[_onnx_top1(ctx, "quantized", rel)])  # fmt: skip
-
-
-def carry_types(source: onnx.ModelProto, model: onnx.ModelProto) -> None:
-    """Declared types of custom-op outputs (value_info) that Converter.model() drops: the
-    reference evaluator casts a Lut's result to them, so a DequantizeLinear emitted on a
-    table op feeding a graph output sees int8/int16, not int64."""
-    made = {o for n in model.graph.node for o in n.output}
-    have = {v.name for v in model.graph.value_info}
-    for v in source.graph.value_info:
-        if v.name in made and v.name not in have:
-            model.graph.value_info.append(v)
 
 
 def hbm_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import onnx
 import pytest
 import yaml
 
-from analysis.edit import pairs_of, parse_numbers, remove_fake_quant
-from analysis.edit_run import edit_run
+from analysis import edit_run as edit_run_module
+from analysis.edit import agreement, pairs_of, parse_numbers, remove_fake_quant, why_kept
+from analysis.edit_run import SAMPLES, edit_run
 from pipelines.flow import run_chain
-from schemas.errors import SpecError
-from schemas.spec import parse_spec
+from qparity import cli
+from schemas.errors import SpecError, StageError
+from schemas.spec import load_spec, parse_spec
+from stages.context import RunContext
 from stages.onnx_runner import OnnxRunner
 from tests.conftest import tiny_spec_dict
 
@@ -22,6 +27,35 @@ def test_numbers_and_ranges():
         parse_numbers("5-12", 10)
     with pytest.raises(SpecError, match="'x' is not a number"):
         parse_numbers("x", 10)
+
+
+def _linear_3d() -> onnx.ModelProto:
+    """Export's linear on a 3-D input: DQ(Q(W)) -> Transpose -> MatMul -> Add(bias) -> Q/DQ."""
+    h, f32 = onnx.helper, onnx.TensorProto.FLOAT
+    consts = {"w": np.ones((8, 16), np.float32), "b": np.zeros(8, np.float32)}
+    consts |= {"s": np.float32(0.1), "z": np.int8(0)}
+    nodes = [
+        h.make_node("QuantizeLinear", ["w", "s", "z"], ["wq"], name="fc[weight]/q"),
+        h.make_node("DequantizeLinear", ["wq", "s", "z"], ["wd"], name="fc[weight]/dq"),
+        h.make_node("Transpose", ["wd"], ["wt"], perm=[1, 0], name="fc"),
+        h.make_node("MatMul", ["x", "wt"], ["mm"], name="fc/1"),
+        h.make_node("Add", ["mm", "b"], ["fc"], name="fc/2"),
+        h.make_node("QuantizeLinear", ["fc", "s", "z"], ["fq"], name="fc[output]/q"),
+        h.make_node("DequantizeLinear", ["fq", "s", "z"], ["y"], name="fc[output]/dq"),
+    ]
+    graph = h.make_graph(
+        nodes, "g", [h.make_tensor_value_info("x", f32, [2, 4, 16])],
+        [h.make_tensor_value_info("y", f32, None)],
+        [onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()],
+    )  # fmt: skip
+    return h.make_model(graph)
+
+
+def test_a_linear_on_a_3d_input_stands_for_its_transposed_weight_and_biased_output():
+    model = _linear_3d()
+    assert pairs_of(model, 3) == [(0, 1), (5, 6)]  # the MatMul
+    assert pairs_of(model, 4) == [(5, 6)] and pairs_of(model, 2) == []  # bias Add, Transpose
+    assert "number node 1 to run it on floats" in why_kept(model, 2)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +92,97 @@ def test_a_compute_node_stands_for_its_weight_and_output_pairs(run):
 def test_fallbacks_are_ranked_by_consistency_gain(run):
     root, run_id, model = run
     convs = [str(i) for i, n in enumerate(model.graph.node) if n.op_type == "Conv"]
-    base, fallbacks = edit_run(root, run_id, ",".join(convs))
+    result = edit_run(root, run_id, ",".join(convs))
+    base, fallbacks = result.base, result.fallbacks
     gains = [f.gain for f in fallbacks]
     assert gains == sorted(gains, reverse=True) and len(fallbacks) == len(convs) + 1
     assert all(f.l1 >= 0 and np.isclose(f.gain, base["l1"] - f.l1) for f in fallbacks)
+
+
+def test_an_output_whose_consumer_falls_to_float_next_to_a_table_op_converts(run):
+    """Removing add's or mul's output fake quant leaves mul a float island fed by the
+    sigmoid table: the table's integers must keep their declared type (was: "Type
+    mismatch 7 != 3 in DequantizeLinear", blamed on the model)."""
+    root, run_id, model = run
+    names = {n.name: i for i, n in enumerate(model.graph.node)}
+    numbers = f"{names['add']},{names['mul']}"
+    fallbacks = edit_run(root, run_id, numbers).fallbacks
+    assert len(fallbacks) == 3 and all(f.removed and np.isfinite(f.l1) for f in fallbacks)
+
+
+def test_the_edit_is_written_into_the_run_and_runs(run):
+    root, run_id, model = run
+    names = {n.name: i for i, n in enumerate(model.graph.node)}
+    result = edit_run(root, run_id, f"{names['conv']},{names['relu']}")
+    assert result.written == f"artifacts/edit/{names['conv']}_{names['relu']}/qat_modified.onnx"
+    path = root / run_id / result.written
+    onnx.checker.check_model(onnx.load(str(path)))
+    expected, _ = remove_fake_quant(model, [names["conv"]])
+    x = np.random.default_rng(0).uniform(-1, 1, (4, 1, 8, 8)).astype(np.float32)
+    assert np.array_equal(OnnxRunner(path).run(x)[0], OnnxRunner(expected).run(x)[0])
+    assert result.kept == [why_kept(model, names["relu"])]
+    assert f"number node {names['conv[output]/dq']}" in result.kept[0]
+
+
+def test_numbers_with_nothing_to_remove_are_refused_naming_each(run):
+    root, run_id, model = run
+    lut = next(i for i, n in enumerate(model.graph.node) if n.op_type == "Lut")
+    with pytest.raises(
+        SpecError, match=rf"nothing to remove: node {lut} \(Lut sigmoid\) is a table"
+    ):
+        edit_run(root, run_id, str(lut))
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory):
+    """A run whose convert dropped conv's bias (spec ``faults:``)."""
+    root = tmp_path_factory.mktemp("faulty")
+    data = tiny_spec_dict(
+        stages={"stop_after": "convert"},
+        compare={"enabled": False},
+        faults=[{"kind": "bias_drop", "layer": "conv"}],
+    )
+    result = run_chain(parse_spec(data, "t"), yaml.safe_dump(data), root, use_prefect=False)
+    return root, result.run_id
+
+
+def test_the_comparison_is_against_the_run_model_faults_included(faulty):
+    root, run_id = faulty
+    run_dir = root / run_id
+    qat = onnx.load(str(run_dir / "artifacts/export/qat.onnx"))
+    conv = next(i for i, n in enumerate(qat.graph.node) if n.name == "conv")
+    result = edit_run(root, run_id, str(conv))
+    x = RunContext(spec=load_spec(run_dir / "spec.yaml"), run=None, code_version="")
+    x = x.evaluation.x[:SAMPLES]
+    as_run = OnnxRunner(run_dir / "artifacts/convert/quantized.onnx").run(x)[0]
+    expected = agreement(OnnxRunner(qat).run(x)[0], as_run)
+    assert result.base["l1"] == expected["l1"] and result.faults == 1
+    (fallback,) = result.fallbacks  # conv in float: the dropped bias is gone with its integers
+    assert fallback.faults_skipped == ["bias_drop on conv"]
+    assert fallback.gain > 0.5 * result.base["l1"]
+
+
+def test_the_command_prints_the_written_path_and_the_kept_nodes(run, monkeypatch, capsys):
+    root, run_id, model = run
+    relu = next(i for i, n in enumerate(model.graph.node) if n.op_type == "Relu")
+    conv = relu - 3  # conv, its output Q/DQ, relu
+    args = ["edit", run_id, "--remove-fake-quant", f"{conv},{relu}", "--runs", str(root)]
+    monkeypatch.setattr(sys, "argv", ["qparity", *args])
+    cli.main()
+    printed = capsys.readouterr().out
+    assert f"edited qat.onnx written: {root}/{run_id}/artifacts/edit/{conv}_{relu}/" in printed
+    assert f"kept: node {relu} (Relu relu) has no fake quant of its own" in printed
+
+
+def test_an_edit_that_breaks_the_graph_is_refused_naming_the_nodes(run, monkeypatch):
+    root, run_id, model = run
+
+    class BreaksOnEdits(edit_run_module.Converter):
+        def run(self):
+            if len(self.src.graph.node) < len(model.graph.node):
+                raise StageError("the graph failed to run", where="qparity_quantized")
+            return super().run()
+
+    monkeypatch.setattr(edit_run_module, "Converter", BreaksOnEdits)
+    with pytest.raises(StageError, match=r"node\(s\) 9 of qat.onnx removed.*leave node\(s\) 9"):
+        edit_run(root, run_id, "9")
