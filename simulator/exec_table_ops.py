@@ -3,8 +3,8 @@
 Holds the kernels ``fn(instr, bufs, consts) -> [tensors]`` of LUT, SOFTMAX and LAYERNORM
 (the table, decoded once from the instruction's attrs and constants by
 :func:`simulator.custom_ops.decode`, then evaluated through its dense form,
-:mod:`simulator.exec_dense`), QUANTIZE, DEQUANTIZE, CPU (a float ONNX op in torch) and
-PREPROCESS (the board camera input). The machine state is documented in
+:mod:`simulator.exec_dense`), QUANTIZE, DEQUANTIZE and PREPROCESS (the board camera
+input); CPU islands are :mod:`simulator.exec_cpu`. The machine state is documented in
 :mod:`simulator.executor`.
 """
 
@@ -23,7 +23,7 @@ from simulator import fixedpoint as fp
 from simulator.composite import LayerNormTables, SoftmaxTables
 from simulator.custom_ops import decode
 from simulator.exec_dense import Dense, dense, exp_of_gap, int_layernorm, int_softmax, ln_affine
-from simulator.exec_ops import ConstPool, operands
+from simulator.exec_ops import ConstPool
 from simulator.lut import LutTable
 from simulator.memo import derived
 
@@ -116,21 +116,6 @@ def k_dequantize(instr, bufs, consts):
     shape = [-1 if i == axis else 1 for i in range(q.ndim)] if axis is not None else ()
     s = derived(s, ("dequantize", q.ndim), lambda: s.float().reshape(shape))
     return [q.float() * s]
-
-
-_CPU_OPS = {"Sigmoid": torch.sigmoid, "Tanh": torch.tanh, "Exp": torch.exp, "Relu": torch.relu,
-            "Add": torch.add, "Mul": torch.mul, "HardSigmoid": torch.nn.functional.hardsigmoid,
-            "HardSwish": torch.nn.functional.hardswish}  # fmt: skip
-
-
-def k_cpu(instr, bufs, consts):
-    """CPU: a float ONNX op (``attrs["op_type"]``) on float32 operands, in torch."""
-    op_type = instr.attrs.get("op_type")
-    if op_type not in _CPU_OPS:
-        raise SimulatorError(f"CPU op {op_type!r} is not implemented",
-                             hint=f"implemented: {', '.join(_CPU_OPS)}")  # fmt: skip
-    xs = [t.float() for t in operands(instr, bufs, consts)]
-    return [_CPU_OPS[op_type](*xs)]
 
 
 def k_preprocess(instr, bufs, consts):

@@ -58,6 +58,7 @@ import numpy as np
 import torch
 
 from schemas.errors import QparityError, SimulatorError
+from simulator.exec_cpu import cpu_op
 from simulator.exec_layout import k_layout, to_reference
 from simulator.exec_ops import (
     ConstPool,
@@ -72,7 +73,6 @@ from simulator.exec_ops import (
 )
 from simulator.exec_pool import k_avgpool, k_maxpool, k_reduce_mean, k_reduce_sum
 from simulator.exec_table_ops import (
-    k_cpu,
     k_dequantize,
     k_layernorm,
     k_lut,
@@ -90,7 +90,7 @@ KERNELS: dict[Op, Callable] = {
     Op.REQUANT: k_requant, Op.AVGPOOL: k_avgpool, Op.REDUCE_MEAN: k_reduce_mean,
     Op.REDUCE_SUM: k_reduce_sum, Op.MAXPOOL: k_maxpool, Op.CLIP: k_clip, Op.LUT: k_lut,
     Op.SOFTMAX: k_softmax, Op.LAYERNORM: k_layernorm, Op.LAYOUT: k_layout,
-    Op.DEQUANTIZE: k_dequantize, Op.CPU: k_cpu,
+    Op.DEQUANTIZE: k_dequantize, Op.CPU: cpu_op,
 }  # fmt: skip
 """The one table: every :class:`Op` -> its whole-tensor kernel."""
 assert set(KERNELS) == set(Op), "every op has a kernel"

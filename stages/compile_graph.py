@@ -91,7 +91,7 @@ class Compiler:
         elif not node.domain and node.op_type in LAYOUT_TYPES:
             op, attrs = Op.LAYOUT, {"op_type": node.op_type, **attrs}
         else:
-            op, attrs = Op.CPU, {"op_type": node.op_type, **attrs}
+            op, attrs = Op.CPU, {"op_type": node.op_type, **attrs, **self._operands(node)}
         data = [i for i in node.input if i and i not in self.inits]
         consts = [i for i in node.input if i in self.inits]
         if op in (Op.QUANTIZE, Op.DEQUANTIZE):
@@ -132,6 +132,15 @@ class Compiler:
         self.instrs.append(
             Instruction(op, tuple(data), tuple(outputs), tuple(names), attrs, tuple(lids))
         )
+
+    def _operands(self, node: onnx.NodeProto) -> dict:
+        """A CPU island's input order (``d`` buffer, ``c`` constant, ``-`` omitted) and
+        the graph's opset, for simulator.exec_cpu."""
+        order = "".join("-" if not i else "c" if i in self.inits else "d" for i in node.input)
+        opset = next(
+            (o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 21
+        )
+        return {"operands": order, "opset": int(opset)}
 
     # -- fusion and layout ------------------------------------------------------------
 
