@@ -55,7 +55,10 @@ def convert(upstream: QatOnnxModel, ctx: RunContext, call: StageCall) -> Quantiz
         ctx.evaluation,
         ctx.spec.data.batch_size,
     )
+    islands = sorted(converter.islands)
+    _report_islands(ctx, islands)
     files = ["artifacts/convert/quantized.onnx", "artifacts/convert/layers.json"]
+    n = len(ctx.evaluation)
     return call.make(
         QuantizedModel,
         ctx.run,
@@ -63,10 +66,26 @@ def convert(upstream: QatOnnxModel, ctx: RunContext, call: StageCall) -> Quantiz
         onnx_file=files[0],
         layers_file=files[1],
         settings=asdict(settings),
-        float_ops=sorted(converter.islands),
+        float_ops=islands,
         folded_constants=folded,
         warnings=warnings,
-        metrics=[Metric(stage="convert", metric="top1", value=acc, n_samples=len(ctx.evaluation))],
+        metrics=[
+            Metric(stage="convert", metric="top1", value=acc, n_samples=n),
+            Metric(stage="convert", metric="float_islands", value=len(islands), n_samples=n),
+        ],
+    )
+
+
+ISLANDS = "## float islands (found at convert; they run on the board's CPU side)"
+
+
+def _report_islands(ctx: RunContext, islands: list[str]) -> None:
+    """Append (or replace) the float-island section of debug/model_check_result.txt."""
+    path = ctx.run.path("debug/model_check_result.txt")
+    text = path.read_text() if path.exists() else "# model_check_result\n"
+    text = text.split(f"\n{ISLANDS}")[0].rstrip("\n") + "\n"
+    ctx.write_debug(
+        "model_check_result.txt", f"{text}\n{ISLANDS}\n" + "\n".join(islands or ["none"]) + "\n"
     )
 
 

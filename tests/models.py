@@ -200,3 +200,27 @@ def camera_data() -> dict:
         "evaluation": (x[96:], y[96:]),
         "camera_evaluation": frames[96:],
     }
+
+
+class IslandNet(nn.Module):
+    """What trained nets in packages end with: per-channel PReLU (a float island: convert
+    has no integer PRelu) and a final softmax as the model output."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.prelu = nn.PReLU(4)
+        self.fc = nn.Linear(4 * 8 * 8, 5)
+
+    def forward(self, x):
+        return torch.softmax(self.fc(self.prelu(self.conv(x)).flatten(1)), dim=1)
+
+
+def islands() -> nn.Module:
+    torch.manual_seed(0)
+    return IslandNet().eval()
+
+
+def island_data() -> dict:
+    """Random inputs labelled by the island net."""
+    return _labelled_by(islands())
