@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from qparity.cli_options import RunsOpt, store_root
+from qparity.cli_options import QuietOpt, RunsOpt, store_root
 
 out = Console()
 
@@ -20,14 +20,20 @@ def edit_command(
         typer.Option("--remove-fake-quant", help="Node numbers of debug/qat_onnx.txt: 1-100,102"),
     ],
     runs: RunsOpt = None,
+    quiet: QuietOpt = False,
 ):
-    """Remove fake quant from numbered ops, reconvert, rank the fallbacks by consistency gain.
+    """Remove fake quant from numbered ops, reconvert, rank the fallbacks by consistency gain
+    (--quiet: one line per fallback: nodes, L1, cosine, L1 gain).
 
     Example: qparity edit my-run --remove-fake-quant 14-25,40
     """
     from analysis.edit_run import SAMPLES, edit_run
 
     base, fallbacks = edit_run(store_root(runs), run_id, remove_fake_quant)
+    if quiet:
+        for f in fallbacks:
+            out.print(f"{f.numbers} {f.l1:.6g} {f.cosine:.6f} {f.gain:.6g}", highlight=False)
+        return
     out.print(
         f"unedited: quantized vs qat.onnx output L1 {base['l1']:.6g}, cosine "
         f"{base['cosine']:.6f} ({SAMPLES} samples at most)",
