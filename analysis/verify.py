@@ -93,7 +93,7 @@ def verify(a: Side, b: Side, x: np.ndarray, digits: int = 5) -> Verdict:
 
 
 def advice(nodes: list[dict], outputs: list[dict]) -> str:
-    """The vendor's three cases (consistency-ptq.md)."""
+    """The vendor's three cases (its PTQ consistency guide)."""
     if not nodes:
         bad = [o["OutputName"] for o in outputs if o["cosine"] < NORMAL]
         if not bad:

@@ -4,8 +4,8 @@
 fully cached (every stage a cache hit), per-stage overhead = wall difference / stages;
 (b) the demo's wall time cold vs fully cached (both with Prefect); (c) an 8-run sweep
 (consistency level x march) on a LocalCluster of 1 vs 2 Dask workers, each into an empty
-store, against a Prefect server the bench starts on 127.0.0.1 (NOTES.md: without one every
-worker starts its own temporary server); (d) the run store at an fsspec URL: the same chain
+store, against a Prefect server the bench starts on 127.0.0.1 (docs/environment.md,
+"Prefect": without one every worker starts its own temporary server); (d) the run store at an fsspec URL: the same chain
 (direct calls) into a local folder vs ``s3://`` on moto's S3 server on 127.0.0.1, cold and
 cached, interleaved. The server is local, so (d) is the mirror's sync cost (listing,
 uploading, downloading), not a real network's latency.

@@ -83,13 +83,18 @@ def publish_metrics(stage: str, run_id: str, artifact) -> None:
 def analysis_task(ctx: RunContext):
     """Compare, bad cases, localization; publishes the summary as a markdown artifact."""
     result = run_analysis(ctx)
-    if result is not None:
-        create_markdown_artifact(
-            "```\n" + result.summary() + "\n```",
-            key="localization",
-            description=f"localization of run {ctx.run.run_id}",
-        )
+    publish_localization(ctx.run.run_id, result)
     return result
+
+
+def publish_localization(run_id: str, analysis) -> None:
+    """The analysis summary as a Prefect markdown artifact ``localization`` (if one ran)."""
+    if analysis is not None:
+        create_markdown_artifact(
+            "```\n" + analysis.summary() + "\n```",
+            key="localization",
+            description=f"localization of run {run_id}",
+        )
 
 
 @task(cache_policy=NO_CACHE, persist_result=False)

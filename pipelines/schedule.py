@@ -60,36 +60,45 @@ class Deployment:
     """``flow name/deployment name``, as ``prefect deployment run`` takes it."""
     work_pool: str
     cron: str
+    timezone: str
+    """IANA name of the zone the cron fields are read in, e.g. Europe/Berlin."""
     api_url: str
 
 
 def schedule(
-    sweep_path: str | Path, cron: str, store_root: str | Path | None = None, pool: str = POOL
+    sweep_path: str | Path,
+    cron: str,
+    store_root: str | Path | None = None,
+    pool: str = POOL,
+    timezone: str = "UTC",
 ) -> Deployment:
-    """Register (or update) the deployment running ``sweep_path`` on ``cron``.
+    """Register (or update) the deployment running ``sweep_path`` on ``cron``, read in
+    ``timezone`` (an IANA name; "0 2 * * *" in Europe/Berlin is 02:00 there, DST included).
 
-    Raises SpecError for a bad sweep file or cron string, QparityError when no Prefect server
-    is configured or it cannot be reached (the temporary server dies with this process).
+    Raises SpecError for a bad sweep file, cron string or time zone, QparityError when no
+    Prefect server is configured or it cannot be reached (the temporary server dies with
+    this process).
     """
     from pipelines.runs import default_store_root
     from pipelines.sweep import load_sweep
 
     sweep_path = Path(sweep_path).resolve()
     sweep = load_sweep(sweep_path)  # a bad sweep fails here, before anything is registered
-    _check_cron(cron)
+    cron_schedule = _cron_schedule(cron, timezone)
     api_url = _server()
     _ensure_pool(pool)
     root = absolute_root(store_root or default_store_root())
-    deployment_id = _deploy(sweep.name, sweep_path, root, cron, pool)
-    return Deployment(str(deployment_id), f"{FLOW_NAME}/{sweep.name}", pool, cron, api_url)
+    deployment_id = _deploy(sweep.name, sweep_path, root, cron_schedule, pool)
+    name = f"{FLOW_NAME}/{sweep.name}"
+    return Deployment(str(deployment_id), name, pool, cron, timezone, api_url)
 
 
-def _deploy(name: str, sweep_path: Path, root: str | Path, cron: str, pool: str):
+def _deploy(name: str, sweep_path: Path, root: str | Path, cron_schedule, pool: str):
     from prefect.deployments.runner import EntrypointType
 
     deployment = scheduled_sweep.to_deployment(
         name=name,
-        cron=cron,
+        schedule=cron_schedule,
         parameters={"sweep_path": str(sweep_path), "store_root": str(root)},
         description=f"qparity sweep {sweep_path} into {root}",
         tags=["qparity", "sweep"],
@@ -99,7 +108,8 @@ def _deploy(name: str, sweep_path: Path, root: str | Path, cron: str, pool: str)
     return deployment.apply(work_pool_name=pool)  # registers only: nothing built or printed
 
 
-def _check_cron(cron: str) -> None:
+def _cron_schedule(cron: str, timezone: str):
+    """Prefect's CronSchedule of ``cron`` in ``timezone``; SpecError naming the bad one."""
     from prefect.client.schemas.schedules import CronSchedule
     from pydantic import ValidationError
 
@@ -110,6 +120,14 @@ def _check_cron(cron: str) -> None:
             f"{cron!r} is not a cron expression",
             where="--cron",
             hint='five fields: minute hour day month weekday, e.g. "0 2 * * *"',
+        ) from e
+    try:
+        return CronSchedule(cron=cron, timezone=timezone)
+    except ValidationError as e:
+        raise SpecError(
+            f"{timezone!r} is not a time zone",
+            where="--timezone",
+            hint="an IANA name such as UTC, Europe/Berlin or America/New_York",
         ) from e
 
 

@@ -24,6 +24,7 @@ import itertools
 import json
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -209,6 +210,13 @@ class RunRecord:
     where: str = ""
     """host:pid of the process that ran it (a Dask worker's, on a cluster)."""
 
+    def line(self) -> str:
+        """The record as one line: label, run id, status, top-1, first divergent stage."""
+        top1 = f"top1 {self.top1:.4f} ({self.last_stage})" if self.top1 is not None else "top1 -"
+        first = f"first divergent {self.first_divergent or '-'}"
+        what = self.status if self.error is None else f"{self.status}: {self.error}"
+        return f"{self.label}  {self.run_id or '-'}  {what}  {top1}  {first}  {self.wall_s:.1f} s"
+
 
 @dataclass
 class SweepResult:
@@ -246,9 +254,13 @@ class SweepResult:
 
 
 def run_sweep(
-    sweep_path: str | Path, store_root: str | Path, use_prefect: bool = True
+    sweep_path: str | Path,
+    store_root: str | Path,
+    use_prefect: bool = True,
+    on_run: Callable[[RunRecord], None] | None = None,
 ) -> SweepResult:
-    """Run every combination of a sweep file into ``store_root``.
+    """Run every combination of a sweep file into ``store_root``; ``on_run`` gets each
+    run's record as soon as that run ends.
 
     With Prefect: one flow run "qparity-sweep" named by the sweep id, one task per run, on
     the file's runner (local threads, one at a time, or Dask). Without: one after another in
@@ -260,9 +272,14 @@ def run_sweep(
     sweep_id = new_sweep_id(sweep.name)
     runs, root, t0 = expand(sweep, sweep_id), absolute_root(store_root), time.perf_counter()
     if use_prefect:
-        records, runner = run_flow(runs, root, sweep_id, sweep.file.runner), _runner_name(sweep)
+        records = run_flow(runs, root, sweep_id, sweep.file.runner, on_run)
+        runner = _runner_name(sweep)
     else:
-        records, runner = [execute_run(lab, spec, str(root)) for lab, spec in runs], "no prefect"
+        records, runner = [], "no prefect"
+        for label, spec in runs:
+            records.append(execute_run(label, spec, str(root)))
+            if on_run:
+                on_run(records[-1])
     return SweepResult(sweep_id, runner, records, time.perf_counter() - t0)
 
 

@@ -4,14 +4,15 @@ Why one *task* per run and not a subflow: prefect-dask's DaskTaskRunner ships ta
 workers, while a subflow called inside a flow runs in the calling process, so subflows would
 never leave this machine. Each task runs a whole chain with ``run_chain(use_prefect=False)``:
 its stages are plain calls inside the task (content-addressed cache, manifest and tables as
-usual), and the UI shows one task per run with its state and duration, plus a table
-artifact ``sweep-summary``.
+usual), and the UI shows one task per run with its state and duration, tagged like the run
+(``sweep=<id>`` and its matrix values), the run's artifacts (``<stage>-metrics`` tables, the
+``localization`` summary) and a table artifact ``sweep-summary`` for the whole sweep.
 
 Dask workers write into the same run store as this process, so the store must be a path
 every worker sees (a local folder for a LocalCluster; a shared mount for remote workers).
 They report task states to the Prefect API named by their own ``PREFECT_API_URL``; for a
 LocalCluster it is exported to the workers (the configured server, else this process's
-temporary one; NOTES.md: each worker starting its own costs ~20 s).
+temporary one; docs/environment.md, "Prefect": each worker starting its own costs ~20 s).
 """
 
 from __future__ import annotations
@@ -20,16 +21,22 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
 # isort: off
-from pipelines.flow import prefect_ready, run_chain  # first: it sets the quiet Prefect defaults
+from pipelines.flow import (  # first: it sets the quiet Prefect defaults
+    prefect_ready,
+    publish_localization,
+    publish_metrics,
+    run_chain,
+)
 from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.futures import as_completed
 
 # isort: on
 from pipelines.sweep import DaskRunner, LocalRunner, RunRecord
@@ -37,12 +44,22 @@ from schemas.errors import QparityError
 from schemas.spec import PipelineSpec
 from schemas.store import RunStore
 
+OnRun = Callable[[RunRecord], None]
+"""Called with each run's record as soon as the run ends (the CLI's progress lines)."""
 
-def execute_run(label: str, spec: PipelineSpec, store_root: str) -> RunRecord:
-    """Run one chain; any error becomes a failed record (one bad run must not stop a sweep)."""
+
+def execute_run(
+    label: str, spec: PipelineSpec, store_root: str, publish: bool = False
+) -> RunRecord:
+    """Run one chain; any error becomes a failed record (one bad run must not stop a sweep).
+
+    ``publish``: inside a Prefect task, publish the run's stage metrics and localization as
+    artifacts of that task (as the chain flow's tasks do)."""
     t0 = time.perf_counter()
     try:
         result = run_chain(spec, "", store_root, use_prefect=False)
+        if publish:
+            _publish(result)
     except Exception as e:  # QparityError and anything unexpected alike: record, go on
         error = e.message if isinstance(e, QparityError) else f"{type(e).__name__}: {e}"
         run_id = _run_with_tags(store_root, dict(spec.tags))
@@ -60,6 +77,19 @@ def execute_run(label: str, spec: PipelineSpec, store_root: str) -> RunRecord:
         time.perf_counter() - t0,
         where=_where(),
     )
+
+
+def _publish(result) -> None:
+    """The run's ``<stage>-metrics`` tables and ``localization`` markdown as artifacts."""
+    for stage, outcome in result.outcomes.items():
+        publish_metrics(stage, result.run_id, outcome.artifact)
+    publish_localization(result.run_id, result.analysis)
+
+
+def run_tags(spec: PipelineSpec) -> list[str]:
+    """The Prefect tags of a run's task: its run tags as ``key=value`` (``sweep=<id>``, the
+    run's matrix values, and the spec's own tags)."""
+    return [f"{k}={v}" for k, v in spec.tags.items()]
 
 
 def _where() -> str:
@@ -87,22 +117,35 @@ def _run_with_tags(root: str | Path, tags: dict[str, str]) -> str | None:
     return hits[-1] if hits else None
 
 
-run_task = task(name="sweep-run", cache_policy=NO_CACHE, persist_result=False)(execute_run)
+@task(name="sweep-run", cache_policy=NO_CACHE, persist_result=False)
+def run_task(label: str, spec: PipelineSpec, store_root: str) -> RunRecord:
+    """One run of a sweep as a Prefect task, publishing the run's artifacts."""
+    return execute_run(label, spec, store_root, publish=True)
 
 
 @flow(name="qparity-sweep", validate_parameters=False, persist_result=False)
-def sweep_flow(runs: list[tuple[str, PipelineSpec]], store_root: str) -> list[RunRecord]:
-    """Submit one task per run to the flow's task runner, collect a record per run."""
-    futures = [
-        (label, run_task.with_options(task_run_name=label).submit(label, spec, store_root))
+def sweep_flow(
+    runs: list[tuple[str, PipelineSpec]], store_root: str, on_run: OnRun | None = None
+) -> list[RunRecord]:
+    """Submit one task per run (tagged like the run) to the flow's task runner; collect a
+    record per run, in the sweep's order, calling ``on_run`` as each run ends."""
+    futures = {
+        label: run_task.with_options(task_run_name=label, tags=run_tags(spec)).submit(
+            label, spec, store_root
+        )
         for label, spec in runs
-    ]
-    records = []
-    for label, fut in futures:
+    }
+    labels = {fut.task_run_id: label for label, fut in futures.items()}
+    done: dict[str, RunRecord] = {}
+    for fut in as_completed(list(futures.values())):
+        label = labels[fut.task_run_id]
         try:
-            records.append(fut.result())
+            done[label] = fut.result()
         except Exception as e:  # a lost worker: the task itself never raises
-            records.append(RunRecord(label, None, "failed", None, None, None, 0.0, repr(e)))
+            done[label] = RunRecord(label, None, "failed", None, None, None, 0.0, repr(e))
+        if on_run:
+            on_run(done[label])
+    records = [done[label] for label in futures]
     create_table_artifact(
         [{k: v for k, v in asdict(r).items()} for r in records],
         key="sweep-summary",
@@ -136,7 +179,11 @@ def task_runner(runner: LocalRunner | DaskRunner):
 
 
 def run_flow(
-    runs: list[tuple[str, PipelineSpec]], root: str | Path, sweep_id: str, runner
+    runs: list[tuple[str, PipelineSpec]],
+    root: str | Path,
+    sweep_id: str,
+    runner,
+    on_run: OnRun | None = None,
 ) -> list[RunRecord]:
     """Run the sweep flow (flow run named by the sweep id) on ``runner``."""
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
@@ -146,7 +193,7 @@ def run_flow(
         configured = sweep_flow.with_options(
             task_runner=task_runner(runner), flow_run_name=sweep_id
         )
-        return configured(runs, str(root))
+        return configured(runs, str(root), on_run)
 
 
 @contextmanager

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from qparity.cli_options import RunsOpt, store_root
+from qparity.cli_options import QuietOpt, RunsOpt, store_root
 from schemas.errors import QparityError
 
 app = typer.Typer(
@@ -29,10 +29,6 @@ err = Console(stderr=True)
 STATE = {"debug": False}
 REPO = Path(__file__).resolve().parent.parent
 DEMO_SPEC = REPO / "examples" / "digits" / "spec.yaml"
-
-QuietOpt = Annotated[
-    bool, typer.Option("--quiet", "-q", help="One line per run, no progress (for cron).")
-]
 
 
 @app.callback()
@@ -89,14 +85,18 @@ def demo(
 
 
 @app.command("runs")
-def list_runs(runs: RunsOpt = None):
-    """List the runs in the store, newest last.
+def list_runs(runs: RunsOpt = None, quiet: QuietOpt = False):
+    """List the runs in the store, newest last (--quiet: run ids only, one per line).
 
     Example: qparity runs --runs ./runs
     """
     from schemas.owner import shown_status
     from schemas.store import RunStore
 
+    if quiet:
+        for m in RunStore(store_root(runs)).list_runs():
+            out.print(m.run_id, highlight=False, soft_wrap=True)
+        return
     table = Table("run_id", "status", "started_at", "stages", "tags")
     for m in RunStore(store_root(runs)).list_runs():
         done = sum(s.status == "complete" for s in m.stages.values())
@@ -114,32 +114,35 @@ def list_runs(runs: RunsOpt = None):
 def show(
     run_id: Annotated[str, typer.Argument(help="A run id (see `qparity runs`).")],
     runs: RunsOpt = None,
+    quiet: QuietOpt = False,
 ):
-    """One run's stages and metrics.
+    """One run's stages and metrics (--quiet: one line, status and last top-1).
 
     Example: qparity show digits-cnn-20261129T120000-ab12cd
     """
-    from qparity.views import show_run
+    from qparity.views import show_line, show_run
 
-    show_run(out, store_root(runs), run_id)
+    (show_line if quiet else show_run)(out, store_root(runs), run_id)
 
 
 @app.command()
 def localize(
     run_id: Annotated[str, typer.Argument(help="A run id (see `qparity runs`).")],
     runs: RunsOpt = None,
+    quiet: QuietOpt = False,
 ):
     """Compare the run's stages; name the first divergent stage, layer and sensitive ops.
 
     Writes the tables layer_stats, badcases, layer_tensors, localization and sensitivity and
-    the vendor-style files in the run's debug folder.
+    the vendor-style files in the run's debug folder. --quiet: one line, the first
+    divergent stage.
 
     Example: qparity localize digits-cnn-20261129T120000-ab12cd
     """
     from analysis.analyze import analyze
     from analysis.ptq_analysis import analyze_ptq, is_ptq_run
     from pipelines.ptq import load_ptq_spec
-    from qparity.views import print_analysis
+    from qparity.views import analysis_line, print_analysis
     from schemas.spec import load_spec
     from schemas.store import RunStore
     from stages.context import RunContext
@@ -147,10 +150,14 @@ def localize(
     run = RunStore(store_root(runs)).open(run_id)
     if is_ptq_run(run):
         spec, _ = load_ptq_spec(run.path("spec.yaml"))
-        print_analysis(out, analyze_ptq(run, spec))
-        return
-    ctx = RunContext(spec=load_spec(run.path("spec.yaml")), run=run, code_version="")
-    print_analysis(out, analyze(ctx))
+        result = analyze_ptq(run, spec)
+    else:
+        ctx = RunContext(spec=load_spec(run.path("spec.yaml")), run=run, code_version="")
+        result = analyze(ctx)
+    if quiet:
+        out.print(analysis_line(run_id, result), highlight=False, soft_wrap=True)
+    else:
+        print_analysis(out, result)
 
 
 @app.command()
@@ -168,14 +175,17 @@ def rerun(
     ] = False,
     runs: RunsOpt = None,
     no_prefect: Annotated[bool, typer.Option("--no-prefect")] = False,
+    quiet: QuietOpt = False,
 ):
-    """Recompute one stage of a run from its cached upstream, then re-localize.
+    """Recompute one stage of a run from its cached upstream, then re-localize (--quiet:
+    one line, the new run and its first divergent stage).
 
     Example: qparity rerun digits-cnn-20261129T120000-ab12cd --stage convert --set stages.convert.multiplier_bits=31
     """
     from qparity.views import rerun_view
 
-    rerun_view(out, store_root(runs), run_id, stage, set_ or [], downstream, not no_prefect)
+    rerun_view(out, store_root(runs), run_id, stage, set_ or [], downstream, not no_prefect,
+               quiet=quiet)  # fmt: skip
 
 
 from qparity.cli_sql import diff_command, sql_command  # noqa: E402

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from qparity.cli_options import RunsOpt, store_root
+from qparity.cli_options import QuietOpt, RunsOpt, store_root
 
 out = Console()
 
@@ -20,8 +20,10 @@ def edit_command(
         typer.Option("--remove-fake-quant", help="Node numbers of debug/qat_onnx.txt: 1-100,102"),
     ],
     runs: RunsOpt = None,
+    quiet: QuietOpt = False,
 ):
-    """Remove fake quant from numbered ops, reconvert, rank the fallbacks by consistency gain.
+    """Remove fake quant from numbered ops, reconvert, rank the fallbacks by consistency gain
+    (--quiet: one line per fallback: nodes, L1, cosine, L1 gain).
 
     The edit of all the numbers is written to the run's artifacts/edit/<numbers>/qat_modified.onnx;
     the run's injected faults stay in every model compared.
@@ -33,6 +35,10 @@ def edit_command(
     root = store_root(runs)
     result = edit_run(root, run_id, remove_fake_quant)
     base, faults = result.base, f", the run's {result.faults} convert fault(s) re-applied"
+    if quiet:
+        for f in result.fallbacks:
+            out.print(f"{f.numbers} {f.l1:.6g} {f.cosine:.6f} {f.gain:.6g}", highlight=False)
+        return
     out.print(
         f"unedited: quantized vs qat.onnx output L1 {base['l1']:.6g}, cosine "
         f"{base['cosine']:.6f} ({SAMPLES} samples at most{faults if result.faults else ''})",

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from qparity.cli_options import RunsOpt, store_root
+from qparity.cli_options import QuietOpt, RunsOpt, store_root
 
 out = Console()
 
 
-def gc_command(runs: RunsOpt = None):
+def gc_command(runs: RunsOpt = None, quiet: QuietOpt = False):
     """Mark every run still 'running' whose process is gone as interrupted (manifest,
-    stages and runs tables), so `qparity runs`, `show` and SQL say so.
+    stages and runs tables), so `qparity runs`, `show` and SQL say so (--quiet: only the
+    ids of the runs marked, one per line).
 
     A run is gone when its process no longer exists on this host (or its pid now belongs
     to another process), or, for a run of another host, when it sent no heartbeat for
@@ -28,5 +29,8 @@ def gc_command(runs: RunsOpt = None):
 
     marked = mark_interrupted(RunStore(store_root(runs)))
     for run_id in marked:
-        out.print(f"{run_id}: interrupted", highlight=False)
-    out.print(f"{len(marked)} run{'s' * (len(marked) != 1)} marked interrupted", highlight=False)
+        out.print(run_id if quiet else f"{run_id}: interrupted", highlight=False)
+    if not quiet:
+        out.print(
+            f"{len(marked)} run{'s' * (len(marked) != 1)} marked interrupted", highlight=False
+        )

@@ -1,4 +1,4 @@
-"""Options shared by the commands: where the run store is."""
+"""Options shared by the commands: where the run store is, and ``--quiet``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,13 @@ RunsOpt = Annotated[
         "--runs",
         help="Run store: a folder or an fsspec URL such as s3://bucket/runs "
         "(default: $QPARITY_RUNS or ./runs).",
+    ),
+]
+
+QuietOpt = Annotated[
+    bool,
+    typer.Option(
+        "--quiet", "-q", help="No progress, no tables: one line per result (for cron and scripts)."
     ),
 ]
 

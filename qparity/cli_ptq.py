@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from qparity.cli_options import RunsOpt, store_root
+from qparity.cli_options import QuietOpt, RunsOpt, store_root
 
 out = Console()
 
@@ -22,12 +22,14 @@ def ptq_command(
     no_prefect: Annotated[
         bool, typer.Option("--no-prefect", help="Run the stages directly, without a Prefect flow.")
     ] = False,
+    quiet: QuietOpt = False,
 ):
     """Run the PTQ chain (original, optimized, calibrated, ptq, quantized, hbm, board) on an
     ONNX float model; prints each stage's status, time and top-1.
 
     Each stage is a Prefect task of the flow "qparity-ptq-chain" (unless --no-prefect).
     The spec's `pipeline:` may name pipelines/named/ptq/ptq_chain or ptq_to_quantized.
+    --quiet: no stage table, only the final line.
 
     Example: qparity ptq examples/digits_ptq/spec.yaml
     """
@@ -42,7 +44,7 @@ def ptq_command(
         run_id = run_ptq(path, cfg, root, text, use_prefect=not no_prefect)
     finally:  # a failed run is shown too, then its error printed by the CLI
         new = [m.run_id for m in RunStore(root).list_runs() if m.run_id not in before]
-        if new:
+        if new and not quiet:
             _show(RunStore(root).open(new[-1]))
     where = RunStore(root).open(run_id).root / "artifacts"
     out.print(f"run {run_id} complete; artifacts in {where}", highlight=False)

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from analysis.report import write_report
-from qparity.cli_options import RunsOpt, store_root
+from qparity.cli_options import QuietOpt, RunsOpt, store_root
 from schemas.store import RunStore
 
 console = Console()
@@ -31,8 +31,10 @@ def report_command(
     run_id: Annotated[str, typer.Argument(help="A run id (see `qparity runs`).")],
     runs: RunsOpt = None,
     out: OutOpt = None,
+    quiet: QuietOpt = False,
 ) -> None:
-    """Write one self-contained HTML report of a run and print its path.
+    """Write one self-contained HTML report of a run and print its path (--quiet: the
+    same single line; accepted so every command takes it).
 
     Top-1 per stage, heatmaps of cosine and max_qscale_diff (layers x stages, the first
     divergent cell marked), sensitive ops, bad cases, links to the debug files.

@@ -21,9 +21,9 @@ import pyarrow.csv as pacsv
 import typer
 from rich.console import Console
 
-from analysis.diff import diff_runs, render_diff, rich_table
+from analysis.diff import changed_rows, diff_runs, render_diff, rich_table
 from analysis.query import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, run_sql
-from qparity.cli_options import RunsOpt, store_root
+from qparity.cli_options import QuietOpt, RunsOpt, store_root
 
 out = Console()
 err = Console(stderr=True)
@@ -45,12 +45,13 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def write_result(result: pa.Table, fmt: str, console: Console = out) -> None:
-    """Print ``result`` as a rich table, CSV (with a header) or JSON (a list of objects)."""
+def write_result(result: pa.Table, fmt: str, console: Console = out, quiet: bool = False) -> None:
+    """Print ``result`` as a rich table, CSV (with a header) or JSON (a list of objects);
+    ``quiet``: CSV rows only, one line per row, whatever ``fmt``."""
     fmt = Format(fmt).value
-    if fmt == "csv":
+    if fmt == "csv" or quiet:
         sink = pa.BufferOutputStream()
-        pacsv.write_csv(result, sink)
+        pacsv.write_csv(result, sink, pacsv.WriteOptions(include_header=not quiet))
         sys.stdout.write(sink.getvalue().to_pybytes().decode())
     elif fmt == "json":
         rows = [{k: _json_value(v) for k, v in row.items()} for row in result.to_pylist()]
@@ -79,10 +80,12 @@ def sql_command(
             help=f"Cancel the query after this many seconds (0: no limit; ${TIMEOUT_ENV}).",
         ),
     ] = DEFAULT_TIMEOUT_S,
+    quiet: QuietOpt = False,
 ) -> None:
     """Read-only DuckDB SQL over every run's tables (one view per table, plus `chain`).
 
-    Ctrl-C cancels a running query (exit code 130).
+    Ctrl-C cancels a running query (exit code 130). --quiet: the rows as CSV without a
+    header, one line per row.
 
     Example: qparity sql "SELECT run_id, stage FROM localization WHERE kind = 'stage' AND rank = 1"
     """
@@ -91,7 +94,7 @@ def sql_command(
     except KeyboardInterrupt:
         err.print("[bold red]interrupted:[/] the query was cancelled (Ctrl-C)", highlight=False)
         raise typer.Exit(130) from None
-    write_result(result, fmt.value if isinstance(fmt, Format) else fmt)
+    write_result(result, fmt.value if isinstance(fmt, Format) else fmt, quiet=quiet)
 
 
 def diff_command(
@@ -101,9 +104,18 @@ def diff_command(
     show_all: Annotated[
         bool, typer.Option("--all", help="Show every row, not only the ones that differ.")
     ] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """What changed between two runs: settings, stage artifacts, metrics, localization.
 
+    --quiet: one line per section that differs ("metrics: 3 rows differ"), or "no difference".
+
     Example: qparity diff digits-cnn-20261129T120000-ab12cd digits-cnn-20261130T090000-ef34ab
     """
-    out.print(render_diff(diff_runs(store_root(root), a, b), a, b, show_all=show_all))
+    diff = diff_runs(store_root(root), a, b)
+    if not quiet:
+        out.print(render_diff(diff, a, b, show_all=show_all))
+        return
+    counts = {s: changed_rows(s, t).num_rows for s, t in diff.items()}
+    lines = [f"{s}: {n} row{'s' * (n != 1)} differ" for s, n in counts.items() if n]
+    out.print("\n".join(lines) or "no difference", highlight=False, soft_wrap=True)

@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from qparity.cli_options import RunsOpt, store_root
+from qparity.cli_options import QuietOpt, RunsOpt, store_root
 
 out = Console()
 
@@ -29,8 +29,10 @@ def sweep_command(
         bool,
         typer.Option("--no-prefect", help="Run every run here, one by one, without Prefect."),
     ] = False,
+    quiet: QuietOpt = False,
 ):
-    """Run a matrix of spec fields, one run per combination; print a summary table.
+    """Run a matrix of spec fields, one run per combination; a line as each run ends, then
+    a summary table (--quiet: only one line per run, at the end).
 
     One failing run does not stop the others; the command exits 1 if any run failed.
 
@@ -41,14 +43,26 @@ def sweep_command(
     from pipelines.sweep import expand, load_sweep, run_sweep
 
     n = len(expand(load_sweep(sweep), "preview"))
-    out.print(f"[bold]{sweep}[/]: {n} runs into {store_root(runs)}/", highlight=False)
-    result = run_sweep(sweep, store_root(runs), use_prefect=not no_prefect)
-    out.print(result.table())
+    if not quiet:
+        out.print(f"[bold]{sweep}[/]: {n} runs into {store_root(runs)}/", highlight=False)
+    ended: list[int] = []
+
+    def on_run(record) -> None:
+        ended.append(1)
+        out.print(f"  [{len(ended)}/{n}] {record.line()}", highlight=False, soft_wrap=True)
+
+    result = run_sweep(sweep, store_root(runs), not no_prefect, None if quiet else on_run)
+    for record in result.runs if quiet else []:
+        out.print(record.line(), highlight=False, soft_wrap=True)
+    if not quiet:
+        out.print(result.table())
     if result.failed:
-        out.print(
-            f"{len(result.failed)} of {len(result.runs)} runs failed; details: qparity show RUN_ID",
-            highlight=False,
-        )
+        if not quiet:
+            out.print(
+                f"{len(result.failed)} of {len(result.runs)} runs failed; "
+                "details: qparity show RUN_ID",
+                highlight=False,
+            )
         raise typer.Exit(1)
 
 
@@ -56,20 +70,32 @@ def schedule_command(
     sweep: Annotated[Path, typer.Argument(help="Sweep file (YAML).")],
     cron: Annotated[str, typer.Option("--cron", help='Cron schedule, e.g. "0 2 * * *".')],
     runs: RunsOpt = None,
+    timezone: Annotated[
+        str,
+        typer.Option(
+            "--timezone", help="IANA time zone the cron fields are read in, e.g. Europe/Berlin."
+        ),
+    ] = "UTC",
+    quiet: QuietOpt = False,
 ):
     """Register a Prefect deployment that runs the sweep on a cron schedule.
 
     Needs a Prefect server (`prefect server start`, PREFECT_API_URL set) and a worker
-    (`prefect worker start --pool qparity`) to execute the scheduled runs.
+    (`prefect worker start --pool qparity`) to execute the scheduled runs. --quiet prints
+    only the deployment's name.
 
-    Example: qparity schedule pipelines/sweeps/digits_levels.yaml --cron "0 2 * * *"
+    Example: qparity schedule pipelines/sweeps/digits_levels.yaml --cron "0 2 * * *" --timezone Europe/Berlin
     """
     from pipelines.schedule import schedule
 
-    d = schedule(sweep, cron, store_root(runs))
+    d = schedule(sweep, cron, store_root(runs), timezone=timezone)
+    if quiet:
+        out.print(d.name, highlight=False, soft_wrap=True)
+        return
     ui = d.api_url.removesuffix("/api")
     out.print(
-        f"deployment [bold]{d.name}[/] ({d.id}) scheduled {d.cron!r} in work pool {d.work_pool}\n"
+        f"deployment [bold]{d.name}[/] ({d.id}) scheduled {d.cron!r} ({d.timezone}) "
+        f"in work pool {d.work_pool}\n"
         f"  runs execute while a worker is up:  prefect worker start --pool {d.work_pool}\n"
         f"  run it now:                         prefect deployment run '{d.name}'\n"
         f"  in the UI:                          {ui}/deployments/deployment/{d.id}",

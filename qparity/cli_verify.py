@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from qparity.cli_options import RunsOpt, store_root
+from qparity.cli_options import QuietOpt, RunsOpt, store_root
 
 out = Console()
 
@@ -20,8 +20,10 @@ def verify_command(
     input_npy: Annotated[Path, typer.Option("-i", "--input", help="Input batch (.npy).")],
     digits: Annotated[int, typer.Option(help="Outputs agree when |a-b| <= 10**-digits.")] = 5,
     runs: RunsOpt = None,
+    quiet: QuietOpt = False,
 ):
-    """Per-node cosine similarity and output consistency of two models, with advice.
+    """Per-node cosine similarity and output consistency of two models, with advice
+    (--quiet: the advice line only).
 
     Example: qparity verify my-run:export my-run:convert -i input.npy
     """
@@ -31,6 +33,9 @@ def verify_command(
     root = store_root(runs)
     a, b = side(model_a, root), side(model_b, root)
     result = verify(a, b, load_input(input_npy), digits)
+    if quiet:
+        out.print(f"advice: {result.advice}", highlight=False, soft_wrap=True)
+        return
     if result.nodes:
         table = Table("NodeName", "TensorName", "cosine", title=f"{a.name} vs {b.name}")
         for n in result.nodes:

@@ -42,9 +42,7 @@ def run_spec(
             on_stage=on_stage,
         )
     if quiet:
-        first = result.analysis.first if result.analysis else None
-        where = f"first divergent stage {first.analysis}" if first else "no divergence"
-        out.print(f"{result.run_id} complete, {where}", highlight=False)
+        out.print(f"{result.run_id} complete, {_divergence(result.analysis)}", highlight=False)
     else:
         _finish_view(out, store_root, result)
     return result.run_id
@@ -107,10 +105,7 @@ def stage_table(store_root: str | Path, run_id: str) -> Table:
     table = Table("stage", "status", "duration_s", "cache", "top1", title=f"run {run_id}")
     if ("float", "top1") in metrics:
         table.add_row("float", "-", "-", "-", f"{metrics['float', 'top1']['value']:.4f}")
-    order = {name: i for i, name in enumerate(CHAIN)}  # PTQ stages: after, by start time
-    for name, rec in sorted(
-        m.stages.items(), key=lambda kv: (order.get(kv[0], 99), kv[1].started_at)
-    ):
+    for name, rec in _in_chain_order(m.stages):
         top1 = metrics.get((name, "top1"))
         table.add_row(
             name,
@@ -120,6 +115,12 @@ def stage_table(store_root: str | Path, run_id: str) -> Table:
             f"{top1['value']:.4f}" if top1 else "-",
         )
     return table
+
+
+def _in_chain_order(stages: dict) -> list:
+    """A manifest's (stage, record) pairs in chain order; PTQ stages after, by start time."""
+    order = {name: i for i, name in enumerate(CHAIN)}
+    return sorted(stages.items(), key=lambda kv: (order.get(kv[0], 99), kv[1].started_at))
 
 
 def show_run(out: Console, store_root: str | Path, run_id: str) -> None:
@@ -156,6 +157,28 @@ def print_faults(out: Console, run) -> None:
     out.print(table)
 
 
+def _divergence(analysis) -> str:
+    first = analysis.first if analysis else None
+    return f"first divergent stage {first.analysis}" if first else "no divergence"
+
+
+def analysis_line(run_id: str, analysis) -> str:
+    """One line for ``localize --quiet``: the run and its first divergent stage and layer."""
+    first = analysis.first
+    layer = f", layer {first.first_layer}" if first is not None and first.first_layer else ""
+    return f"{run_id} {_divergence(analysis)}{layer}"
+
+
+def show_line(out: Console, store_root: str | Path, run_id: str) -> None:
+    """``show --quiet``: run id, status, the last stage that ran and its top-1."""
+    run = RunStore(store_root).open(run_id)
+    m = as_shown(run.manifest())
+    top1 = {r["stage"]: r["value"] for r in read_run_table(run, "metrics") if r["metric"] == "top1"}
+    ran = [name for name, _ in _in_chain_order(m.stages) if name in top1]
+    last = f"{ran[-1]} top1 {top1[ran[-1]]:.4f}" if ran else "no top-1"
+    out.print(f"{m.run_id} {m.status} {last}", highlight=False, soft_wrap=True)
+
+
 def print_analysis(out: Console, analysis) -> None:
     """The localization summary and the paths of the vendor-style files."""
     out.print("[bold]localization[/]", highlight=False)
@@ -166,17 +189,23 @@ def print_analysis(out: Console, analysis) -> None:
 
 
 def rerun_view(
-    out: Console, store_root: str | Path, run_id: str, stage: str, sets, downstream, prefect
-):
-    """Rerun a stage, print the new run, and its localization beside its parent's."""
+    out: Console, store_root: str | Path, run_id: str, stage: str, sets, downstream, prefect,
+    quiet: bool = False,
+):  # fmt: skip
+    """Rerun a stage, print the new run, and its localization beside its parent's
+    (``quiet``: one line)."""
     from pipelines.rerun import localization_side_by_side, rerun
 
-    out.print(f"[bold]rerun[/] of {run_id}: stage {stage}", highlight=False)
-    with progress(out, quiet=False) as on_stage:
+    if not quiet:
+        out.print(f"[bold]rerun[/] of {run_id}: stage {stage}", highlight=False)
+    with progress(out, quiet) as on_stage:
         result = rerun(
             store_root, run_id, stage, sets, downstream=downstream, use_prefect=prefect,
             on_stage=on_stage,
         )  # fmt: skip
+    if quiet:
+        out.print(f"{result.run_id} complete, {_divergence(result.analysis)}", highlight=False)
+        return
     _finish_view(out, store_root, result)
     table = Table("finding", "pair / rank", f"parent {run_id}", f"rerun {result.run_id}")
     for r in localization_side_by_side(store_root, run_id, result.run_id):

@@ -1,6 +1,6 @@
 """Fault injection in a spec: known faults at a named stage and layer (or op type).
 
-Faults are how localization is proven (DESIGN.md "Localization"): a bench injects them at
+Faults are how localization is proven (docs/design.md "Localization"): a bench injects them at
 random and checks the localizer names the stage and the layer. Each kind belongs to the
 stage whose artifact it corrupts:
 

@@ -1,4 +1,4 @@
-"""Arrow schemas of the tables SQL sees (DESIGN.md "Tables"): names are the contract.
+"""Arrow schemas of the tables SQL sees (docs/design.md "Tables"): names are the contract.
 
 Add columns, never rename them. ``sample_id`` is null on dataset-level (aggregate) rows of
 ``layer_stats``; ``aggregate`` then says how they were reduced ("all": over every sample).

@@ -2,7 +2,7 @@
 
 Each run writes its rows under ``<run>/tables/<table>/<part>.parquet``, so that
 ``read_parquet('<root>/*/tables/<table>/**/*.parquet')`` sees every run. Column names
-are the contract of DESIGN.md "Tables": add columns, never rename them. A table is added
+are the contract of docs/design.md "Tables": add columns, never rename them. A table is added
 by adding its schema to :data:`schemas.table_schemas.SCHEMAS`.
 """
 

@@ -10,7 +10,7 @@ fi
 stamp=.venv/.qparity-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  # torch==2.13.0 is pinned in pyproject.toml: pip takes the CPU build (see NOTES.md).
+  # torch==2.13.0 is pinned in pyproject.toml: pip takes the CPU build (see docs/environment.md).
   # The zoo extra (torchvision, timm) too: tests run the field's own model definitions.
   .venv/bin/python -m pip install --quiet -e '.[test,zoo]'
   touch "$stamp"

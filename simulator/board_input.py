@@ -3,7 +3,7 @@
 Frames reach the BPU as uint8 images in a *runtime* format (nv12, yuv444, rgb, bgr, gray);
 the model was trained on a *training* format (rgb, bgr, yuv444 centered, gray). This module
 turns the first into the int8 tensor the first layer receives (VENDOR-FACTS "Board input",
-DESIGN.md "Numerics": board input). Everything is numpy, vectorized, NHWC.
+docs/design.md "Numerics": board input). Everything is numpy, vectorized, NHWC.
 
 Conventions:
 

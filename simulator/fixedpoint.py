@@ -11,7 +11,7 @@ Every function takes numpy arrays or torch tensors (and plain Python numbers, tr
 numpy) and returns the same kind. Torch is imported lazily and only when a tensor is
 passed, so the simulator stays importable without touching torch-side stage code.
 
-Conventions (see DESIGN.md "Numerics"):
+Conventions (see docs/design.md "Numerics"):
 
 - symmetric quantization, zero point 0; ``qrange`` is the one range table;
 - ``q = clamp(round(x / s), qmin, qmax)``, ``fake_quant(x) = q * s``;

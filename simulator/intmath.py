@@ -101,7 +101,7 @@ def fixed_multiplier(ratio, bits: int, rounding: str = "half_even"):
     return m, s
 
 
-# Requantize: integer multiplier and right shift (DESIGN.md "Numerics").
+# Requantize: integer multiplier and right shift (docs/design.md "Numerics").
 
 PRODUCT_LIMIT = 2**62
 """Bound on ``|acc * mult|`` (and the divisor) inside :func:`requantize`: with

@@ -5,8 +5,8 @@ numpy only. Layouts follow ONNX: ``x`` is (N, C, *spatial), conv weights
 (O, C/group, *kernel), ``pads`` is ``[begin_0, begin_1, ..., end_0, end_1, ...]``.
 
 Exactness of the float64 GEMMs (conv, matmul): float64 is 30-60x faster than numpy
-integer matmul (NOTES.md). Every product and every partial sum of an output is an integer
-bounded by ``B = max|x| * max|w| * K`` (K = terms per output). While ``B < 2**53`` each of
+integer matmul (docs/environment.md, "Exact integer arithmetic"). Every product and every
+partial sum of an output is an integer bounded by ``B = max|x| * max|w| * K`` (K = terms per output). While ``B < 2**53`` each of
 them is exactly representable, so each float64 multiply/add is exact whatever order or
 blocking BLAS uses, and the result equals the integer sum. int8 x int8 allows
 ``K < 2**39``, int16 x int8 ``K < 2**31``. ``_check_exact`` raises above the bound

@@ -1,6 +1,6 @@
 """The modelled BPU marches as data: what each one supports and how big it is.
 
-Public material (VENDOR-FACTS.md): Nash marches take int8 and int16 activations and int8
+Public vendor material: Nash marches take int8 and int16 activations and int8
 per-output-channel conv/linear weights; a conv/linear may output int32; requantize uses an
 integer multiplier (16 bits in the public example) and a shift; the hardware rounds with
 ``bpu_round``; an int16 LUT is 6 tables of 64 entries and the board allows up to 64 segments

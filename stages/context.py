@@ -17,7 +17,7 @@ from stages.data import Split, load_splits
 from stages.modelio import build_float, model_digest
 from stages.quantizer import QuantPolicy
 
-# Consistency strategy levels (DESIGN.md "Numerics"): what each level switches on.
+# Consistency strategy levels (docs/design.md "Numerics"): what each level switches on.
 # pot_*: power-of-two scales at prepare; the two flags are recorded for convert.
 CONSISTENCY_LEVELS = {
     "none": {

@@ -2,9 +2,9 @@
 
 Every op qparity can carry through the chain is listed in :data:`OP_TABLE` with its
 quantization category. Anything else is *unsupported* and is reported by name and node
-before any stage runs (DESIGN.md, "Op coverage").
+before any stage runs (docs/design.md, "Op coverage").
 
-Canonical layer id (DESIGN.md, "Contracts"): the module path of the float model.
+Canonical layer id (docs/design.md, "Contracts"): the module path of the float model.
 - A node that is the only op of a leaf module call gets the module path (``block1.conv1``);
   a second call of the same module gets ``@k`` (``relu@1``), as torch.export names it.
 - Any other node gets ``<module path>.<op>`` (``block1.add``, ``att.linear_1``) with the

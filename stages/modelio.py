@@ -199,7 +199,7 @@ class UnsupportedOps(StageError):
         super().__init__(
             f"{len(bad)} unsupported op(s): {listing}",
             where="prepare",
-            hint="replace them with supported ops (DESIGN.md 'Op coverage'); "
+            hint="replace them with supported ops (docs/design.md 'Op coverage'); "
             "debug/model_check_result.txt lists them",
         )
 

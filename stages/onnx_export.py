@@ -2,7 +2,7 @@
 
 The ModelProto is built with ``onnx.helper`` directly (opset 21 plus the ``qparity``
 domain, version 1): torch.onnx loses module paths and cannot write int16 per-channel Q/DQ
-(NOTES.md, "ONNX"). What each fx node becomes:
+(docs/environment.md, "ONNX"). What each fx node becomes:
 
 - QFakeQuantize with fake quant on: ``QuantizeLinear`` -> ``DequantizeLinear`` (``bpu_round``:
   ``qparity::QuantizeLinear``, since ONNX rounds half to even); fake quant off: nothing.
@@ -149,7 +149,8 @@ def _call_function(b: GraphBuilder, node, mapped: list, unmapped: dict) -> None:
     b.begin(node, layer)
     rule = _RULES.get(node.target)
     if rule is None:
-        raise b.fail(f"no ONNX translation for {node.target}", hint="see DESIGN.md 'Op coverage'")
+        hint = "see docs/design.md 'Op coverage'"
+        raise b.fail(f"no ONNX translation for {node.target}", hint=hint)
     out = rule(b, node)
     if isinstance(out, list):
         b.env[node.name] = out

@@ -1,7 +1,7 @@
 """Run an exported ONNX graph on a batch and capture layer tensors by canonical id.
 
 Backends: onnxruntime when every node is a standard op (BASIC graph optimization only:
-higher levels rejected a transformer at opset 21, NOTES.md "ONNX"); otherwise
+higher levels rejected a transformer at opset 21, docs/environment.md "ONNX"); otherwise
 ``onnx.reference.ReferenceEvaluator`` with the ``qparity`` domain ops of
 :mod:`simulator.custom_ops` plugged in as ``new_ops``. Layers are captured by tensor name:
 export names each layer's final float tensor exactly its layer id.

@@ -1,6 +1,6 @@
 """qparity's torchao PT2E Quantizer: where fake quant goes, with which dtype and scale rule.
 
-Placement (the Nash BPU's rules, DESIGN.md "Numerics"):
+Placement (the Nash BPU's rules, docs/design.md "Numerics"):
 - conv/linear: input activation per tensor, weight int8 per output channel (axis 0),
   output activation per tensor; a conv/linear that is a model output stays unquantized
   when ``high_precision_output`` (int32 on the board).

@@ -67,7 +67,7 @@ STAGES: tuple[StageDef, ...] = (
     StageDef("board_sim", board_sim, BoardRun, ("evaluation", "camera"), ("compile",)),
 )
 BY_NAME = {s.name: s for s in STAGES}
-CHAIN = STAGE_NAMES  # the chain of DESIGN.md, in order (one list, in schemas.spec)
+CHAIN = STAGE_NAMES  # docs/design.md "The chain", in order (one list, in schemas.spec)
 
 
 def get(name: str) -> StageDef:

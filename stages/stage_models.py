@@ -3,7 +3,7 @@
 ``open_stage_model(ctx, stage)`` loads the stage's artifact from the run and returns a
 :class:`StageModel`: ``run(idx)`` feeds the evaluation samples ``idx`` (board_sim: the same
 samples as camera frames) and returns ``(output, {layer id: tensor})`` in the common
-layout of DESIGN.md "Contracts": NCHW, float values (integer stages dequantized,
+layout of docs/design.md "Contracts": NCHW, float values (integer stages dequantized,
 ``x_float = q * scale`` per channel along the layer's axis). ``run(idx, replace=...)``
 substitutes given layer tensors (same layout) while running, for sensitivity analysis.
 """

@@ -1,4 +1,4 @@
-"""The PTQ chain from an ONNX float model (the vendor's PTQ flow, seeds/consistency-ptq.md).
+"""The PTQ chain from an ONNX float model (the vendor's PTQ flow).
 
 Stages and the files they write (``<name>`` = the model file's stem)::
 

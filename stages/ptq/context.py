@@ -25,7 +25,7 @@ VENDOR_FILES = {
     "quantized": "{name}_quantized_model.onnx",
     "hbm": "{name}.hbm",
 }
-"""The vendor's artifact file names (seeds/consistency-ptq.md); ``board`` writes none."""
+"""The vendor's artifact file names (its PTQ guide's); ``board`` writes none."""
 
 
 class PtqModel(Artifact):

@@ -12,7 +12,7 @@ from schemas.fileio import atomic_save
 from stages.onnx_builder import LAYER_KEY
 
 OPSET = 21
-"""The ONNX opset of every PTQ-stage model (int16 Q/DQ needs 21; NOTES.md "ONNX")."""
+"""The ONNX opset of every PTQ-stage model (int16 Q/DQ needs 21; docs/environment.md "ONNX")."""
 
 COMPUTE_OPS = frozenset(
     {"Conv", "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "ReduceMean",

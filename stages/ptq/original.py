@@ -138,7 +138,7 @@ def refuse(bad: list[onnx.NodeProto], path: Path) -> StageError:
         f"unsupported ops: {what}",
         where=str(path),
         hint="see debug/model_check_result.txt; replace these ops in the model "
-        "(DESIGN.md 'Op coverage') or export it without them",
+        "(docs/design.md 'Op coverage') or export it without them",
     )
 
 

@@ -22,17 +22,23 @@ def test_a_bad_cron_string_is_a_spec_error(tmp_path):
         schedule(write_sweep(tmp_path, SWEEP), "0 2 * *")
 
 
+def test_an_unknown_time_zone_is_a_spec_error(tmp_path):
+    with pytest.raises(SpecError, match="--timezone: 'Europe/Berlln' is not a time zone"):
+        schedule(write_sweep(tmp_path, SWEEP), "0 2 * * *", timezone="Europe/Berlln")
+
+
 def test_the_deployment_is_on_the_server_with_its_schedule(prefect_api, tmp_path):  # noqa: F811
     from prefect.client.orchestration import get_client
 
     path = write_sweep(tmp_path, SWEEP)
     first = schedule(path, "0 2 * * *", tmp_path / "runs")
-    again = schedule(path, "30 1 * * 1-5", tmp_path / "runs")  # an update, not a second one
-    assert first.id == again.id and again.name == f"{FLOW_NAME}/tiny-sweep"
+    again = schedule(path, "30 1 * * 1-5", tmp_path / "runs", timezone="Europe/Berlin")
+    assert first.id == again.id and again.name == f"{FLOW_NAME}/tiny-sweep"  # an update
     with get_client(sync_client=True) as client:
         dep = client.read_deployment_by_name(again.name)
         pool = client.read_work_pool(dep.work_pool_name)
-    assert [s.schedule.cron for s in dep.schedules] == ["30 1 * * 1-5"]
+    got = [(s.schedule.cron, s.schedule.timezone) for s in dep.schedules]
+    assert got == [("30 1 * * 1-5", "Europe/Berlin")] and again.timezone == "Europe/Berlin"
     assert dep.parameters == {"sweep_path": str(path), "store_root": str(tmp_path / "runs")}
     assert dep.entrypoint == "pipelines.schedule.scheduled_sweep" and pool.type == "process"
     assert again.api_url == prefect_api

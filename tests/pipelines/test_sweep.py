@@ -170,12 +170,59 @@ def _flow_run_state(sweep_id: str) -> str:
     return runs[0].state.name if len(runs) == 1 else f"{len(runs)} flow runs"
 
 
+def _tasks_and_artifacts(sweep_id: str) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """The sweep's flow run read back from the API: task run name -> its tags, and task
+    run name -> the keys of its artifacts (the flow's own under "flow")."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        FlowRunFilter,
+        FlowRunFilterId,
+        FlowRunFilterName,
+    )
+
+    with get_client(sync_client=True) as client:
+        (run,) = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[sweep_id]))
+        )
+        tasks = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id]))
+        )
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]))
+        )
+    names = {t.id: t.name for t in tasks}
+    keys: dict[str, set[str]] = {}
+    for a in artifacts:
+        keys.setdefault(names.get(a.task_run_id, "flow"), set()).add(a.key)
+    return {t.name: set(t.tags) for t in tasks}, keys
+
+
 def test_a_sweep_runs_in_process_and_one_failing_run_does_not_stop_it(prefect_api, store):
-    result = run_sweep(write_sweep(store.parent, SWEEP, "local.yaml"), store)
+    ended = []
+    result = run_sweep(write_sweep(store.parent, SWEEP, "local.yaml"), store, on_run=ended.append)
     print(result.table())
     _check(result, store)
     assert len({r.where for r in result.runs}) == 1  # all in this process
     assert _flow_run_state(result.sweep_id) == "Completed"
+    assert sorted(ended, key=result.runs.index) == result.runs  # each run reported as it ended
+    tags, artifacts = _tasks_and_artifacts(result.sweep_id)
+    sweep = f"sweep={result.sweep_id}"
+    assert tags == {
+        "consistency_level=none": {sweep, "quant.consistency_level=none"},
+        "consistency_level=2": {sweep, "quant.consistency_level=2"},
+        "observer=percentile": {sweep, "quant.observer=percentile"},
+        "runtime_format=rgb": {sweep, "stages.board_sim.runtime_format=rgb"},
+    }
+    assert artifacts.pop("flow") == {"sweep-summary"}
+    assert set(artifacts) == {
+        "consistency_level=none",
+        "consistency_level=2",
+        "observer=percentile",
+    }
+    for keys in artifacts.values():  # the failed run has none
+        assert {"prepare-metrics", "board-sim-metrics", "localization"} <= keys
 
 
 def test_a_sweep_runs_on_a_two_worker_dask_cluster(prefect_api, store):

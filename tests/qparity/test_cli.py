@@ -84,6 +84,38 @@ def test_quiet_run_prints_one_line_and_localize_prints_the_summary(
     assert _cli(monkeypatch, "localize", m.run_id, "--runs", tmp_path / "runs") == 0
     out = capsys.readouterr().out
     assert "no stage diverges" in out and "compare_per_layer_out.txt" in out
+    _quiet_commands_print_one_line_per_result(monkeypatch, capsys, tmp_path / "runs", m.run_id)
+
+
+def _quiet_commands_print_one_line_per_result(monkeypatch, capsys, store, run_id) -> None:
+    """--quiet on the commands that read a finished run: one line per result, no table."""
+    sql = "SELECT stage, metric FROM metrics WHERE stage = 'board_sim' AND metric = 'top1'"
+    expected = {
+        ("runs",): [run_id],
+        ("show", run_id): [f"{run_id} complete board_sim top1 "],
+        ("localize", run_id): [f"{run_id} no divergence"],
+        ("sql", sql): ['"board_sim","top1"'],
+        ("diff", run_id, run_id): ["no difference"],
+        ("gc",): [],
+        ("report", run_id): [str(store / run_id / "report.html")],
+    }
+    for args, lines in expected.items():
+        assert _cli(monkeypatch, *args, "--runs", store, "--quiet") == 0
+        got = capsys.readouterr().out.splitlines()
+        assert len(got) == len(lines), args
+        assert all(g.startswith(x) for g, x in zip(got, lines, strict=True)), args
+
+
+def test_every_command_takes_quiet():
+    import typer
+
+    group = typer.main.get_command(cli.app)
+    lacking = [
+        name
+        for name, command in group.commands.items()
+        if not any("--quiet" in p.opts and "-q" in p.opts for p in command.params)
+    ]
+    assert lacking == []
 
 
 @pytest.mark.parametrize(
