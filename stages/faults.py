@@ -16,6 +16,8 @@ from schemas.errors import SpecError
 from schemas.spec_faults import FaultSpec
 from schemas.tables import write_rows
 from stages.context import RunContext
+from stages.fake_quant import quantizers
+from stages.modelio import name_quantizers
 
 MULT_TAGS = ("/req_mult#", "/mult#", "/ma#", "/mb#")
 SHIFT_TAGS = ("/req_shift#", "/shift#")
@@ -136,6 +138,17 @@ def inject_convert(ctx: RunContext, model: onnx.ModelProto, layer_ids) -> onnx.M
     """convert's faults, applied (in place) to quantized.onnx before it is saved."""
     _inject(ctx, "convert", layer_ids, lambda f, lid: corrupt_integer_graph(model, lid, f))
     return model
+
+
+def inject_calibrate(ctx: RunContext, gm) -> None:
+    """calibrate's faults: each named layer's output scale (frozen) x ``2**(amount/4)``."""
+    roles = name_quantizers(gm)
+    outputs = {roles[n][0]: fq for n, fq in quantizers(gm) if roles.get(n, ("", ""))[1] == "output"}
+
+    def rescale(fault, lid):
+        outputs[lid].scale.mul_(2 ** (fault.amount / 4))
+
+    _inject(ctx, "calibrate", outputs, rescale)
 
 
 def inject_pre_export(ctx: RunContext, ops: dict) -> dict:
