@@ -1,7 +1,8 @@
 """The whole analysis of one run: compare, bad cases, localization, sensitivity, files.
 
-Stage pairs: each stage against the next one in chain order, and each later stage against
-the QAT model (calibrate, or qat when enabled). Writes the tables layer_stats, badcases,
+Stage pairs: each stage against the next one in chain order, from the float model on
+(prepare's model, every quantizer in FLOAT state: float -> calibrate is the quantization
+loss itself), and each later stage against the QAT model (calibrate, or qat when enabled). Writes the tables layer_stats, badcases,
 layer_tensors, localization and sensitivity of the run, and the vendor-style files in its
 debug folder; returns a :class:`Analysis` whose ``summary()`` is what ``qparity localize``
 prints.
@@ -17,7 +18,7 @@ from analysis import badcases, vendor_files
 from analysis.compare import PairResult, compare_stages
 from analysis.flops import layer_flops
 from analysis.layer_graph import Layer, load_layers
-from analysis.localize import PairVerdict, first_divergence, judge_pair
+from analysis.localize import FLOAT_STAGE, PairVerdict, first_divergence, judge_pair
 from analysis.records import localization_rows, sensitivity_rows, write_tensors
 from schemas.errors import QueryError
 from schemas.spec import STAGE_NAMES
@@ -53,12 +54,21 @@ class Analysis:
             [
                 f"run {self.run_id}: first divergent stage {f.analysis} (vs {f.base}): "
                 + "; ".join(f.reasons),
-                f"first divergent layer: {f.first_layer} "
-                f"(own error {f.own.steps[f.first_layer]:.3g} steps)",
+                f"first divergent layer: {f.first_layer} ({_own(f)})",
                 f"top sensitive ops: {top}",
                 f"triage: {f.triage}",
             ]
         )
+
+
+def _own(v: PairVerdict) -> str:
+    """The first divergent layer's own error, as the pair is judged."""
+    lid = v.first_layer
+    if lid not in v.own.steps:
+        return "the model input, off past what its camera path allows"
+    if v.quantization:
+        return f"own cosine {v.own.cosine[lid]:.5f}, {v.own.steps[lid]:.3g} steps"
+    return f"own error {v.own.steps[lid]:.3g} steps"
 
 
 def analyze(ctx: RunContext) -> Analysis:
@@ -72,8 +82,9 @@ def analyze(ctx: RunContext) -> Analysis:
 def analyze_models(ctx, chain: list[str], models: dict, layers: dict, integer: dict) -> Analysis:
     """The analysis of any chain of stage models (QAT or PTQ): ``ctx`` gives the run, the
     evaluation split, ``spec.data.batch_size``, ``spec.compare`` and ``write_debug``."""
-    pairs = list(zip(chain, chain[1:], strict=False))
-    pairs += [(chain[0], s) for s in chain[2:]]
+    pairs = chain_pairs(chain)
+    ref = _reference(chain)  # the QAT model: later stages are its copies
+    pairs += [(chain[ref], s) for s in chain[ref + 2 :]]
     dtypes = {k: v["dtype"] for k, v in integer.items()}
     scales = {k: max(v["scale"]) for k, v in integer.items()}
     results = compare_stages(ctx, models, pairs, layers, dtypes, scales)
@@ -98,7 +109,7 @@ def _judge(
     """Each chain pair's bad cases and verdict."""
     metric = ctx.spec.compare.badcase_metric
     verdicts, bad_rows = [], []
-    for base, ana in zip(chain, chain[1:], strict=False):
+    for base, ana in chain_pairs(chain):
         picked = badcases.select(results[(base, ana)], metric, BADCASES)
         bad_rows += badcases.rows(results[(base, ana)], picked, metric)
         samples = np.asarray([s for s, _ in picked])
@@ -107,18 +118,32 @@ def _judge(
     return verdicts, bad_rows
 
 
+def chain_pairs(chain: list[str]) -> list[tuple[str, str]]:
+    """The pairs judged in chain order: each stage and the next, but not calibrate -> qat
+    (fine-tuning changes the model on purpose; float -> calibrate is the quantization
+    loss, and the QAT model is qat's)."""
+    return [p for p in zip(chain, chain[1:], strict=False) if p != ("calibrate", "qat")]
+
+
+def _reference(chain: list[str]) -> int:
+    """Index of the QAT model in ``chain``: qat's when it ran, else the first quantized."""
+    if "qat" in chain:
+        return chain.index("qat")
+    return 1 if chain[0] == FLOAT_STAGE else 0
+
+
 def comparable_stages(ctx: RunContext) -> list[str]:
-    """The run's completed stages that have a model to compare, in chain order, from the
-    QAT model on (calibrate's, or qat's when QAT fine-tuning ran)."""
+    """The run's completed stages that have a model to compare, in chain order: the float
+    model (prepare's), calibrate's, qat's when QAT fine-tuning ran, and the later stages."""
     done = {s for s, rec in ctx.run.manifest().stages.items() if rec.status == "complete"}
-    if "qat" in done:  # fine-tuning changes the model on purpose: the QAT model is qat's
-        done.discard("calibrate")
+    if "qat" in done and "prepare" not in done:
+        done.discard("calibrate")  # no float pair: calibrate -> qat changes on purpose
     chain = [s for s in STAGE_NAMES if s in done and s in LOADERS]
     if len(chain) < 2:
         raise QueryError(
             f"run {ctx.run.run_id} has {len(chain)} comparable stage(s) ({', '.join(chain)})",
             where="localize",
-            hint="run the chain at least to pre_export (calibrate and one later stage)",
+            hint="run the chain at least to calibrate (prepare and calibrate)",
         )
     return chain
 

@@ -2,16 +2,28 @@
 
 - A stage pair (chain order) diverges when the analysis stage's top-1 is more than
   ``compare.thresholds.top1_drop`` below the base's, when the outputs' cosine falls under
-  ``compare.thresholds.cosine``, or when some layer's own error (analysis.own_error) is
-  above the pair's tolerance: ``compare.thresholds.max_qscale_diff`` steps, and 0 for the
-  pairs that must be bit-identical (convert -> compile, compile -> board_sim fed
-  featuremaps). The first such pair is the first divergent stage.
+  ``compare.thresholds.cosine``, or when some layer's own error (analysis.own_error, on
+  the bad cases and the probe samples) is above the pair's tolerance:
+  ``compare.thresholds.max_qscale_diff`` steps, and 0 for the pairs that must be
+  bit-identical (convert -> compile, compile -> board_sim). The first such pair is the
+  first divergent stage.
+- float -> calibrate (prepare's model with every quantizer in FLOAT state against the
+  first quantized model: the quantization loss itself) is judged by what quantization
+  may cost: the top-1 drop, and a layer whose own quantization leaves a cosine under
+  ``compare.thresholds.cosine`` (clipping or far too coarse scales; the int8 rounding
+  noise of a layer stays far above it), or a quantized input under it. The output cosine
+  is not judged there: every layer's expected noise adds up in it.
+- compile -> board_sim behind a camera: compile's program is fed the board's own
+  first-layer input, so every layer must match exactly, and the input itself may be off
+  by the camera path's modelled rounding (:func:`camera_limit`), no more.
 - Its first divergent layer is the first layer, in topological order, whose own error is
-  above the tolerance (else the layer with the largest own error).
+  above the tolerance (else a camera input past its limit, else the layer with the
+  largest own error).
 - Triage reads own errors first, since a layer's total error may all be inherited: an
   input off -> input or preprocessing; the first divergent layer adding more than the
   tolerance of its own -> a stage/op problem at that layer; no layer off, only the output
-  -> post-processing; else the first layer off in total says where (see :func:`triage`).
+  -> post-processing; else the first layer off in total says where (see :func:`triage`
+  and, for the float pair, :func:`quantization_triage`).
 """
 
 from __future__ import annotations
@@ -23,10 +35,13 @@ import numpy as np
 from analysis.compare import OUTPUT, PairResult
 from analysis.layer_graph import Layer
 from analysis.own_error import OwnErrors, own_errors, sensitivity
-from analysis.tolerance import factor, limit, span_of, total_limit
+from analysis.tolerance import EPS, factor, limit, span_of, total_limit
+from simulator.board_input import rounding_pixels
 from stages.context import RunContext
 from stages.stage_models import StageModel
 
+FLOAT_STAGE = "prepare"
+"""The float model's stage: prepare's model with every quantizer in FLOAT state."""
 EXACT_PAIRS = {("convert", "compile"), ("compile", "board_sim"), ("quantized", "hbm"),
                ("hbm", "board")}  # fmt: skip
 TOP_SENSITIVE = 10
@@ -45,13 +60,41 @@ class PairVerdict:
     sensitive: list[tuple[str, float, float]] = field(default_factory=list)
     triage: str = ""
     samples: list[int] = field(default_factory=list)
+    input_limit: float | None = None
+    """Steps the model input may be off in total (a camera's modelled rounding), if set."""
+
+    @property
+    def quantization(self) -> bool:
+        """Whether this is the float -> first quantized stage pair (the quantization loss)."""
+        return self.base == FLOAT_STAGE
 
 
 def tolerance(ctx: RunContext, base: str, analysis: str) -> float:
-    """Own error (steps) a layer may add in this pair; 0 where the pair must be exact."""
-    camera = ctx.spec.stages.board_sim.runtime_format != "featuremap"
-    exact = (base, analysis) in EXACT_PAIRS and not (analysis == "board_sim" and camera)
+    """Own error (steps) a layer may add in this pair; 0 where the pair must be exact
+    (compile -> board_sim behind a camera too: compile is fed the board's own first-layer
+    input, and the camera path is judged by :func:`camera_limit`)."""
+    exact = (base, analysis) in EXACT_PAIRS
     return 0.0 if exact else ctx.spec.compare.thresholds.max_qscale_diff
+
+
+def camera_limit(ctx: RunContext, step: float) -> float | None:
+    """Steps the board's first-layer input may be off behind a camera (None: the board is
+    fed featuremaps): one step for the folded mean/std conv (stages/board_program.py:
+    rounded to 1/64 pixel, then to the input scale, where QUANTIZE rounds once), plus
+    the camera path's own rounding (simulator.board_input.rounding_pixels) in input
+    steps, ``pixels / (std_c * step)`` for the smallest ``std_c``."""
+    cfg, data = ctx.spec.stages.board_sim, ctx.spec.data
+    if cfg.runtime_format == "featuremap" or not step:
+        return None
+    pixels = rounding_pixels(cfg.runtime_format, data.input_format, cfg.color)
+    return 1.0 + pixels / (min(data.std or [1.0]) * step)
+
+
+def judged_samples(ctx: RunContext, samples: np.ndarray) -> np.ndarray:
+    """The samples own errors are judged on: the bad cases and the probe samples (a fault
+    that moves every sample alike need not be among the worst by output L1)."""
+    probes = range(min(ctx.spec.compare.probe_samples, len(ctx.evaluation)))
+    return np.asarray(list(dict.fromkeys([*map(int, samples), *probes])), dtype=np.int64)
 
 
 def judge_pair(
@@ -63,37 +106,94 @@ def judge_pair(
     dtypes: dict[str, str],
     layers: dict[str, Layer] | None = None,
 ) -> PairVerdict:
-    """The verdict of one chain pair on its bad-case ``samples``.
+    """The verdict of one chain pair on its bad-case ``samples`` and the probe samples.
 
     Own errors are judged in int8 steps (analysis.tolerance.limit): an int16 layer may add
-    256 times the tolerance in its own (256x finer) steps. ``layers`` (their producers)
-    rank the sensitive ops when only total errors are known (:func:`in_int8_steps`)."""
-    th = ctx.spec.compare.thresholds
+    256 times the tolerance in its own (256x finer) steps. The float -> calibrate pair is
+    judged by :func:`_quantization_over` instead. ``layers`` (their producers) rank the
+    sensitive ops when only total errors are known (:func:`in_int8_steps`)."""
     v = PairVerdict(result.base, result.analysis, samples=[int(i) for i in samples])
     v.tolerance = tolerance(ctx, result.base, result.analysis)
-    drop = top1.get(result.base, np.nan) - top1.get(result.analysis, np.nan)
-    if drop > th.top1_drop:
-        v.reasons.append(f"top-1 drops {drop:.4f} (> {th.top1_drop})")
-    cos = result.aggregates[OUTPUT]["cosine"]
-    if cos < th.cosine:
-        v.reasons.append(f"output cosine {cos:.5f} (< {th.cosine})")
+    if (result.base, result.analysis) == ("compile", "board_sim"):
+        v.input_limit = camera_limit(ctx, result.steps.get(_input(result), 0.0))
+    v.reasons += _output_reasons(ctx, result, top1, v)
     ids = [i for i in result.layer_ids if not i.startswith("input:")]
     base, ana = models[result.base], models[result.analysis]
-    v.own = own_errors(base, ana, samples, ids, result.steps)
-    over = [i for i in ids if v.own.steps[i] > limit(v.tolerance, dtypes.get(i))]
+    judged = judged_samples(ctx, samples)
+    v.own = own_errors(base, ana, judged, ids, result.steps)
+    th = ctx.spec.compare.thresholds
+    if v.quantization:
+        over = _quantization_over(v, ids, th.cosine)
+    else:
+        over = [i for i in ids if v.own.steps[i] > limit(v.tolerance, dtypes.get(i))]
+        if over:
+            v.reasons.append(
+                f"{len(over)} layer(s) add more than {v.tolerance:g} step(s) of their own, "
+                f"first {over[0]} ({v.own.steps[over[0]]:.3g})"
+            )
+    if v.reasons:
+        _localize(v, result, (base, ana), judged, ids, over, dtypes, layers or {}, th.cosine)
+    return v
+
+
+def _input(result: PairResult) -> str | None:
+    return next((i for i in result.layer_ids if i.startswith("input:")), None)
+
+
+def _output_reasons(ctx: RunContext, result: PairResult, top1: dict, v: PairVerdict) -> list:
+    """Top-1 drop and output cosine (not for the float pair, whose output carries every
+    layer's quantization noise), and a camera input past its modelled rounding."""
+    th, out = ctx.spec.compare.thresholds, []
+    drop = top1.get(result.base, np.nan) - top1.get(result.analysis, np.nan)
+    if drop > th.top1_drop:
+        out.append(f"top-1 drops {drop:.4f} (> {th.top1_drop})")
+    cos = result.aggregates[OUTPUT]["cosine"]
+    if cos < th.cosine and not v.quantization:
+        out.append(f"output cosine {cos:.5f} (< {th.cosine})")
+    inp = _input(result)
+    if v.quantization and inp is not None and _lost(result, inp, th.cosine):
+        out.append(f"quantized input {inp} cosine {result.aggregates[inp]['cosine']:.5f} "
+                   f"(< {th.cosine})")  # fmt: skip
+    if v.input_limit is not None and inp is not None:
+        off = result.aggregates[inp]["max_qscale_diff"]
+        if off > v.input_limit + EPS:
+            out.append(
+                f"camera input {inp} off by {off:.3g} steps (> {v.input_limit:.3g}, "
+                "the camera path's modelled rounding)"
+            )
+    return out
+
+
+def _quantization_over(v: PairVerdict, ids: list[str], cosine: float) -> list[str]:
+    """float -> calibrate: the layers whose own quantization (output rounding, clipping,
+    weight rounding: the float layer fed the same quantized inputs) leaves a cosine under
+    ``compare.thresholds.cosine``. int8 rounding noise alone stays far above the default
+    0.999 (SQNR about 27 dB); a clipping or far too coarse scale falls below it."""
+    over = [i for i in ids if v.own.cosine[i] < cosine]
     if over:
         v.reasons.append(
-            f"{len(over)} layer(s) add more than {v.tolerance:g} step(s) of their own, "
-            f"first {over[0]} ({v.own.steps[over[0]]:.3g})"
+            f"{len(over)} layer(s) lose more than cosine {cosine:g} to their own "
+            f"quantization, first {over[0]} (cosine {v.own.cosine[over[0]]:.5f})"
         )
-    if v.reasons:
-        size = in_int8_steps(result, v.own, dtypes, layers or {})
-        v.first_layer = over[0] if over else max(ids, key=size.__getitem__)
-        ranked = set(sorted(ids, key=lambda i: -size[i])[:TOP_SENSITIVE]) | {v.first_layer}
-        candidates = [i for i in ids if i in ranked]
-        v.sensitive = sensitivity(base, ana, samples, v.own, candidates, size)
+    return over
+
+
+def _localize(v, result, models, idx, ids, over, dtypes, layers, cosine) -> None:
+    """First divergent layer, sensitive ops and triage of a divergent pair."""
+    if v.quantization:
+        size = {i: 1.0 - v.own.cosine[i] for i in ids}
+    else:
+        size = in_int8_steps(result, v.own, dtypes, layers)
+    camera = [r for r in v.reasons if r.startswith("camera input")]
+    v.first_layer = over[0] if over else (_input(result) if camera else None)
+    v.first_layer = v.first_layer or max(ids, key=size.__getitem__)
+    ranked = set(sorted(ids, key=lambda i: -size[i])[:TOP_SENSITIVE]) | {v.first_layer}
+    candidates = [i for i in ids if i in ranked]
+    v.sensitive = sensitivity(*models, idx, v.own, candidates, size)
+    if v.quantization:
+        v.triage = quantization_triage(result, v, over, cosine)
+    else:
         v.triage = triage(result, v, dtypes)
-    return v
 
 
 def in_int8_steps(
@@ -164,14 +264,42 @@ def triage(result: PairResult, v: PairVerdict, dtypes: dict[str, str]) -> str:
 
 def _off_in_total(result: PairResult, v: PairVerdict, dtypes: dict[str, str]) -> list[str]:
     """Layers (and inputs) whose total error on the whole split is past the tolerance
-    (at least one step), in topological order."""
+    (at least one step; an input: ``v.input_limit`` when set), in topological order."""
     tol = max(v.tolerance, 1.0)
+
+    def allowed(lid: str) -> float:
+        if lid.startswith("input:") and v.input_limit is not None:
+            return v.input_limit + EPS
+        stats, step = result.aggregates[lid], result.steps.get(lid, 0.0)
+        return total_limit(tol, dtypes.get(lid), stats, step)
+
     return [
-        lid
-        for lid in result.layer_ids
-        if result.aggregates[lid]["max_qscale_diff"]
-        > total_limit(tol, dtypes.get(lid), result.aggregates[lid], result.steps.get(lid, 0.0))
+        lid for lid in result.layer_ids if result.aggregates[lid]["max_qscale_diff"] > allowed(lid)
     ]
+
+
+def quantization_triage(result: PairResult, v: PairVerdict, over: list[str], cosine: float) -> str:
+    """Where to look when the float -> calibrate pair diverges (the quantization loss): the
+    first layer losing too much on its own, else a quantized input far from the float one
+    (cosine under ``cosine``), else the loss adds up over layers that each stay within."""
+    lid = v.first_layer
+    if lid in over:
+        return (
+            f"{lid} loses the most to its own quantization (cosine {v.own.cosine[lid]:.5f}): "
+            f"a calibrate stage/op problem at {lid}: check its observer, scale (clipping) "
+            "or bit width"
+        )
+    lost = [i for i in result.layer_ids if i.startswith("input:") and _lost(result, i, cosine)]
+    if lost:
+        return f"the quantized input {lost[0]} is far from the float input: check its scale"
+    return (
+        "no layer loses much on its own, the loss adds up over the layers: check the "
+        "quant section (observer, bit widths) or fine-tune with QAT"
+    )
+
+
+def _lost(result: PairResult, lid: str, cosine: float) -> bool:
+    return result.aggregates[lid]["cosine"] < cosine
 
 
 def first_divergence(verdicts: list[PairVerdict]) -> PairVerdict | None:

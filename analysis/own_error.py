@@ -7,6 +7,9 @@ in one run), and
 
     own_L = max |analysis_L - base_L(analysis inputs)| / step_L      (in quantization steps)
 
+(and the cosine of ``analysis_L`` against ``base_L(analysis inputs)``, which judges the
+float -> calibrate pair, where every layer adds its own quantization noise).
+
 Sensitivity reverts one layer at a time: the analysis model runs with layer L replaced by
 ``base_L(analysis inputs)`` (L behaves as in the base stage, everything else as in the
 analysis stage), and the improvement of the final output against the base output is
@@ -16,7 +19,7 @@ analysis stage), and the improvement of the final output against the base output
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,7 +34,10 @@ class OwnErrors:
     reverted: dict[str, np.ndarray]
     exact: bool
     """True when own errors come from re-running the base stage; False when the base
-    cannot be fed (the simulator), and the total error stands in for it."""
+    cannot be fed layer by layer (the simulator), and the total error stands in for it
+    (from the analysis stage's input when the base is ``feedable``)."""
+    cosine: dict[str, float] = field(default_factory=dict)
+    """Per layer: cosine of the analysis value against ``base_L(analysis inputs)``."""
 
 
 def own_errors(
@@ -45,14 +51,26 @@ def own_errors(
     _, ana = analysis.run(idx)
     if base.substitutable:
         _, computed = base.run(idx, replace={lid: ana[lid] for lid in layer_ids})
-    else:
-        _, computed = base.run(idx)
+    else:  # a feedable program takes the analysis stage's input; any other, its own
+        _, computed = base.run(
+            idx, replace={k: v for k, v in ana.items() if k.startswith("input:")}
+        )
     out = {
         lid: float(np.max(np.abs(ana[lid].astype(np.float64) - computed[lid]), initial=0.0))
         / steps[lid]
         for lid in layer_ids
     }
-    return OwnErrors(out, {lid: computed[lid] for lid in layer_ids}, base.substitutable)
+    cos = {lid: cosine(ana[lid], computed[lid]) for lid in layer_ids}
+    return OwnErrors(out, {lid: computed[lid] for lid in layer_ids}, base.substitutable, cos)
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine similarity of two tensors, flattened (1.0 when both are all zero)."""
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    norm = float(np.linalg.norm(a) * np.linalg.norm(b))
+    if norm == 0.0:
+        return 1.0 if not (a.any() or b.any()) else 0.0
+    return float(a @ b) / norm
 
 
 def l1(a: np.ndarray, b: np.ndarray) -> float:

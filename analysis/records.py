@@ -46,7 +46,7 @@ def localization_rows(
         return rows
     lid = first.first_layer
     op = layers[lid].op_type if lid in layers else "input"
-    own = first.own.steps[lid]
+    own = first.own.steps.get(lid)  # None: the input, judged by its total error
     rows.append(
         _row(
             run_id, "layer", 1, first, layer_id=lid, op_type=op, metric="own_error_steps", value=own

@@ -6,6 +6,7 @@ stage whose artifact it corrupts:
 
 | kind | stage | what it does (``amount``) |
 |---|---|---|
+| calib_scale | calibrate | the layer's output scale x 2**(amount/4) (amount < 0: values clip) |
 | lut_coarsen | pre_export | keep every 2**amount-th table entry (nearest below) |
 | scale_steps | convert | output requantize multipliers x 2**(amount/4) |
 | shift_off | convert | requantize shifts + amount (a power of two off) |
@@ -21,6 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, model_validator
 
 FAULT_STAGES = {
+    "calib_scale": "calibrate",
     "lut_coarsen": "pre_export",
     "scale_steps": "convert",
     "shift_off": "convert",
@@ -37,7 +39,13 @@ class FaultSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     kind: Literal[
-        "lut_coarsen", "scale_steps", "shift_off", "bias_drop", "rounding_flip", "preprocess_swap"
+        "calib_scale",
+        "lut_coarsen",
+        "scale_steps",
+        "shift_off",
+        "bias_drop",
+        "rounding_flip",
+        "preprocess_swap",
     ]
     """What goes wrong (see the module docstring)."""
     stage: str | None = None

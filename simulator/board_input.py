@@ -227,6 +227,26 @@ def preprocess(x: Any, attrs: Mapping[str, str]) -> np.ndarray:
     return center(np.ascontiguousarray(rgb[..., ::-1] if training == "bgr" else rgb))
 
 
+def rounding_pixels(runtime: str, training: str, color: str = "bt601_full") -> float:
+    """The most the path's roundings move a pixel of the centered frame against the frame
+    the model was trained on, in whole pixels (uint8 units).
+
+    FORMULA: 0 where the path only reorders channels or centers (training yuv444 or gray;
+    rgb/bgr frames for an rgb/bgr model); for an rgb/bgr model behind nv12/yuv444 frames,
+    the colour round trip ``floor(0.5 * max_i sum_j |M^-1_ij| + 0.5)`` (rgb -> yuv rounds
+    Y, U, V by at most 0.5 each, ``M^-1`` spreads that, yuv -> rgb rounds once more): 1 for
+    bt601_full, 2 for bt601_video. nv12's chroma subsampling is not a rounding: what it
+    removes is a real difference from the training frames and may exceed this bound.
+    """
+    runtime, training, color = _attrs(
+        {"runtime_format": runtime, "training_format": training, "color": color}
+    )
+    if training in ("yuv444", "gray") or runtime not in ("nv12", "yuv444"):
+        return 0.0
+    inverse = np.linalg.inv(_standard(color)[0])
+    return float(np.floor(0.5 * np.abs(inverse).sum(axis=1).max() + 0.5))
+
+
 def fold_mean_std(mean: Any, std: Any, in_scale: Any) -> tuple[np.ndarray, np.ndarray]:
     """Weight (C x 1 x 1 x 1) and bias (C) of the grouped 1x1 conv (groups = C) that applies
     ``((x_int8 + 128) - mean) / std`` and lands on the first layer's input scale ``s``.

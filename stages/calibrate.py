@@ -12,6 +12,7 @@ from schemas.artifacts import CalibratedModel, Metric, QatModelArtifact
 from stages.context import RunContext
 from stages.evaluate import top1
 from stages.fake_quant import QuantState, freeze_model, quantizers, set_model_state
+from stages.faults import inject_calibrate
 from stages.modelio import load_qat, save_state
 from stages.registry_types import StageCall
 
@@ -24,6 +25,7 @@ def calibrate(upstream: QatModelArtifact, ctx: RunContext, call: StageCall) -> C
     for _, x, _ in ctx.calibration.batches(ctx.spec.stages.calibrate.batch_size):
         gm(x)
     freeze_model(gm)
+    inject_calibrate(ctx, gm)
     set_model_state(gm, QuantState.VALIDATION)
     acc = top1(gm, ctx.evaluation, ctx.spec.data.batch_size)
     return save_qat(gm, ctx, call, CalibratedModel, upstream, acc)

@@ -18,6 +18,8 @@ from schemas.spec_faults import FaultSpec
 from schemas.tables import write_rows
 from stages.context import RunContext
 from stages.fault_effects import Effect, board_effect, copy_model, integer_effect, table_effect
+from stages.fake_quant import quantizers
+from stages.modelio import name_quantizers
 
 MULT_TAGS = ("/req_mult#", "/mult#", "/ma#", "/mb#")
 SHIFT_TAGS = ("/req_shift#", "/shift#")
@@ -167,6 +169,19 @@ def reapply_convert(ctx: RunContext, model: onnx.ModelProto, layer_ids) -> list[
             except SpecError:  # the layer's integer op is gone: nothing left to hit
                 skipped.append(f"{fault.kind} on {lid}")
     return skipped
+
+
+def inject_calibrate(ctx: RunContext, gm) -> None:
+    """calibrate's faults: each named layer's output scale (frozen) x ``2**(amount/4)``."""
+    roles = name_quantizers(gm)
+    outputs = {roles[n][0]: fq for n, fq in quantizers(gm) if roles.get(n, ("", ""))[1] == "output"}
+
+    def rescale(fault, lid):
+        factor = 2 ** (fault.amount / 4)
+        outputs[lid].scale.mul_(factor)
+        return Effect(factor != 1, f"output scale x {factor:.4g}")
+
+    _inject(ctx, "calibrate", outputs, rescale)
 
 
 def inject_pre_export(ctx: RunContext, ops: dict) -> dict:

@@ -33,6 +33,9 @@ class StageModel:
     scales: dict[str, float] = field(default_factory=dict)
     """Layer id -> its output quantization step (largest over channels), where known."""
     substitutable: bool = True
+    feedable: bool = False
+    """Not substitutable, but ``replace`` may give its ``input:*`` values (a program fed
+    featuremaps): run on another stage's input, it shows only the error it adds."""
 
     def run(self, idx: np.ndarray, replace: dict[str, np.ndarray] | None = None) -> Captured:
         return self.runner(np.asarray(idx), replace)

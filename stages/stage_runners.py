@@ -1,6 +1,7 @@
 """The loaders behind :func:`stages.stage_models.open_stage_model`, one per kind of model.
 
-- torch (calibrate, qat, pre_export): the QAT graph, captured by :mod:`stages.capture`;
+- torch (prepare, calibrate, qat, pre_export): the QAT graph, captured by
+  :mod:`stages.capture` (prepare's with every quantizer in FLOAT state: the float model);
 - ONNX (export): qat.onnx by :class:`stages.onnx_runner.OnnxRunner`, layers named by id;
 - integer ONNX (convert): quantized.onnx, layer integers dequantized with layers.json;
 - .hbm (compile, board_sim): the simulator's executor, dequantized with convert's layers.
@@ -20,7 +21,7 @@ from stages.board_sim import camera_feed
 from stages.capture import capture
 from stages.context import RunContext
 from stages.evaluate import first_output
-from stages.fake_quant import quantizers
+from stages.fake_quant import QuantState, quantizers, set_model_state
 from stages.modelio import load_qat, name_quantizers
 from stages.onnx_runner import COMPUTED, OnnxRunner
 from stages.stage_models import (
@@ -34,7 +35,9 @@ from stages.stage_models import (
 
 
 def torch_model(ctx: RunContext, art: Artifact) -> StageModel:
-    """calibrate / qat / pre_export: the QAT graph (pre_export: with its fixed-point tables)."""
+    """prepare / calibrate / qat / pre_export: the QAT graph (pre_export: with its
+    fixed-point tables; prepare: every quantizer in FLOAT state, i.e. the float model with
+    BN folded, whose uncalibrated quantizers give no scales)."""
     if art.stage == "pre_export":
         from stages.pre_export import load_qat_export
 
@@ -47,6 +50,9 @@ def torch_model(ctx: RunContext, art: Artifact) -> StageModel:
         for name, fq in quantizers(gm)
         if name in roles and roles[name][1] in ("output", "input")
     }
+    if art.stage == "prepare":
+        set_model_state(gm, QuantState.FLOAT)
+        scales = {}
 
     def run(idx, replace):
         x = as_torch_input(ctx.evaluation.x[idx])
@@ -84,7 +90,7 @@ def hbm_model(ctx: RunContext, art: Artifact) -> StageModel:
         return program(art.stage, ctx.run.path(path),
                        lambda idx: camera_feed(ctx, ctx.splits["camera"].x[idx]),
                        integer_layers(ctx))  # fmt: skip
-    return program(art.stage, ctx.run.path(path), _evaluation(ctx), integer_layers(ctx))
+    return program(art.stage, ctx.run.path(path), _evaluation(ctx), integer_layers(ctx), True)
 
 
 def _evaluation(ctx: RunContext) -> Callable[[np.ndarray], np.ndarray]:
@@ -120,19 +126,22 @@ def integer_graph(stage: str, path, inputs, layers: dict) -> StageModel:
     return StageModel(stage, run, _scales(layers))
 
 
-def program(stage: str, path, feed, layers: dict) -> StageModel:
+def program(stage: str, path, feed, layers: dict, feedable: bool = False) -> StageModel:
     """A .hbm on the simulator (outputs and captured layers, dequantized); ``feed(idx)``
-    gives the program's inputs, an array for its only input or a dict by name."""
+    gives the program's inputs, an array for its only input or a dict by name. A program
+    fed evaluation featuremaps (its only input) is ``feedable``: ``replace={"input:<name>":
+    x}`` feeds it the dequantized ``x`` instead, e.g. the input the camera path made."""
     executor = Executor(hbm.load(path))
     name = next(iter(executor.program.inputs))
 
     def run(idx, replace):
-        got = feed(idx)
+        fed = [v for k, v in (replace or {}).items() if k.startswith("input:")]
+        got = np.asarray(fed[0], np.float32) if fed and feedable else feed(idx)
         outs, values = executor.run(got if isinstance(got, dict) else {name: got}, capture=True)
         out = np.asarray(next(iter(outs.values())), dtype=np.float32)
         return out, {lid: dequantize(v, layers[lid]) for lid, v in values.items() if lid in layers}
 
-    return StageModel(stage, run, _scales(layers), substitutable=False)
+    return StageModel(stage, run, _scales(layers), substitutable=False, feedable=feedable)
 
 
 def _scales(layers: dict) -> dict[str, float]:
@@ -149,6 +158,7 @@ def _run_fed(runner: OnnxRunner, x, tensors: dict[str, str], feeds: dict) -> Cap
 
 
 LOADERS = {
+    "prepare": torch_model,
     "calibrate": torch_model,
     "qat": torch_model,
     "pre_export": torch_model,
@@ -157,4 +167,4 @@ LOADERS = {
     "compile": hbm_model,
     "board_sim": hbm_model,
 }
-"""Stage name -> loader of its model (prepare's observers are uncalibrated: not compared)."""
+"""Stage name -> loader of its model (prepare's: the float model, quantizers in FLOAT)."""

@@ -23,6 +23,9 @@ TINY = {
         "evaluation_samples": 64,
         "batch_size": 32,
     },
+    # 64 evaluation samples: top-1 moves in steps of 1/64, and the untrained tiny model's
+    # near-tied logits flip a sample or two under quantization (float -> calibrate)
+    "compare": {"thresholds": {"top1_drop": 0.05}},
 }
 
 

@@ -50,6 +50,8 @@ def test_layer_stats_hold_sample_rows_and_aggregates(clean, store):
     samples = {r["sample_id"] for r in pair if r["sample_id"] is not None}
     assert samples == set(range(64))  # every evaluation sample
     assert len(aggregates) == len({r["layer_id"] for r in pair})
+    quantization = {r["layer_id"] for r in rows if r["base_stage"] == "prepare"}
+    assert {"conv", "head", "<output>"} <= quantization  # float -> calibrate is compared
     convert_vs_compile = [
         r for r in rows if r["analysis_stage"] == "compile" and r["base_stage"] == "convert"
     ]
@@ -90,6 +92,17 @@ def test_an_injected_fault_is_localized(store, fault, stage):
     assert row[1] == "weight" and row[-1].endswith("%)") and int(row[-1].split("(")[0]) > 0
 
 
+def test_a_calibration_that_clips_names_calibrate_and_the_layer(store):
+    """The quantization loss itself (float -> calibrate) is a compared pair: conv's scale
+    cut to a quarter clips its outputs, and every later stage agrees with calibrate."""
+    fault = {"kind": "calib_scale", "layer": "conv", "amount": -8}
+    first = _run(store, faults=[fault]).analysis.first
+    assert (first.base, first.analysis, first.first_layer) == ("prepare", "calibrate", "conv")
+    assert "lose more than cosine" in first.reasons[-1]
+    assert "calibrate stage/op problem at conv" in first.triage
+    assert "conv" in [lid for lid, *_ in first.sensitive[:3]]
+
+
 def test_a_fault_on_a_missing_layer_is_a_spec_error(store):
     with pytest.raises(SpecError, match="nothere"):
         _run(store, faults=[{"kind": "bias_drop", "layer": "nothere"}])
@@ -104,7 +117,8 @@ def test_a_fault_at_the_wrong_stage_is_refused():
 
 def test_with_qat_fine_tuning_the_qat_model_is_the_reference(store):
     result = _run(store, stages={"qat": {"enabled": True, "steps": 2}})
-    assert result.analysis.chain[0] == "qat" and "calibrate" not in result.analysis.chain
+    pairs = [(v.base, v.analysis) for v in result.analysis.verdicts]
+    assert pairs[:2] == [("prepare", "calibrate"), ("qat", "pre_export")]
     assert result.analysis.first is None
 
 
@@ -198,3 +212,112 @@ def test_sensitive_ops_from_total_errors_rank_where_the_error_enters(make_ctx):
     v = judge_pair(make_ctx(), models, result, {}, np.arange(3), dtypes, layers)
     assert v.first_layer == "conv"
     assert [lid for lid, *_ in v.sensitive][:2] == ["conv", "head"]
+
+
+def _noisy(values: dict[str, np.ndarray], noise: dict[str, np.ndarray]) -> StageModel:
+    """A stage model whose layers are ``values`` plus ``noise`` (rows: samples), whatever
+    it is fed."""
+
+    def run(idx, replace):
+        got = {k: v[idx] + noise[k][idx] if k in noise else v[idx] for k, v in values.items()}
+        return got["head"], got
+
+    return StageModel("x", run)
+
+
+def _rounding(steps: float, worst: float) -> np.ndarray:
+    """Rounding noise of +-half a step (``steps``), ``worst`` steps at one element of each
+    sample (a weight-rounding outlier)."""
+    noise = np.random.default_rng(7).uniform(-0.5, 0.5, size=(64, 32)) * steps
+    noise[:, 5] = worst * steps
+    return noise
+
+
+def _result(base, ana, values, steps, totals, cosine=1.0) -> PairResult:
+    result = PairResult(base, ana, layer_ids=list(values), steps=steps)
+    result.aggregates = {lid: {"base_min": float(v.min()), "base_max": float(v.max()),
+                               "max_qscale_diff": totals.get(lid, 0.0), "cosine": 1.0}
+                         for lid, v in values.items()} | {OUTPUT: {"cosine": cosine}}  # fmt: skip
+    return result
+
+
+FLOAT = {
+    lid: np.random.default_rng(i).normal(size=(64, 32)) for i, lid in enumerate(["conv", "head"])
+}
+STEPS = {"conv": 0.03, "head": 0.03}
+
+
+def test_the_float_pair_allows_the_noise_of_quantization(make_ctx):
+    """Every layer adds a few steps of its own (weights rounded): expected, not a
+    divergence; nor is the output cosine, which sums every layer's noise."""
+    calibrated = _noisy(FLOAT, {"conv": _rounding(0.03, 3), "head": _rounding(0.03, -2)})
+    models = {"prepare": _noisy(FLOAT, {}), "calibrate": calibrated}
+    result = _result("prepare", "calibrate", FLOAT, STEPS, {"conv": 3, "head": 2}, cosine=0.99)
+    v = judge_pair(make_ctx(), models, result, {"prepare": 1.0, "calibrate": 1.0}, np.arange(3), {})
+    assert v.reasons == [] and v.own.steps["conv"] > 2.5
+
+
+def test_the_float_pair_diverges_on_a_top1_drop_or_a_clipping_layer(make_ctx):
+    clipped = dict(FLOAT, conv=np.clip(FLOAT["conv"], -0.2, 0.2))
+    models = {"prepare": _noisy(FLOAT, {}), "calibrate": _noisy(clipped, {})}
+    result = _result("prepare", "calibrate", FLOAT, STEPS, {"conv": 60})
+    top1 = {"prepare": 1.0, "calibrate": 0.75}
+    v = judge_pair(make_ctx(), models, result, top1, np.arange(3), {})
+    assert v.reasons[0] == "top-1 drops 0.2500 (> 0.05)" and v.first_layer == "conv"
+    assert "lose more than cosine" in v.reasons[1] and "problem at conv" in v.triage
+
+
+def test_own_errors_are_judged_on_the_probe_samples_too(make_ctx):
+    """A table 2 steps off on the probe samples (0-3) that are not among the bad cases."""
+    shifted = {k: v.copy() for k, v in FLOAT.items()}
+    shifted["conv"][:4] += 2 * STEPS["conv"]
+    models = {"calibrate": _noisy(FLOAT, {}), "pre_export": _noisy(shifted, {})}
+    result = _result("calibrate", "pre_export", FLOAT, STEPS, {"conv": 2})
+    v = judge_pair(make_ctx(), models, result, {}, np.arange(10, 20), {"conv": "int8"})
+    assert v.first_layer == "conv" and "add more than 1 step" in v.reasons[0]
+    assert v.samples == list(range(10, 20))  # the bad cases stay what they were
+
+
+def _camera(make_ctx):
+    """The colour example's yuv444 variant: centred YUV training behind an nv12 camera."""
+    data = tiny_spec_dict()["data"] | {"input_format": "yuv444", "mean": [128.0], "std": [128.0]}
+    return make_ctx(data=data, stages={"board_sim": {"runtime_format": "nv12"}})
+
+
+def _board(in_steps: float) -> tuple[dict, PairResult]:
+    """compile fed featuremaps (a program: it takes a replaced input) and board_sim behind
+    the camera, whose input is ``in_steps`` off; conv doubles its input, exactly."""
+    x = np.random.default_rng(0).normal(size=(64, 32))
+
+    def program(offset):
+        def run(idx, replace):
+            got = replace["input:x"] if replace else x[idx] + offset
+            return 2 * got, {"input:x": got, "conv": 2 * got, "head": 2 * got}
+
+        model = StageModel("x", run, substitutable=False)
+        model.feedable = True  # a program fed featuremaps
+        return model
+
+    models = {"compile": program(0.0), "board_sim": program(in_steps * 0.01)}
+    values = {"input:x": x, "conv": 2 * x, "head": 2 * x}
+    steps = {"input:x": 0.01, "conv": 0.01, "head": 1e-5}
+    totals = {"input:x": in_steps, "conv": 2 * in_steps, "head": 2e3 * in_steps}
+    return models, _result("compile", "board_sim", values, steps, totals)
+
+
+def test_a_clean_camera_run_is_judged_against_its_modelled_rounding(make_ctx):
+    """A one-step input rounding of the camera path is no divergence, though it moves the
+    int32 head by thousands of its steps."""
+    models, result = _board(1.0)
+    dtypes = {"input:x": "int8", "conv": "int8", "head": "int32"}
+    v = judge_pair(_camera(make_ctx), models, result, {}, np.arange(3), dtypes)
+    assert v.reasons == [] and v.input_limit == 1.0 and max(v.own.steps.values()) == 0.0
+
+
+def test_a_camera_preprocessing_mistake_diverges_at_the_input(make_ctx):
+    models, result = _board(12.0)
+    dtypes = {"input:x": "int8", "conv": "int8", "head": "int32"}
+    v = judge_pair(_camera(make_ctx), models, result, {}, np.arange(3), dtypes)
+    assert v.reasons == ["camera input input:x off by 12 steps (> 1, the camera path's "
+                         "modelled rounding)"]  # fmt: skip
+    assert v.first_layer == "input:x" and "check the input data or preprocessing" in v.triage

@@ -223,3 +223,13 @@ def test_module_does_not_import_torch() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("color", ["bt601_full", "bt601_video"])
+def test_rounding_pixels_bounds_the_colour_round_trip(color):
+    """The bound the localizer allows a camera input is what the round trip really does."""
+    frames = np.random.default_rng(3).integers(0, 256, (20, 32, 32, 3), dtype=np.uint8)
+    back = bi.yuv_to_rgb(bi.rgb_to_yuv(frames, color), color).astype(int) - frames
+    bound = bi.rounding_pixels("yuv444", "rgb", color)
+    assert np.abs(back).max() == bound == {"bt601_full": 1, "bt601_video": 2}[color]
+    assert bi.rounding_pixels("nv12", "yuv444", color) == bi.rounding_pixels("rgb", "rgb") == 0
