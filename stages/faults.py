@@ -17,8 +17,8 @@ from schemas.errors import SpecError
 from schemas.spec_faults import FaultSpec
 from schemas.tables import write_rows
 from stages.context import RunContext
-from stages.fault_effects import Effect, board_effect, copy_model, integer_effect, table_effect
 from stages.fake_quant import quantizers
+from stages.fault_effects import Effect, board_effect, copy_model, integer_effect, table_effect
 from stages.modelio import name_quantizers
 
 MULT_TAGS = ("/req_mult#", "/mult#", "/ma#", "/mb#")
