@@ -72,7 +72,7 @@ def test_torchvision_imports_beside_a_torch_whose_compiled_ops_it_cannot_load():
             assert "torchvision::nms" in str(e), e
         from examples.zoo import libs
         tv = libs.torchvision()
-        out = tv.models.mobilenet_v3_small(num_classes=3)(torch.randn(1, 3, 32, 32))
+        out = tv.models.mobilenet_v3_small(num_classes=3).eval()(torch.randn(1, 3, 32, 32))
         print(tuple(out.shape))
         """
     )
