@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -199,8 +200,13 @@ def execute_bounded(
 
 
 def _cancel(con: duckdb.DuckDBPyConnection, done: threading.Event) -> None:
-    con.interrupt()
-    done.wait(_CANCEL_WAIT_S)
+    """Interrupt until the worker is done: an interrupt that lands between two of the
+    worker's DuckDB calls is lost (the next call then runs), so it is repeated."""
+    deadline = time.monotonic() + _CANCEL_WAIT_S
+    while time.monotonic() < deadline:
+        con.interrupt()
+        if done.wait(0.05):
+            return
 
 
 @dataclass(frozen=True)
