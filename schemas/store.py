@@ -57,6 +57,8 @@ class Run:
         self.run_id = validate_run_id(run_id)
         self.root = Path(root) / run_id
         self.remote = remote
+        self.debug_written: list[str] = []
+        """Names written by :meth:`write_debug` through this object, in order."""
 
     def __repr__(self) -> str:
         return f"Run({str(self.root)!r})"
@@ -174,6 +176,13 @@ class Run:
     def write_text(self, rel: str | Path, text: str) -> str:
         """Write UTF-8 ``text`` to ``rel`` atomically; return its sha256."""
         return self.write_file(rel, text.encode("utf-8"))
+
+    def write_debug(self, name: str, text: str) -> str:
+        """Write ``debug/<name>`` atomically and remember ``name`` in :attr:`debug_written`,
+        so the stage that wrote it keeps a copy with its artifact (pipelines.stage_debug)."""
+        digest = self.write_text(f"debug/{name}", text)
+        self.debug_written.append(name)
+        return digest
 
     def save_artifact(self, art: Artifact) -> Path:
         """Verify the artifact's files, then write ``artifacts/<stage>.json`` atomically."""
