@@ -9,6 +9,8 @@ stage in chain order, for ``ORDER BY`` and "the stage before" questions. Each fi
 ``analysis/sql/views/`` is one more view over those, named after the file
 (``first_divergences``: the first divergent stage and layer of each localized run). A run
 whose process died unmarked reads as ``interrupted`` in ``runs`` (:mod:`schemas.owner`).
+A run's table whose parts fail the digests its manifest records (:mod:`schemas.table_digests`)
+is left out with a warning naming the file: never read as truth, never blocking the rest.
 
 Why Arrow datasets, not ``read_parquet(glob)`` views: DuckDB 2.0.1 checks file access when a
 view runs, so views over ``read_parquet`` need the store root in ``allowed_directories``,

@@ -105,7 +105,7 @@ def check_table(
             return []  # a folder being created: no manifest yet, no tables yet
         m = manifest or read_manifest(run_root)
         if m.tables is None:
-            _warn_unverified(run_root, table)
+            _warn_unverified(run_root)
             return files
         error = _problem(run_root, m, table, {f: digest_of(f) for f in files})
         if error is None:
@@ -139,10 +139,11 @@ def _changed(path: Path, what: str) -> ArtifactError:
     return ArtifactError(f"table part {what}", where=str(path), hint=CHANGED_HINT)
 
 
-def _warn_unverified(run_root: Path, table: str) -> None:
+def _warn_unverified(run_root: Path) -> None:
+    # one message per run (not per table): Python shows an identical warning once
     warnings.warn(
-        f"{run_root}: the run was written before table digests were recorded; its {table} "
-        "table is read unverified. Fix: rerun it to get verified tables",
+        f"{run_root}: the run was written before table digests were recorded; its tables "
+        "are read unverified. Fix: rerun it to get verified tables",
         StoreWarning,
         stacklevel=3,
     )
