@@ -87,10 +87,12 @@ def analyze_models(ctx, chain: list[str], models: dict, layers: dict, integer: d
     pairs += [(chain[ref], s) for s in chain[ref + 2 :]]
     dtypes = {k: v["dtype"] for k, v in integer.items()}
     scales = {k: max(v["scale"]) for k, v in integer.items()}
-    results = compare_stages(ctx, models, pairs, layers, dtypes, scales)
+    # read (and verify) the inputs before writing anything: a tampered metrics part must
+    # fail here, never overwrite the run's localization tables
     top1 = {
         m["stage"]: m["value"] for m in read_run_table(ctx.run, "metrics") if m["metric"] == "top1"
     }
+    results = compare_stages(ctx, models, pairs, layers, dtypes, scales)
     verdicts, bad_rows = _judge(ctx, chain, models, results, top1, dtypes, layers)
     first = first_divergence(verdicts)
     write_rows(ctx.run, "badcases", bad_rows, "all")

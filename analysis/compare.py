@@ -9,13 +9,13 @@ from running sums at the end. Layers only one side captures are listed, not drop
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from analysis.layer_graph import Layer, ordered
 from analysis.metrics import METRICS, Accumulator, finish, hist_edges, step_of, sums
+from schemas.table_digests import remove_parts
 from schemas.tables import write_columns
 from stages.context import RunContext
 from stages.progress import tick
@@ -65,7 +65,7 @@ def compare_stages(
     steps the stage models report."""
     results = {p: PairResult(*p, run_id=ctx.run.run_id) for p in pairs}
     for r in results.values():
-        shutil.rmtree(ctx.run.path(f"tables/layer_stats/{r.name}"), ignore_errors=True)
+        remove_parts(ctx.run, f"tables/layer_stats/{r.name}")
     n, bs = len(ctx.evaluation), ctx.spec.data.batch_size
     n = min(n, ctx.spec.compare.samples or n)
     for b, start in enumerate(range(0, n, bs)):

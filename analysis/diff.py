@@ -23,6 +23,9 @@ from analysis.query import connect, named
 from schemas.errors import QueryError, SpecError
 from schemas.spec import load_spec
 from schemas.store import RunStore
+from schemas.store_layout import run_folders
+from schemas.table_digests import check_table
+from schemas.table_schemas import SCHEMAS
 
 SECTIONS = {
     "run": "run_diff_run",
@@ -46,8 +49,11 @@ def diff_runs(root: str | Path, a: str, b: str) -> dict[str, pa.Table]:
     Sections (see :data:`SECTIONS`): ``run`` (only differing fields and settings/tags
     keys), ``stages`` (every stage, with ``same_artifact``), ``metrics`` (every stage
     metric, with ``delta`` and ``changed``), ``localization`` (paired findings, with
-    ``changed``). :class:`QueryError` if either run has no row in the runs table.
+    ``changed``). :class:`QueryError` if either run has no row in the runs table;
+    :class:`~schemas.errors.ArtifactError` naming the file if a part of their tables was
+    changed after the run wrote it (SQL would only leave it out).
     """
+    _verify_runs(root, (a, b))
     con = connect(root)
     try:
         found = set(named(con, "runs_by_id", ids=[a, b]).column("run_id").to_pylist())
@@ -84,6 +90,16 @@ def spec_json(root: str | Path, run_id: str) -> str | None:
         return None
     data.pop("tags", None)
     return json.dumps(data, sort_keys=True, default=str)
+
+
+def _verify_runs(root: str | Path, run_ids: tuple[str, ...]) -> None:
+    """Check every table part of the named runs that exist (a missing run: QueryError later)."""
+    store = RunStore(root)
+    folders = {p.name: p for p in run_folders(store.local_copy())}
+    for rid in run_ids:
+        if rid in folders:
+            for table in SCHEMAS:
+                check_table(folders[rid], table)
 
 
 def _cell(value: Any) -> str:

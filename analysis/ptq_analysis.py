@@ -43,7 +43,7 @@ class PtqAnalysisContext:
     spec: SimpleNamespace
 
     def write_debug(self, name: str, text: str) -> None:
-        self.run.write_text(f"debug/{name}", text)
+        self.run.write_debug(name, text)
 
 
 def is_ptq_run(run: Run) -> bool:

@@ -9,6 +9,8 @@ stage in chain order, for ``ORDER BY`` and "the stage before" questions. Each fi
 ``analysis/sql/views/`` is one more view over those, named after the file
 (``first_divergences``: the first divergent stage and layer of each localized run). A run
 whose process died unmarked reads as ``interrupted`` in ``runs`` (:mod:`schemas.owner`).
+A run's table whose parts fail the digests its manifest records (:mod:`schemas.table_digests`)
+is left out with a warning naming the file: never read as truth, never blocking the rest.
 
 Why Arrow datasets, not ``read_parquet(glob)`` views: DuckDB 2.0.1 checks file access when a
 view runs, so views over ``read_parquet`` need the store root in ``allowed_directories``,
@@ -20,6 +22,7 @@ DuckDB itself can neither read nor write any file.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import duckdb
@@ -27,11 +30,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from schemas.errors import QueryError
+from schemas.errors import ArtifactError, QueryError
+from schemas.manifest import Manifest
 from schemas.owner import died
 from schemas.spec_sections import STAGE_NAMES
 from schemas.store import RunStore
-from schemas.store_layout import run_folders, table_files
+from schemas.store_layout import StoreWarning, run_folders
+from schemas.table_digests import check_table, read_manifest
 from schemas.table_schemas import SCHEMAS
 
 CHAIN_VIEW = "chain"
@@ -46,13 +51,29 @@ def store_files(root: str | Path) -> dict[str, list[str]]:
     Runs are the folders of ``root`` whose names do not start with '.' or '_' (the cache
     and other bookkeeping live there); symlinked run folders and table parts are skipped
     with a warning (:mod:`schemas.store_layout`), so no file outside the store is read and
-    no run counts twice.
+    no run counts twice. A run's table whose parts fail their digests is left out, with a
+    warning (:func:`_verified`).
     """
     files: dict[str, list[str]] = {table: [] for table in SCHEMAS}
     for run in run_folders(RunStore(root).local_copy()):
+        try:
+            manifest = read_manifest(run)
+        except ArtifactError:
+            manifest = None  # check_table says what is wrong, if the run has tables
         for table in files:
-            files[table] += [str(p) for p in table_files(run, table)]
+            files[table] += [str(p) for p in _verified(run, table, manifest)]
     return files
+
+
+def _verified(run: Path, table: str, manifest: Manifest | None) -> list[Path]:
+    """The run's parts of ``table`` if every one verifies (schemas.table_digests); else
+    none, with a StoreWarning naming the file: one changed run never blocks SQL over the
+    others, and its rows are never read as truth (``qparity diff`` of it fails instead)."""
+    try:
+        return check_table(run, table, manifest=manifest)
+    except ArtifactError as e:
+        warnings.warn(f"{e.message} Its {table} rows are left out.", StoreWarning, stacklevel=2)
+        return []
 
 
 def _dataset(table: str, files: list[str]) -> ds.Dataset | pa.Table:

@@ -3,7 +3,8 @@
 Cache key of a stage = digest(stage name, inputs digest, config digest, code version), where
 the inputs digest combines the upstream artifact's digest and the digests of the data the
 stage reads. A hit is taken only if the cached artifact's files still verify; its files are
-linked (or copied) into the new run, so every run folder is complete on its own.
+linked (or copied) into the new run, and its stage's debug files copied back into the run's
+debug/ folder (:mod:`pipelines.stage_debug`), so every run folder is complete on its own.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from pipelines.gc import mark_interrupted
 from pipelines.limits import guard
+from pipelines.stage_debug import keep_debug, restore_debug
 from schemas.artifacts import Artifact, combined_digest
 from schemas.errors import ArtifactError, SpecError, StageError
 from schemas.fileio import json_digest
@@ -145,7 +147,8 @@ def run_recorded(
         call = make_call()
         key = json_digest([name, call.inputs_digest, call.config_digest, call.code_version])
         cached = from_cache(store, run, key, name, cls) if use_cache else None
-        art = cached[0] if cached else compute(call)
+        written = len(run.debug_written)
+        art = cached[0] if cached else keep_debug(run, compute(call), run.debug_written[written:])
         if cached is None:
             run.save_artifact(art)
             store.cache_record(key, {"run_id": run.run_id, "stage": name})
@@ -194,6 +197,7 @@ def from_cache(
         return None  # deleted or tampered: recompute
     store.reuse_files(src, run, list(art.files))
     run.save_artifact(art)
+    restore_debug(run, art)
     return art, hit["run_id"]
 
 

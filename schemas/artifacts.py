@@ -46,6 +46,9 @@ class Artifact(BaseModel):
     """Version of the stage code."""
     versions: dict[str, str] = {}
     """Versions of the libraries involved (torch, onnx, ...)."""
+    debug: list[str] = []
+    """Files the stage wrote to the run's debug folder, by name; each is also one of
+    ``files``, as ``artifacts/<stage>/debug/<name>``, so a cache hit restores them."""
     created_at: str = Field(default_factory=utc_now)
     """ISO-8601 UTC creation time (not part of the digest)."""
 

@@ -77,3 +77,11 @@ class Manifest(_Record):
     """The error message, if the run failed or was interrupted."""
     owner: RunOwner | None = None
     """The process running the run, recorded when it starts (None in older runs)."""
+    tables: dict[str, str] | None = None
+    """sha256 of every table part the run wrote (``tables/<table>/<part>.parquet`` ->
+    digest), checked by every reader (:mod:`schemas.table_digests`). None in runs written
+    before digests were recorded: their tables are read unverified, with a warning."""
+    tables_pending: dict[str, str | None] = {}
+    """Parts being written (their new digest, recorded before the file is renamed into
+    place) or deleted (None): a run killed midway still verifies, the part matching either
+    digest or being absent."""

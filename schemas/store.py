@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import fcntl
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -56,6 +57,8 @@ class Run:
         self.run_id = validate_run_id(run_id)
         self.root = Path(root) / run_id
         self.remote = remote
+        self.debug_written: list[str] = []
+        """Names written by :meth:`write_debug` through this object, in order."""
 
     def __repr__(self) -> str:
         return f"Run({str(self.root)!r})"
@@ -80,18 +83,29 @@ class Run:
         except ValidationError as e:
             raise ArtifactError(f"invalid manifest: {e}", where=str(path), hint=_RERUN_HINT) from e
 
-    def update_manifest(self, fn: Callable[[Manifest], Manifest]) -> Manifest:
-        """Apply ``fn`` to the manifest under an exclusive lock and write it atomically
-        (a running run's owner writing it also refreshes its heartbeat)."""
+    @contextmanager
+    def manifest_lock(self) -> Iterator[None]:
+        """Hold the run's exclusive manifest lock (not reentrant: call
+        :meth:`write_manifest`, never :meth:`update_manifest`, inside it)."""
         with open(self.root / ".manifest.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                new = _beat(fn(self.manifest()))
-                atomic_write_json(self.root / "manifest.json", new.model_dump(mode="json"))
-                self.publish()
+                yield
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def write_manifest(self, fn: Callable[[Manifest], Manifest]) -> Manifest:
+        """Apply ``fn`` to the manifest and write it atomically; the caller holds
+        :meth:`manifest_lock` (a running run's owner writing it refreshes its heartbeat)."""
+        new = _beat(fn(self.manifest()))
+        atomic_write_json(self.root / "manifest.json", new.model_dump(mode="json"))
+        self.publish()
         return new
+
+    def update_manifest(self, fn: Callable[[Manifest], Manifest]) -> Manifest:
+        """Apply ``fn`` to the manifest under the exclusive lock and write it atomically."""
+        with self.manifest_lock():
+            return self.write_manifest(fn)
 
     def heartbeat(self) -> Manifest:
         """Tell readers the run's owner is alive (:func:`schemas.owner.heartbeat`)."""
@@ -162,6 +176,13 @@ class Run:
     def write_text(self, rel: str | Path, text: str) -> str:
         """Write UTF-8 ``text`` to ``rel`` atomically; return its sha256."""
         return self.write_file(rel, text.encode("utf-8"))
+
+    def write_debug(self, name: str, text: str) -> str:
+        """Write ``debug/<name>`` atomically and remember ``name`` in :attr:`debug_written`,
+        so the stage that wrote it keeps a copy with its artifact (pipelines.stage_debug)."""
+        digest = self.write_text(f"debug/{name}", text)
+        self.debug_written.append(name)
+        return digest
 
     def save_artifact(self, art: Artifact) -> Path:
         """Verify the artifact's files, then write ``artifacts/<stage>.json`` atomically."""
@@ -264,6 +285,7 @@ class RunStore:
             tags=tags,
             parent_run=parent_run,
             owner=this_owner(),
+            tables={},
         )
         atomic_write_json(run.root / "manifest.json", manifest.model_dump(mode="json"))
         run.publish()

@@ -18,9 +18,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas.errors import ArtifactError
-from schemas.fileio import atomic_writer
+from schemas.fileio import sha256_bytes
 from schemas.store import Run
-from schemas.store_layout import table_files
+from schemas.store_layout import run_folders
+from schemas.table_digests import check_table, write_part
 from schemas.table_schemas import SCHEMAS
 
 _PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]*$")
@@ -105,11 +106,11 @@ def _check_part(part: str) -> None:
 
 
 def _write(run: Run, table: str, data: pa.Table, part: str) -> Path:
+    """Write the part atomically; its sha256 goes into the manifest (schemas.table_digests)."""
     _check_part(part)
-    path = run.path(f"tables/{table}/{part}.parquet")
-    with atomic_writer(path) as fh:
-        pq.write_table(data, fh)
-    return path
+    return write_part(
+        run, f"tables/{table}/{part}.parquet", lambda tmp: pq.write_table(data, str(tmp))
+    )
 
 
 def write_columns(run: Run, table: str, columns: dict[str, Any], part: str) -> Path:
@@ -130,17 +131,18 @@ def write_columns(run: Run, table: str, columns: dict[str, Any], part: str) -> P
 
 
 def read_table(root: str | Path, table: str) -> pa.Table:
-    """Every run's rows of ``table`` under the store ``root``, via DuckDB."""
+    """Every run's rows of ``table`` under the store ``root``, via DuckDB; every part is
+    checked against its run's manifest first (:func:`schemas.table_digests.check_table`)."""
     schema = _schema(table)
     root = Path(root)
-    if not any(root.glob(f"*/tables/{table}/**/*.parquet")):
+    files = [str(f) for run in run_folders(root) for f in check_table(run, table)]
+    if not files:
         return schema.empty_table()
-    pattern = f"{root}/*/tables/{table}/**/*.parquet"
     con = duckdb.connect()
     try:
         con.execute("SET TimeZone = 'UTC'")
-        query = "SELECT * FROM read_parquet($pattern, union_by_name = true)"
-        result = con.sql(query, params={"pattern": pattern}).to_arrow_table()
+        query = "SELECT * FROM read_parquet($files, union_by_name = true)"
+        result = con.sql(query, params={"files": files}).to_arrow_table()
     except duckdb.Error as e:
         raise ArtifactError(f"cannot read table {table} ({e})", where=str(root)) from e
     finally:
@@ -160,20 +162,26 @@ def _conform(result: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def read_run_table(run: Run, table: str) -> list[dict[str, Any]]:
-    """Rows of one table of one run, as dicts (empty if the run has none); parts that are
-    symlinks are not read (:func:`schemas.store_layout.table_files`)."""
+    """Rows of one table of one run, as dicts (empty if the run has none). Each part is
+    read once and checked against the sha256 the manifest records (ArtifactError naming
+    it if it changed); symlinked parts are not read (:mod:`schemas.store_layout`)."""
     _schema(table)  # a known table name, never a path
-    files = table_files(run.root, table)
-    if not files:
-        return []
+    blobs: dict[Path, bytes] = {}
+
+    def digest(path: Path) -> str:
+        blobs[path] = path.read_bytes()
+        return sha256_bytes(blobs[path])
+
     parts = []
-    for f in files:
+    for f in check_table(run.root, table, digest):
         try:
-            parts.append(pq.read_table(f))
+            parts.append(pq.read_table(pa.BufferReader(blobs.get(f) or f.read_bytes())))
         except (OSError, pa.ArrowInvalid) as e:
             raise ArtifactError(
                 f"cannot read Parquet file ({e})",
                 where=str(f),
                 hint="the file is corrupt or truncated: rerun the run's stages (or delete it)",
             ) from e
+    if not parts:
+        return []
     return pa.concat_tables(parts, promote_options="default").to_pylist()

@@ -157,4 +157,4 @@ class RunContext:
 
     def write_debug(self, name: str, text: str) -> None:
         """Write a vendor-style text file into the run's debug folder (atomically)."""
-        self.run.write_text(f"debug/{name}", text)
+        self.run.write_debug(name, text)

@@ -67,7 +67,7 @@ class PtqContext:
         return f"artifacts/{stage}/{VENDOR_FILES[stage].format(name=self.name)}"
 
     def write_debug(self, name: str, text: str) -> None:
-        self.run.write_text(f"debug/{name}", text)
+        self.run.write_debug(name, text)
 
     def append_check(self, lines: list[str]) -> None:
         """Add a section to debug/model_check_result.txt (the original stage starts it)."""

@@ -117,8 +117,11 @@ def test_old_files_without_a_new_column_read_as_null(store):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from schemas.table_digests import write_part
+
     old = pa.table({"run_id": [r1], "stage": ["x"], "metric": ["top1"], "value": [1.0]})
-    pq.write_table(old, root / r1 / "tables" / "metrics" / "old.parquet")
+    run = RunStore(root).open(r1)  # written as an older qparity did: recorded, no n_samples
+    write_part(run, "tables/metrics/old.parquet", lambda path: pq.write_table(old, path))
     rows = run_sql(root, "SELECT n_samples FROM metrics WHERE stage = 'x'").to_pylist()
     assert rows == [{"n_samples": None}]
 
@@ -357,3 +360,21 @@ def test_the_first_divergences_view_takes_the_first_rank_1_stage_in_chain_order(
     ], "localize")  # fmt: skip
     view = run_sql(s.root, "SELECT first_stage, stage_value FROM first_divergences").to_pylist()
     assert view == [{"first_stage": "convert", "stage_value": 19.0}]
+
+
+def test_sql_leaves_out_a_table_part_changed_after_its_run_wrote_it(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    store = RunStore(tmp_path)
+    a, b = (_run(store, f"2026-01-0{i}T00:00:00", "m", {}) for i in (1, 2))
+    _metric(a, "qat", 0.5)
+    _metric(b, "qat", 0.7)
+    part = a.path("tables/metrics/qat.parquet")
+    rows = pq.read_table(part).to_pylist()
+    rows[0]["value"] = 0.9  # a valid Parquet file: only its digest tells
+    pq.write_table(pa.Table.from_pylist(rows, schema=pq.read_schema(part)), part)
+    with pytest.warns(StoreWarning, match="changed after the run wrote it") as caught:
+        found = run_sql(tmp_path, "SELECT run_id, value FROM metrics").to_pylist()
+    assert found == [{"run_id": b.run_id, "value": 0.7}]
+    assert any(str(part) in str(w.message) for w in caught)

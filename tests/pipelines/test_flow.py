@@ -6,6 +6,7 @@ import yaml
 
 from pipelines.flow import run_chain
 from schemas.spec import parse_spec
+from schemas.store import RunStore
 from stages.registry import plan
 from tests.conftest import tiny_spec_dict
 
@@ -21,3 +22,6 @@ def test_prefect_flow_runs_the_chain_and_reuses_the_cache(tmp_path):
     assert not any(o.cache_hit for o in first.outcomes.values())
     assert all(o.cache_hit for o in second.outcomes.values())
     assert Path(second.steps["report"]).is_file()  # the steps flow ran after the chain
+    runs = [RunStore(tmp_path).open(r.run_id) for r in (first, second)]
+    debug = [run.path("debug/qat_onnx.txt").read_text() for run in runs]
+    assert debug[1] == debug[0]  # cache hits restore the stages' debug files under Prefect too

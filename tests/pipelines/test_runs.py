@@ -41,6 +41,21 @@ def test_second_run_is_all_cache_hits_with_identical_artifacts(tmp_path):
     assert (second.run_id, True) in hits and (second.run_id, False) not in hits
 
 
+def test_a_run_of_cache_hits_has_the_debug_files_of_the_run_that_computed_them(tmp_path):
+    first = _run(tmp_path, stages={"stop_after": "export"})
+    second = _run(tmp_path, stages={"stop_after": "export"})
+    assert all(o.cache_hit for o in second.outcomes.values())
+    store = RunStore(tmp_path)
+    debug = [store.open(r.run_id).path("debug") for r in (first, second)]
+    names = ("fx_graph.txt", "model_check_result.txt", "qat_onnx.txt", "lut_tables.txt")
+    for name in names:
+        assert (debug[1] / name).read_text() == (debug[0] / name).read_text(), name
+        assert (debug[1] / name).stat().st_ino != (debug[0] / name).stat().st_ino  # a copy
+    export = second.outcomes["export"].artifact
+    assert export.debug == ["qat_onnx.txt"]
+    assert "artifacts/export/debug/qat_onnx.txt" in export.files  # digest-checked with it
+
+
 def test_changed_stage_setting_reruns_that_stage_and_what_follows(tmp_path):
     _run(tmp_path, stages={"qat": {"enabled": True, "steps": 1}})
     again = _run(tmp_path, stages={"qat": {"enabled": True, "steps": 2}})

@@ -143,3 +143,38 @@ def test_a_symlinked_run_folder_is_named_and_neither_listed_nor_shown(
     assert f"warning: {store.root / 'twin'}: a symlink to {real.root}" in io.err.replace("\n", "")
     assert _cli(monkeypatch, "show", "twin", "--runs", store.root) == 1
     assert "symlinked run folders are refused" in capsys.readouterr().err
+
+
+LOCALIZATION_TABLES = ("layer_stats", "badcases", "layer_tensors", "localization", "sensitivity")
+
+
+def _table_bytes(run, tables) -> dict:
+    return {p: p.read_bytes() for t in tables for p in run.path(f"tables/{t}").rglob("*.parquet")}
+
+
+def test_a_tampered_table_fails_localize_show_diff_and_report_and_changes_nothing(
+    monkeypatch, capsys, tmp_path, write_spec
+):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "runs"
+    args = ("run", write_spec(tiny_spec_dict()), "--runs", root, "--no-prefect", "--quiet")
+    assert _cli(monkeypatch, *args) == 0
+    (m,) = RunStore(root).list_runs()
+    run = RunStore(root).open(m.run_id)
+    part = run.path("tables/metrics/calibrate.parquet")
+    rows = pq.read_table(part).to_pylist()
+    rows[0]["value"] += 0.5  # a valid Parquet file, one metric changed
+    pq.write_table(pa.Table.from_pylist(rows, schema=pq.read_schema(part)), part)
+    before = _table_bytes(run, LOCALIZATION_TABLES)
+    assert before and all(before.values())
+    capsys.readouterr()
+    for command in (("localize", m.run_id), ("show", m.run_id), ("diff", m.run_id, m.run_id),
+                    ("report", m.run_id)):  # fmt: skip
+        assert _cli(monkeypatch, *command, "--runs", root) == 1, command
+        err = capsys.readouterr().err.replace("\n", "")
+        assert f"{part}: table part was changed after the run wrote it" in err, command
+        assert "rerun the run" in err
+    after = _table_bytes(run, LOCALIZATION_TABLES)
+    assert after == before

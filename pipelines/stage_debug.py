@@ -1,0 +1,39 @@
+"""A stage's debug files travel with its artifact, so a run of cache hits has them too.
+
+The files a stage writes to the run's ``debug/`` folder (:meth:`schemas.store.Run.write_debug`:
+fx_graph.txt, model_check_result.txt, qat_onnx.txt ...) are copied, as the stage left
+them, to ``artifacts/<stage>/debug/<name>``: the artifact owns the copies (``files``, so
+they are digest-checked like the rest) and names them (``debug``). A cache hit links the
+artifact's files into the new run, then copies each back to ``debug/<name>``, in chain
+order, so the new run's debug folder reads as the computing run's did (a file several
+stages extend, such as the PTQ chain's model_check_result.txt, ends as the last stage left
+it). Copied, not linked: editing a debug file never changes a cached artifact.
+"""
+
+from __future__ import annotations
+
+from schemas.artifacts import Artifact
+from schemas.store import Run
+
+
+def kept_copy(stage: str, name: str) -> str:
+    """Run-relative path of the copy of ``debug/<name>`` that ``stage``'s artifact owns."""
+    return f"artifacts/{stage}/debug/{name}"
+
+
+def keep_debug(run: Run, art: Artifact, names: list[str]) -> Artifact:
+    """``art`` owning a copy of each debug file ``names`` (written by its stage)."""
+    names = list(dict.fromkeys(names))  # a file written twice is kept once, as last written
+    if not names:
+        return art
+    files = dict(art.files)
+    for name in names:
+        rel = kept_copy(art.stage, name)
+        files[rel] = run.write_file(rel, run.path(f"debug/{name}").read_bytes())
+    return art.model_copy(update={"files": files, "debug": names})
+
+
+def restore_debug(run: Run, art: Artifact) -> None:
+    """Copy the debug files ``art`` owns (already in ``run``) back into ``run``'s debug/."""
+    for name in art.debug:
+        run.write_file(f"debug/{name}", run.path(kept_copy(art.stage, name)).read_bytes())
