@@ -159,21 +159,36 @@ def _conform(result: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 
+def _read_part(path: Path, schema: pa.Schema) -> pa.Table:
+    """One part, its columns of ``schema`` cast to their types (ArrowInvalid if a required
+    column is missing or a column does not cast: a part of another table)."""
+    part = pq.read_table(path)
+    for field in schema:
+        if field.name not in part.column_names:
+            if not field.nullable:
+                raise pa.ArrowInvalid(f"required column {field.name} is missing")
+            continue
+        i = part.schema.get_field_index(field.name)
+        part = part.set_column(i, field, part.column(i).cast(field.type))
+    return part
+
+
 def read_run_table(run: Run, table: str) -> list[dict[str, Any]]:
     """Rows of one table of one run, as dicts (empty if the run has none); parts that are
     symlinks are not read (:func:`schemas.store_layout.table_files`)."""
-    _schema(table)  # a known table name, never a path
+    schema = _schema(table)  # a known table name, never a path
     files = table_files(run.root, table)
     if not files:
         return []
     parts = []
     for f in files:
         try:
-            parts.append(pq.read_table(f))
-        except (OSError, pa.ArrowInvalid) as e:
+            parts.append(_read_part(f, schema))
+        except (OSError, pa.ArrowException) as e:
             raise ArtifactError(
-                f"cannot read Parquet file ({e})",
+                f"cannot read Parquet file of table {table} ({e})",
                 where=str(f),
-                hint="the file is corrupt or truncated: rerun the run's stages (or delete it)",
+                hint="the file is corrupt, truncated or foreign: rerun the run's stages "
+                "(or delete it)",
             ) from e
     return pa.concat_tables(parts, promote_options="default").to_pylist()
