@@ -20,7 +20,14 @@ from pipelines.flow import run_chain
 from schemas.errors import ArtifactError, QparityError, QueryError, SpecError
 from schemas.spec import load_spec, parse_spec
 from schemas.store import RunStore
-from tests.catalog import cases_analysis, cases_cli, cases_data, cases_files, cases_inputs
+from tests.catalog import (
+    cases_analysis,
+    cases_cli,
+    cases_data,
+    cases_files,
+    cases_hostile,
+    cases_inputs,
+)
 from tests.conftest import tiny_spec_dict
 
 
@@ -110,6 +117,7 @@ def all_cases() -> dict:
         **cases_cli.cases(),
         **cases_inputs.cases(),
         **cases_analysis.cases(),
+        **cases_hostile.cases(),
     }
 
 
