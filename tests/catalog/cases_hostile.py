@@ -8,16 +8,17 @@ copy of the whole run); the complete run of the catalog is never changed.
 
 from __future__ import annotations
 
+import io
 import json
-import shutil
 
-import numpy as np
 import yaml
 
 from schemas.errors import ArtifactError, QueryError, SimulatorError, SpecError, StageError
 from schemas.spec import parse_spec, with_overrides
 from schemas.store import RunStore
 from stages.data import load_splits
+from tests.catalog.cases_cli import _sql
+from tests.catalog.cases_files import _copied_run
 from tests.conftest import tiny_spec_dict
 from tests.models import data as tiny_data
 
@@ -88,6 +89,10 @@ def spec_cases() -> dict:
 # -- sweeps and schedules ------------------------------------------------------------------
 
 
+SWEEP = "name: s\nspec: sweep-spec.yaml\n"
+MARCH = "matrix: {quant.march: [nash-e]}\n"
+
+
 def _sweep(env, text: str, name: str = "sweep.yaml"):
     from pipelines.sweep import load_sweep
 
@@ -101,21 +106,20 @@ def _sweep(env, text: str, name: str = "sweep.yaml"):
 def _schedule(env, timezone: str):
     from pipelines.schedule import schedule
 
-    _sweep(env, "name: s\nspec: sweep-spec.yaml\nmatrix: {quant.march: [nash-e]}\n")
+    _sweep(env, SWEEP + MARCH)
     return schedule(env.tmp / "sweep.yaml", "0 2 * * *", env.tmp / "sched", timezone=timezone)
 
 
 def sweep_cases() -> dict:
     return {
-        "sweep with an empty matrix": (lambda e: _sweep(e, "name: s\nspec: sweep-spec.yaml\n"
-                                       "matrix: {}\n"), SpecError, "matrix"),
-        "sweep with an unknown key": (lambda e: _sweep(e, "name: s\nspec: sweep-spec.yaml\n"
-                                      "matrix: {quant.march: [nash-e]}\nrunnner: {}\n"),
+        "sweep with an empty matrix": (lambda e: _sweep(e, SWEEP + "matrix: {}\n"), SpecError,
+                                       "matrix"),
+        "sweep with an unknown key": (lambda e: _sweep(e, SWEEP + MARCH + "runnner: {}\n"),
                                       SpecError, "runnner"),
-        "sweep of a missing spec": (lambda e: _sweep(e, "name: s\nspec: gone.yaml\n"
-                                    "matrix: {quant.march: [nash-e]}\n"), SpecError, "gone.yaml"),
-        "sweep of an unknown field": (lambda e: _sweep(e, "name: s\nspec: sweep-spec.yaml\n"
-                                      "matrix: {quant.nope: [1, 2]}\n"), SpecError, "quant.nope"),
+        "sweep of a missing spec": (lambda e: _sweep(e, "name: s\nspec: gone.yaml\n" + MARCH),
+                                    SpecError, "gone.yaml"),
+        "sweep of an unknown field": (lambda e: _sweep(e, SWEEP + "matrix: {quant.nope: [1]}\n"),
+                                      SpecError, "quant.nope"),
         "schedule in no time zone": (lambda e: _schedule(e, "Not/AZone"), SpecError,
                                      "Not/AZone"),
     }  # fmt: skip
@@ -137,22 +141,9 @@ def raises() -> None:
 
 
 def column_labels() -> dict:
+    """Labels as an (N, 1) column: they would broadcast against (N,) predictions."""
     d = tiny_data()
     d["evaluation"] = (d["evaluation"][0], d["evaluation"][1][:, None])
-    return d
-
-
-def string_labels() -> dict:
-    d = tiny_data()
-    d["evaluation"] = (d["evaluation"][0], d["evaluation"][1].astype(str))
-    return d
-
-
-def nan_calibration() -> dict:
-    d = tiny_data()
-    x = d["train"][0].copy()
-    x[7, 0, 2, 2] = np.nan
-    d["train"] = (x, d["train"][1])
     return d
 
 
@@ -160,10 +151,6 @@ def _float(factory: str):
     from stages.modelio import build_float
 
     return build_float(factory)
-
-
-def _batches(fn: str, split: str):
-    return list(load_splits(f"{HERE}:{fn}", 32, 32)[split].batches(16))
 
 
 def model_cases() -> dict:
@@ -176,24 +163,12 @@ def model_cases() -> dict:
                            "weights server unreachable"),
         "labels of shape (N, 1)": (lambda e: load_splits(f"{HERE}:column_labels", 32, 32),
                                    StageError, "data.evaluation"),
-        "string labels": (lambda e: load_splits(f"{HERE}:string_labels", 32, 32), StageError,
-                          "data.evaluation"),
-        "nan in calibration data": (lambda e: _batches("nan_calibration", "calibration"),
-                                    StageError, "sample 7"),
         "split shorter than asked": (lambda e: load_splits("tests.models:data", 32, 65),
                                      StageError, "asks for 65"),
     }  # fmt: skip
 
 
 # -- corrupted run files -------------------------------------------------------------------
-
-
-def _copied_run(env):
-    """A scratch copy of the whole run in a store of its own."""
-    dst = env.tmp / "hostile-store" / env.run_id
-    shutil.rmtree(dst.parent, ignore_errors=True)
-    shutil.copytree(env.run.root, dst)
-    return RunStore(dst.parent).open(env.run_id)
 
 
 def _layers(env, text: str):
@@ -272,10 +247,12 @@ def file_cases() -> dict:
 # -- SQL and run ids -----------------------------------------------------------------------
 
 
-def _sql(env, query: str):
-    from analysis.query import run_sql
+def _show(env, run_id: str):
+    from rich.console import Console
 
-    return run_sql(env.root, query)
+    from qparity.views import show_run
+
+    return show_run(Console(file=io.StringIO()), env.root, run_id)
 
 
 def _diff(env, a: str, b: str):
@@ -298,14 +275,14 @@ def _edit(env, numbers: str, run_id: str | None = None):
 
 def query_cases() -> dict:
     return {
-        "sql empty statement": (lambda e: _sql(e, "  ;  "), QueryError, "sql"),
+        "sql empty statement": (lambda e: _sql(e, "  ;  "), QueryError, "got 0"),
         "sql two statements": (lambda e: _sql(e, "SELECT 1; SELECT 2"), QueryError,
                                "one statement"),
         "sql write through a cte": (lambda e: _sql(e, "WITH t AS (SELECT 1) INSERT INTO runs "
                                     "SELECT * FROM t"), QueryError, "INSERT"),
         "sql read_csv outside the store": (lambda e: _sql(e, "SELECT * FROM "
-                                           "read_csv('/etc/passwd')"), QueryError, "query failed"),
-        "show of a missing run": (lambda e: RunStore(e.root).open("tiny-20000101T000000-000000"),
+                                           "read_csv('/etc/passwd')"), QueryError, "/etc/passwd"),
+        "show of a missing run": (lambda e: _show(e, "tiny-20000101T000000-000000"),
                                   ArtifactError, "tiny-20000101T000000-000000"),
         "diff of a missing run": (lambda e: _diff(e, e.run_id, "nope-run"), QueryError,
                                   "nope-run"),
