@@ -27,13 +27,7 @@ class Layer:
 
 def load_layers(run: Run, inputs: tuple[str, ...] = ("x",)) -> dict[str, Layer]:
     """Layer id -> :class:`Layer`, in topological order; ``inputs``: the model input names."""
-    path = run.path("artifacts/prepare/layers.json")
-    try:
-        records = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ArtifactError(
-            f"cannot read the layer table ({e})", where=str(path), hint="rerun prepare"
-        ) from e
+    records = _records(run.path("artifacts/prepare/layers.json"))
     owner = {r["node"]: r["merged_into"] or r["layer_id"] for r in records}
     layers: dict[str, Layer] = {}
     for r in sorted(records, key=lambda r: r["topo_index"]):
@@ -48,6 +42,25 @@ def load_layers(run: Run, inputs: tuple[str, ...] = ("x",)) -> dict[str, Layer]:
             r["layer_id"], r["op_type"], r["topo_index"], tuple(producers)
         )
     return layers
+
+
+_KEYS = {"node", "layer_id", "op_type", "inputs", "topo_index", "merged_into"}
+
+
+def _records(path) -> list[dict]:
+    """The records of layers.json; ArtifactError if it is unreadable or not a list of
+    records with every key the graph needs (a truncated or foreign file)."""
+    try:
+        records = json.loads(path.read_text())
+        if not isinstance(records, list) or not all(
+            isinstance(r, dict) and r.keys() >= _KEYS for r in records
+        ):
+            raise ValueError(f"expected a list of records with keys {', '.join(sorted(_KEYS))}")
+    except (OSError, ValueError) as e:
+        raise ArtifactError(
+            f"cannot read the layer table ({e})", where=str(path), hint="rerun prepare"
+        ) from e
+    return records
 
 
 def ordered(layers: dict[str, Layer], ids) -> list[str]:

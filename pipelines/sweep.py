@@ -137,7 +137,8 @@ def _sweep_error(exc: ValidationError, path: Path) -> SpecError:
         what = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
         lines.append(f"{loc or '(top level)'}: {what.removeprefix('Value error, ')}")
     keys = ", ".join(f.alias or n for n, f in SweepFile.model_fields.items())
-    return SpecError("; ".join(lines), where=str(path), hint=f"use: {keys}" if unknown else None)
+    hint = f"use: {keys}" if unknown else "correct the keys named (see pipelines/sweeps/*.yaml)"
+    return SpecError("; ".join(lines), where=str(path), hint=hint)
 
 
 def new_sweep_id(name: str) -> str:

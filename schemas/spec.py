@@ -168,7 +168,8 @@ def _spec_error(exc: ValidationError, source: str) -> SpecError:
         what, hint = problems[0]
         return SpecError(what, where=source, hint=hint)
     lines = [f"  {what}" + (f". Fix: {hint}" if hint else "") for what, hint in problems]
-    return SpecError(f"{len(problems)} problems:\n" + "\n".join(lines), where=source)
+    hint = "correct each key listed above"
+    return SpecError(f"{len(problems)} problems:\n" + "\n".join(lines), where=source, hint=hint)
 
 
 def _describe(err: Any) -> tuple[str, str | None]:
@@ -215,7 +216,11 @@ def with_overrides(spec: PipelineSpec, settings: list[str]) -> PipelineSpec:
         try:
             value = yaml.safe_load(raw)
         except yaml.YAMLError as e:
-            raise SpecError(f"{key}: value {raw!r} is not valid YAML", where="--set") from e
+            raise SpecError(
+                f"{key}: value {raw!r} is not valid YAML",
+                where="--set",
+                hint="close its brackets and quotes, or quote it whole: --set 'k=\"[a\"'",
+            ) from e
         _set_path(data, key.strip().split("."), value)
     return parse_spec(data, "--set")
 

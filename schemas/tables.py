@@ -161,11 +161,26 @@ def _conform(result: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 
+def _read_part(source, schema: pa.Schema) -> pa.Table:
+    """One part (a path or a buffer), its columns of ``schema`` cast to their types
+    (ArrowInvalid if a required column is missing or a column does not cast: a part of
+    another table)."""
+    part = pq.read_table(source)
+    for field in schema:
+        if field.name not in part.column_names:
+            if not field.nullable:
+                raise pa.ArrowInvalid(f"required column {field.name} is missing")
+            continue
+        i = part.schema.get_field_index(field.name)
+        part = part.set_column(i, field, part.column(i).cast(field.type))
+    return part
+
+
 def read_run_table(run: Run, table: str) -> list[dict[str, Any]]:
     """Rows of one table of one run, as dicts (empty if the run has none). Each part is
     read once and checked against the sha256 the manifest records (ArtifactError naming
     it if it changed); symlinked parts are not read (:mod:`schemas.store_layout`)."""
-    _schema(table)  # a known table name, never a path
+    schema = _schema(table)  # a known table name, never a path
     blobs: dict[Path, bytes] = {}
 
     def digest(path: Path) -> str:
@@ -175,12 +190,13 @@ def read_run_table(run: Run, table: str) -> list[dict[str, Any]]:
     parts = []
     for f in check_table(run.root, table, digest):
         try:
-            parts.append(pq.read_table(pa.BufferReader(blobs.get(f) or f.read_bytes())))
-        except (OSError, pa.ArrowInvalid) as e:
+            parts.append(_read_part(pa.BufferReader(blobs.get(f) or f.read_bytes()), schema))
+        except (OSError, pa.ArrowException) as e:
             raise ArtifactError(
-                f"cannot read Parquet file ({e})",
+                f"cannot read Parquet file of table {table} ({e})",
                 where=str(f),
-                hint="the file is corrupt or truncated: rerun the run's stages (or delete it)",
+                hint="the file is corrupt, truncated or foreign: rerun the run's stages "
+                "(or delete it)",
             ) from e
     if not parts:
         return []

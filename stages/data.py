@@ -2,8 +2,8 @@
 
 A dataset is a ``module:function`` returning ``{"train": (x, y), "evaluation": (x, y)}``
 (optionally a separate ``"calibration"`` split, and ``"camera_evaluation"``: the evaluation
-samples as uint8 RGB camera frames, for board_sim's input path): x float32 N x ..., y int labels. Calibration
-uses the first ``calibration_samples`` of "calibration" (else "train"), evaluation the first
+samples as uint8 RGB camera frames, for board_sim's input path): x float32 N x ..., y int
+labels of shape (N,). Calibration uses the first ``calibration_samples`` of "calibration" (else "train"), evaluation the first
 ``evaluation_samples`` of "evaluation". Every batch is checked for NaN/Inf before a model
 sees it, and the error names the split and the sample index.
 """
@@ -129,11 +129,12 @@ def _split(name: str, pair, n: int) -> Split:
             where=f"data.{name}",
             hint="inputs and labels must pair up",
         )
-    if not np.issubdtype(x.dtype, np.floating) or not np.issubdtype(y.dtype, np.integer):
+    integer_labels = np.issubdtype(y.dtype, np.integer) and y.ndim == 1
+    if not np.issubdtype(x.dtype, np.floating) or not integer_labels:  # (N, 1) would broadcast
         raise StageError(
-            f"split '{name}' has inputs {x.dtype} and labels {y.dtype}",
+            f"split '{name}' has inputs {x.dtype} and labels {y.dtype} of shape {y.shape}",
             where=f"data.{name}",
-            hint="use float inputs and integer labels",
+            hint="use float inputs and integer labels, one per sample (shape (N,))",
         )
     if len(x) < n:
         raise StageError(

@@ -25,6 +25,7 @@ from tests.catalog import (
     cases_cli,
     cases_data,
     cases_files,
+    cases_hostile,
     cases_inputs,
     cases_tables,
 )
@@ -118,6 +119,7 @@ def all_cases() -> dict:
         **cases_inputs.cases(),
         **cases_analysis.cases(),
         **cases_tables.cases(),
+        **cases_hostile.cases(),
     }
 
 
