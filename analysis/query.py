@@ -12,6 +12,7 @@ Values are always bound, never formatted into the SQL.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -155,7 +156,8 @@ def run_sql(
     try:
         return execute_bounded(con, sql, params, timeout_s)
     finally:
-        con.close()
+        with contextlib.suppress(duckdb.ResourceInUseException):
+            con.close()  # a worker that outlived its cancel still holds it: left to exit
 
 
 def execute_bounded(
@@ -204,7 +206,8 @@ def _cancel(con: duckdb.DuckDBPyConnection, done: threading.Event) -> None:
     worker's DuckDB calls is lost (the next call then runs), so it is repeated."""
     deadline = time.monotonic() + _CANCEL_WAIT_S
     while time.monotonic() < deadline:
-        con.interrupt()
+        with contextlib.suppress(duckdb.ResourceInUseException):
+            con.interrupt()  # refused while the worker is inside a connection call: retry
         if done.wait(0.05):
             return
 

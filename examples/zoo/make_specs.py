@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from examples.zoo.models import ZOO
+from schemas.fileio import atomic_write_text
 
 HERE = Path(__file__).parent
 
@@ -31,7 +32,7 @@ def spec_text(name: str) -> str:
 def main() -> None:
     (HERE / "specs").mkdir(exist_ok=True)
     for name in ZOO:
-        (HERE / "specs" / f"{name}.yaml").write_text(spec_text(name))
+        atomic_write_text(HERE / "specs" / f"{name}.yaml", spec_text(name))
 
 
 if __name__ == "__main__":
