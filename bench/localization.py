@@ -5,7 +5,17 @@ the faulted stage (upstream stages are cache hits) and the analysis names the fi
 divergent stage, its first divergent layer and the top sensitive ops. Printed: the share of
 faults where the stage is right, the layer is right, and the layer is in the top 3.
 A camera-preprocessing fault has no layer of its own: its layer counts as right when the
-triage says "input or preprocessing".
+triage says "input or preprocessing". Kinds drawn: convert's four, lut_coarsen, calib_scale
+(layers with an output quantizer, scale cut to 1/4 or 1/8: the values clip) and, on colour,
+preprocess_swap. colour runs its YUV444 variant (trained on what the nv12 camera delivers):
+the RGB-trained spec diverges at board_sim by design, so its clean run is no baseline.
+
+Every run (the clean ones too) is also read back through SQL: its row of the
+``first_divergences`` view (``qparity sql "SELECT * FROM first_divergences"``) must name the
+same (base stage, first divergent stage, first divergent layer) as the localizer did, and a
+clean run must have no row (column ``sql=``; the summary counts them and prints each
+mismatch with both sides). The summary also counts false alarms: clean runs where some
+stage diverges.
 
     python bench/localization.py [--faults 200] [--frames 300] [--samples 100]
         [--examples digits transformer colour]
@@ -25,6 +35,7 @@ import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from analysis.query import run_sql  # noqa: E402
 from pipelines.flow import run_chain  # noqa: E402
 from schemas.spec import load_spec, with_overrides  # noqa: E402
 from schemas.spec_faults import FaultSpec  # noqa: E402
@@ -32,12 +43,24 @@ from schemas.store import RunStore  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = {n: ROOT / f"examples/{n}/spec.yaml" for n in ("digits", "transformer", "colour")}
+SETS = {  # colour: the model trained on what its nv12 camera delivers (README: YUV444 variant)
+    "colour": [
+        "model.factory=examples.colour.model:build_yuv444",
+        "data.dataset=examples.colour.data:load_yuv444",
+        "data.input_format=yuv444",
+        "data.mean=[128.0,128.0,128.0]",
+        "data.std=[128.0,128.0,128.0]",
+    ]
+}
+"""Overrides per example: a clean run must be clean, else a fault has nothing to show."""
 CONVERT = {
     "bias_drop": (None,),
     "shift_off": (-1, 1),
     "scale_steps": (-4, -2, 2, 4),
     "rounding_flip": (None,),
 }
+CALIBRATE = (-8, -12)  # output scale / 4, / 8: the layer's values clip
+SQL_FIRST = "SELECT * FROM first_divergences WHERE run_id = $run_id"
 TAGS = {"bias_drop": ("/bias#",), "shift_off": ("shift#",), "scale_steps": ("mult#", "/ma#")}
 
 
@@ -60,9 +83,18 @@ def candidates(store: RunStore, run_id: str, example: str) -> list[FaultSpec]:
     art = (run.path("artifacts/pre_export/tables.json")).read_text()
     tables = [m["layer_id"] for m in json.loads(art)]
     out += [FaultSpec(kind="lut_coarsen", layer=lid, amount=a) for lid in tables for a in (3, 4)]
+    out += [FaultSpec(kind="calib_scale", layer=lid, amount=a)
+            for lid in output_quantized(run) for a in CALIBRATE]  # fmt: skip
     if example == "colour":
         out += [FaultSpec(kind="preprocess_swap", amount=a) for a in (0, 1)]
     return out
+
+
+def output_quantized(run) -> list[str]:
+    """The layers with an output quantizer (calib_scale's targets), from calibrate's
+    quantizer listing (``<layer>[<role>]: ...`` per quantizer)."""
+    lines = run.path("debug/calibrate_quantizers.txt").read_text().splitlines()
+    return sorted({ln.split("[output]:")[0] for ln in lines if "[output]:" in ln})
 
 
 def observable(store: RunStore, clean_id: str, run_id: str, stage: str) -> bool:
@@ -92,6 +124,59 @@ def judge(analysis, fault: FaultSpec) -> tuple[bool, bool, bool]:
     return True, first.first_layer == fault.layer, fault.layer in top3
 
 
+def sql_first(root: Path, run_id: str) -> tuple | None:
+    """(base, stage, layer) of the run's row in the first_divergences view, as
+    `qparity sql "SELECT * FROM first_divergences"` reads it (None: the run has no row)."""
+    rows = run_sql(root, SQL_FIRST, {"run_id": run_id}).to_pylist()
+    if not rows:
+        return None
+    return rows[0]["base_stage"], rows[0]["first_stage"], rows[0]["first_layer"]
+
+
+def localizer_first(analysis) -> tuple | None:
+    """(base, stage, layer) the localizer names for the run (None: no stage diverges)."""
+    first = analysis.first
+    return None if first is None else (first.base, first.analysis, first.first_layer)
+
+
+def sql_check(store: RunStore, result, mismatches: list) -> str:
+    """The per-run column: whether first_divergences names what the localizer named."""
+    view, mine = sql_first(store.root, result.run_id), localizer_first(result.analysis)
+    if view == mine:
+        return "sql=ok"
+    mismatches.append((result.run_id, view, mine))
+    return "sql=MISMATCH"
+
+
+def clean_runs(args, store: RunStore, mismatches: list) -> tuple[dict, int]:
+    """One clean run per example: (name -> (spec, candidate faults, run id)), false alarms."""
+    pools, alarms = {}, 0
+    for name in args.examples:
+        sets = [f"compare.samples={args.samples}", f"data.evaluation_samples={args.frames}"]
+        sets += SETS.get(name, [])
+        spec = with_overrides(load_spec(EXAMPLES[name]), sets)
+        clean = run_chain(spec, EXAMPLES[name].read_text(), store.root, use_prefect=False)
+        pools[name] = (spec, candidates(store, clean.run_id, name), clean.run_id)
+        alarms += clean.analysis.first is not None
+        verdict = clean.analysis.summary().splitlines()[0].split(": ", 1)[1]
+        print(f"{name}: clean run, {len(pools[name][1])} candidate faults; {verdict} "
+              f"{sql_check(store, clean, mismatches)}", flush=True)  # fmt: skip
+    return pools, alarms
+
+
+def report(tally: dict, seen: dict, alarms: int, runs: int, mismatches: list, t0: float) -> None:
+    """The summary lines: faults, the shares against their targets, false alarms, the view."""
+    n, m = max(tally["n"], 1), max(seen["n"], 1)
+    print(f"\nfaults {tally['n']} ({seen['n']} with an effect) in {time.perf_counter() - t0:.0f} s")
+    print(f"{'':<8}{'all':>8}{'effect':>8}{'target':>8}")
+    for key, target in (("stage", 0.99), ("layer", 0.90), ("top3", 0.98)):
+        print(f"{key:<8}{tally[key] / n:>8.3f}{seen[key] / m:>8.3f}{target:>8.2f}")
+    print(f"false alarms on clean runs: {alarms}/{runs - tally['n']}")
+    print(f"first_divergences == localize on {runs - len(mismatches)}/{runs} runs")
+    for run_id, view, mine in mismatches:
+        print(f"mismatch: {run_id}: first_divergences {view} vs localize {mine}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--faults", type=int, default=200)
@@ -102,16 +187,11 @@ def main() -> None:
     args = ap.parse_args()
     rng = random.Random(args.seed)
     store = RunStore(Path(tempfile.mkdtemp(prefix="qparity-loc-")))
-    pools = {}
-    for name in args.examples:
-        sets = [f"compare.samples={args.samples}", f"data.evaluation_samples={args.frames}"]
-        spec = with_overrides(load_spec(EXAMPLES[name]), sets)
-        clean = run_chain(spec, EXAMPLES[name].read_text(), store.root, use_prefect=False)
-        pools[name] = (spec, candidates(store, clean.run_id, name), clean.run_id)
-        print(f"{name}: clean run, {len(pools[name][1])} candidate faults", flush=True)
+    mismatches, t0 = [], time.perf_counter()
+    pools, alarms = clean_runs(args, store, mismatches)
     tally = {"n": 0, "stage": 0, "layer": 0, "top3": 0}
     seen = {"n": 0, "stage": 0, "layer": 0, "top3": 0}  # observable faults only
-    misses, t0 = [], time.perf_counter()
+    misses = []
     for i in range(args.faults):
         name = args.examples[i % len(args.examples)]
         spec, pool, clean_id = pools[name]
@@ -126,14 +206,10 @@ def main() -> None:
         if not lay:
             misses.append((name, fault, result.analysis.summary().splitlines()[0]))
         print(f"{i + 1:4d} {name:<12} {fault.kind:<16} {fault.layer or '-':<24} "
-              f"stage={'ok' if s else 'MISS'} layer={'ok' if lay else 'MISS'} top3={'ok' if top else 'MISS'}"
-              f"{'' if obs else '  (no effect on ' + fault.stage + ')'}",
+              f"stage={'ok' if s else 'MISS'} layer={'ok' if lay else 'MISS'} top3={'ok' if top else 'MISS'} "
+              f"{sql_check(store, result, mismatches)}{'' if obs else '  (no effect on ' + fault.stage + ')'}",
               flush=True)  # fmt: skip
-    n, m = max(tally["n"], 1), max(seen["n"], 1)
-    print(f"\nfaults {tally['n']} ({seen['n']} with an effect) in {time.perf_counter() - t0:.0f} s")
-    print(f"{'':<8}{'all':>8}{'effect':>8}{'target':>8}")
-    for key, target in (("stage", 0.99), ("layer", 0.90), ("top3", 0.98)):
-        print(f"{key:<8}{tally[key] / n:>8.3f}{seen[key] / m:>8.3f}{target:>8.2f}")
+    report(tally, seen, alarms, len(pools) + tally["n"], mismatches, t0)
     for name, fault, line in misses:
         print(f"miss: {name} {fault.kind} {fault.layer} {fault.amount}: {line}")
 
