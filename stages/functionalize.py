@@ -52,8 +52,8 @@ RANDOM_OPS = frozenset(
         "native_dropout",
     }
 )
-# How a noise operand is dropped: x * noise -> x, x / noise -> x (noise of mean 1).
-_NOISE_CONSUMERS = frozenset({"mul", "mul_", "div", "div_"})
+# How a noise operand is dropped: x * noise, noise * x, x / noise -> x (noise of mean 1).
+_SCALED_BY_NOISE = frozenset({"mul", "mul_", "div", "div_"})
 
 
 def _opname(node: torch.fx.Node) -> str:
@@ -80,7 +80,8 @@ def remove_training_noise(gm: torch.fx.GraphModule) -> list[str]:
         if not any(a in noise for a in operands):
             continue
         kept = [a for a in operands if a not in noise]
-        if _opname(node) not in _NOISE_CONSUMERS or len(kept) != 1 or node.args[0] in noise:
+        divides_noise = _opname(node).startswith("div") and node.args[0] in noise
+        if _opname(node) not in _SCALED_BY_NOISE or len(kept) != 1 or divides_noise:
             raise StageError(
                 f"{node.target} at {_where(node)} uses training-only random values "
                 "in a way qparity cannot remove (only x * noise and x / noise)",

@@ -133,3 +133,18 @@ def test_timm_attention_unbind_becomes_selects_with_the_same_values():
     assert unbind_to_select(gm) == 1
     assert aten.unbind.int not in _targets(gm) and aten.select.int in _targets(gm)
     torch.testing.assert_close(gm(x), attn(x))
+
+
+class NoiseFirst(nn.Module):
+    """Dropout written by hand with the mask first (noise * x): also identity."""
+
+    def forward(self, x):
+        mask = torch.empty_like(x).bernoulli_(0.9) / 0.9
+        return mask * x + 1.0
+
+
+def test_a_noise_mask_on_either_side_of_a_product_is_dropped():
+    x = torch.randn(3, 4)
+    gm = _raw(NoiseFirst(), x, mode="train")
+    assert len(remove_training_noise(gm)) == 1
+    torch.testing.assert_close(gm(x), x + 1.0)
