@@ -12,6 +12,7 @@ import hashlib
 import inspect
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 import safetensors.torch
@@ -191,10 +192,16 @@ class UnsupportedOps(StageError):
     def __init__(self, infos: list[OpInfo]):
         self.infos = infos
         bad = [i for i in infos if not i.supported]
+        first: dict[str, OpInfo] = {}
+        for o in bad:
+            first.setdefault(o.target, o)
+        count = Counter(o.target for o in bad)
         listing = "; ".join(
-            f"{o.target} at node {o.node} (layer {o.layer_id}"
-            + (f", {o.source})" if o.source else ")")
-            for o in bad
+            f"{t} at node {o.node} (layer {o.layer_id}"
+            + (f", {o.source}" if o.source else "")
+            + (f"; {count[t] - 1} more node(s) of it" if count[t] > 1 else "")
+            + ")"
+            for t, o in first.items()
         )
         super().__init__(
             f"{len(bad)} unsupported op(s): {listing}",
