@@ -34,6 +34,9 @@ class PairResult:
     run_id: str = ""
     layer_ids: list[str] = field(default_factory=list)
     unmapped: list[str] = field(default_factory=list)
+    constants: list[str] = field(default_factory=list)
+    """Layers whose tensor has no batch dimension (a reshaped parameter such as ConvNeXt's
+    layer scale): the same for every sample, so not compared per sample."""
     steps: dict[str, float] = field(default_factory=dict)
     edges: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Layer id -> the [lo, hi] of its KL histograms (fixed on the first batch)."""
@@ -74,16 +77,20 @@ def compare_stages(
         tick("compare", int(idx[-1]) + 1, n)
         for (base, ana), r in results.items():
             if b == 0:
-                _setup(r, runs[base][1], runs[ana][1], models, layers, scales or {})
+                _setup(r, runs[base][1], runs[ana][1], models, layers, scales or {}, len(idx))
             _batch(ctx, r, idx, runs[base], runs[ana], layers, dtypes, b)
     for r in results.values():
         _aggregate(ctx, r, layers, dtypes)
     return results
 
 
-def _setup(r: PairResult, base: dict, ana: dict, models, layers, scales) -> None:
-    """Fix the compared layers and each one's quantization step on the first batch."""
-    r.layer_ids = ordered(layers, [k for k in base if k in ana])
+def _setup(r: PairResult, base: dict, ana: dict, models, layers, scales, n: int) -> None:
+    """Fix the compared layers (those of both sides with one tensor per sample of the
+    ``n``-sample batch) and each one's quantization step on the first batch."""
+    both = [k for k in base if k in ana]
+    per_sample = [k for k in both if np.shape(base[k])[:1] == np.shape(ana[k])[:1] == (n,)]
+    r.constants = [k for k in both if k not in per_sample]
+    r.layer_ids = ordered(layers, per_sample)
     r.unmapped = sorted(set(base) ^ set(ana))
     for lid in r.layer_ids:
         scale = scales.get(lid) or models[r.analysis].scales.get(lid)

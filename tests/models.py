@@ -224,3 +224,26 @@ def islands() -> nn.Module:
 def island_data() -> dict:
     """Random inputs labelled by the island net."""
     return _labelled_by(islands())
+
+
+class LayerScaleNet(nn.Module):
+    """ConvNeXt's layer scale: a parameter reshaped in forward, a layer without a batch dim."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.gamma = nn.Parameter(torch.linspace(0.5, 1.5, 4))
+        self.fc = nn.Linear(4 * 8 * 8, 5)
+
+    def forward(self, x):
+        return self.fc((self.conv(x) * self.gamma.reshape(1, -1, 1, 1)).flatten(1))
+
+
+def layer_scale() -> nn.Module:
+    torch.manual_seed(0)
+    return LayerScaleNet().eval()
+
+
+def layer_scale_data() -> dict:
+    """Random inputs labelled by the layer-scale net."""
+    return _labelled_by(layer_scale())

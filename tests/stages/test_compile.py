@@ -197,6 +197,22 @@ def test_a_layer_the_reference_lacks_is_an_error(compiled):
         check_exact(phantom, ctx.run.root, arts["convert"], ctx.evaluation.x[:2], "compile")
 
 
+def test_a_split_names_a_layer_without_a_tensor_of_its_own(compiled):
+    """A multi-output instruction (shufflenet's chunk, a Split) names the split's layer,
+    which layers.json cannot hold (it has no one tensor): not an unknown layer."""
+    from stages.exactness import _check_known
+
+    ctx, arts = compiled
+    program = hbm.load(ctx.run.path(arts["compile"].hbm_file))
+    split = dataclasses.replace(program.instructions[0], outputs=("a", "b"), layer_ids=("chunk",))
+    ref = {lid: None for lid in program.captures}
+    ref.update({lid: None for i in program.instructions for lid in i.layer_ids})
+    _check_known(dataclasses.replace(program, instructions=[split]), ref, "compile")
+    one = dataclasses.replace(split, outputs=("a",))
+    with pytest.raises(StageError, match="chunk"):
+        _check_known(dataclasses.replace(program, instructions=[one]), ref, "compile")
+
+
 def test_tampered_hbm_is_refused(compiled):
     ctx, arts = compiled
     path = ctx.run.path(arts["compile"].hbm_file)
