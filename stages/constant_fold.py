@@ -15,7 +15,7 @@ import operator
 import torch
 import torch.fx
 
-from stages.functionalize import RANDOM_OPS, functional_variant
+from stages.functionalize import RANDOM_OPS, erase_unused, functional_variant
 
 # Ops whose tensor argument only gives the dtype/device of a new constant tensor.
 _LIKE_OPS = frozenset({"new_zeros", "new_ones", "new_full", "new_tensor"})
@@ -45,10 +45,7 @@ def fold_constants(gm: torch.fx.GraphModule) -> list[str]:
         for user in outside:
             user.replace_input_with(node, attr)
         folded.append(node.name)
-    for node in reversed(list(gm.graph.nodes)):
-        if node in const and not node.users:
-            gm.graph.erase_node(node)
-    gm.recompile()
+    erase_unused(gm, const)
     return folded
 
 

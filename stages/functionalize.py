@@ -92,11 +92,16 @@ def remove_training_noise(gm: torch.fx.GraphModule) -> list[str]:
         node.replace_all_uses_with(kept[0])
         removed.append(f"{_where(node)}: {node.target} by random values (identity)")
         gm.graph.erase_node(node)
+    erase_unused(gm, noise)
+    return removed
+
+
+def erase_unused(gm: torch.fx.GraphModule, nodes: set[torch.fx.Node]) -> None:
+    """Erase those of ``nodes`` nothing reads any more (last first), then recompile."""
     for node in reversed(list(gm.graph.nodes)):
-        if node in noise and not node.users:
+        if node in nodes and not node.users:
             gm.graph.erase_node(node)
     gm.recompile()
-    return removed
 
 
 def _noise_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
