@@ -85,10 +85,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         yield tmp
-        _fsync_file(tmp)
+        _fsync(tmp)
         _crash_point()
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        _fsync(path.parent)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if isinstance(e, OSError):
@@ -133,16 +133,9 @@ def _crash_point() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _fsync_file(path: Path) -> None:
+def _fsync(path: Path) -> None:
+    """fsync a file or a folder (a folder: so a rename into it is durable)."""
     fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
