@@ -152,12 +152,7 @@ def run_sql(
     """Run one read-only statement of user SQL over every run's tables under ``root``,
     cancelled past ``timeout_s`` seconds (None or 0: no limit) or on Ctrl-C."""
     check_read_only(sql)
-    con = connect(root)
-    try:
-        return execute_bounded(con, sql, params, timeout_s)
-    finally:
-        with contextlib.suppress(duckdb.ResourceInUseException):
-            con.close()  # a worker that outlived its cancel still holds it: left to exit
+    return execute_bounded(connect(root), sql, params, timeout_s, close=True)
 
 
 def execute_bounded(
@@ -165,12 +160,17 @@ def execute_bounded(
     sql: str,
     params: dict[str, Any] | None,
     timeout_s: float | None,
+    close: bool = False,
 ) -> pa.Table:
     """:func:`execute` in a worker thread, stopped with DuckDB's ``interrupt()`` past
     ``timeout_s`` (a :class:`QueryError`) or on Ctrl-C (KeyboardInterrupt, raised again).
+    With ``close`` the worker closes ``con`` when it ends: closing a connection a query
+    still runs on blocks until that query ends, which a cancel that missed never does.
 
     The wait is in the calling thread, where Python delivers SIGINT, on an Event: a
-    ``Thread.join`` interrupted by Ctrl-C marks a running thread as finished (Python 3.11)."""
+    ``Thread.join`` interrupted by Ctrl-C marks a running thread as finished (Python 3.11).
+    The thread is started inside the guarded block: ``Thread.start`` waits too, and a
+    Ctrl-C landing there must cancel the query like one landing in the wait."""
     box: dict[str, Any] = {}
     done = threading.Event()
 
@@ -180,10 +180,12 @@ def execute_bounded(
         except BaseException as e:  # handed to the waiting thread
             box["error"] = e
         finally:
+            if close:
+                con.close()
             done.set()
 
-    threading.Thread(target=work, name="qparity-sql", daemon=True).start()
     try:
+        threading.Thread(target=work, name="qparity-sql", daemon=True).start()
         finished = done.wait(timeout_s or None)
     except KeyboardInterrupt:
         _cancel(con, done)
@@ -205,8 +207,8 @@ def _cancel(con: duckdb.DuckDBPyConnection, done: threading.Event) -> None:
     """Interrupt until the worker is done: an interrupt that lands between two of the
     worker's DuckDB calls is lost (the next call then runs), so it is repeated."""
     deadline = time.monotonic() + _CANCEL_WAIT_S
-    while time.monotonic() < deadline:
-        with contextlib.suppress(duckdb.ResourceInUseException):
+    while time.monotonic() < deadline and not done.is_set():
+        with contextlib.suppress(duckdb.ResourceInUseException, duckdb.ConnectionException):
             con.interrupt()  # refused while the worker is inside a connection call: retry
         if done.wait(0.05):
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
@@ -246,6 +247,44 @@ def test_a_query_past_the_time_limit_is_cancelled_with_a_query_error(store):
         run_sql(root, LONG, timeout_s=0.2)
     assert "--timeout" in e.value.hint and "QPARITY_SQL_TIMEOUT" in e.value.hint
     assert run_sql(root, "SELECT 1 AS x", timeout_s=0.2).to_pylist() == [{"x": 1}]
+
+
+def test_ctrl_c_while_the_worker_thread_starts_still_cancels_the_query(store, monkeypatch):
+    """The race CI hit: SIGINT lands in ``Thread.start`` (it waits for the thread) after
+    the query began; the call used to hang closing a connection its query still held."""
+    import analysis.query as q
+
+    real_thread, began, original = threading.Thread, threading.Event(), q.execute
+
+    def traced(*args, **kwargs):
+        began.set()
+        return original(*args, **kwargs)
+
+    class StartInterrupted(real_thread):
+        def start(self):
+            super().start()
+            began.wait(10)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(q, "execute", traced)
+    monkeypatch.setattr(threading, "Thread", StartInterrupted)
+    box = {}
+
+    def call():
+        try:
+            run_sql(store[0], LONG, timeout_s=None)
+        except BaseException as e:  # noqa: BLE001 - the outcome is the test
+            box["error"] = e
+
+    caller = real_thread(target=call, daemon=True)
+    caller.start()
+    caller.join(60)
+    assert not caller.is_alive(), "Ctrl-C during Thread.start left the query running"
+    assert isinstance(box.get("error"), KeyboardInterrupt)
+    workers = [t for t in threading.enumerate() if t.name == "qparity-sql"]
+    for t in workers:
+        t.join(10)
+    assert not any(t.is_alive() for t in workers), "the query still runs after Ctrl-C"
 
 
 def test_the_first_divergences_view_holds_the_localized_runs(store):
