@@ -9,7 +9,7 @@ from stages.progress import listening, tick
 
 
 def test_top1_ticks_per_batch_while_listened_to():
-    split = Split("evaluation", np.zeros((5, 3), np.float32), np.zeros(5, np.int64))
+    split = Split("evaluation", {"x": np.zeros((5, 3), np.float32)}, np.zeros(5, np.int64))
     seen = []
     with listening(lambda task, done, total: seen.append((task, done, total))):
         assert top1(lambda x: torch.ones(len(x), 2), split, batch_size=2) == 1.0
