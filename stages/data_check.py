@@ -34,10 +34,10 @@ def forward_inputs(model: torch.nn.Module) -> list[str] | None:
 def check_with_model(splits: dict[str, Split], model: torch.nn.Module) -> None:
     """Refuse data the model cannot take or labels its output cannot be scored against."""
     ref = splits["evaluation"]
+    out = _first_output(model, ref)  # first: a wrong evaluation input is named as such
     for split in splits.values():
         if split.name != "camera":
             _same_shapes(split, ref)
-    out = _first_output(model, ref)
     for split in splits.values():
         if split.labels is not None:
             check_labels(split, out)

@@ -48,7 +48,7 @@ def _run(store, started, model, settings, **extra):
 def _metric(run, stage, value):
     write_rows(
         run, "metrics", [{"run_id": run.run_id, "stage": stage, "metric": "top1",
-                          "value": value, "n_samples": 100}], stage,
+                          "value": value, "n_samples": 100, "output": "output"}], stage,
     )  # fmt: skip
 
 
