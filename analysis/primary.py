@@ -9,11 +9,16 @@ top1 and ``thresholds.primary_drop`` (null: top1_drop) for any other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 
-from schemas.spec import PipelineSpec
+from schemas.errors import SpecError
+from schemas.spec import PipelineSpec, load_spec
+from schemas.spec_sections import CompareSpec
+from schemas.store import Run
+from schemas.tables import read_run_table
 from stages.evaluate import LOWER_IS_BETTER, OUTPUT, primary_metric
 
 
@@ -24,6 +29,8 @@ class Primary:
     name: str
     values: dict[str, float]
     limit: float
+    samples: dict[str, int] = field(default_factory=dict)
+    """How many samples each stage's value was measured on."""
 
     @property
     def label(self) -> str:
@@ -45,13 +52,21 @@ class Primary:
 
 def read_primary(spec: PipelineSpec, rows: list[dict]) -> Primary:
     """The primary metric of a run from its metrics rows (one output: ``output``; rows
-    written before outputs were recorded carry none)."""
-    name = primary_metric(spec, {r["metric"] for r in rows})
-    values = {
-        r["stage"]: r["value"]
-        for r in rows
-        if r["metric"] == name and r.get("output") in (None, OUTPUT)
-    }
+    written before outputs were recorded carry none); ``spec``: anything with a
+    ``compare`` section (a PTQ run's analysis passes the defaults)."""
+    name = primary_metric(spec.compare.primary, {r["metric"] for r in rows})
+    mine = [r for r in rows if r["metric"] == name and r.get("output") in (None, OUTPUT)]
     th = spec.compare.thresholds
     limit = th.top1_drop if name == "top1" or th.primary_drop is None else th.primary_drop
-    return Primary(name, values, limit)
+    samples = {r["stage"]: r.get("n_samples") for r in mine}
+    return Primary(name, {r["stage"]: r["value"] for r in mine}, limit, samples)
+
+
+def run_primary(run: Run) -> Primary:
+    """The primary metric of a stored run, by its spec.yaml (a PTQ spec, which has no
+    compare section, or a spec the current code refuses: the defaults)."""
+    try:
+        spec = load_spec(run.path("spec.yaml"))
+    except SpecError:
+        spec = SimpleNamespace(compare=CompareSpec())
+    return read_primary(spec, read_run_table(run, "metrics"))

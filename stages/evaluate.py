@@ -25,7 +25,6 @@ import torch
 
 from schemas.artifacts import Metric
 from schemas.errors import SpecError, StageError
-from schemas.spec import PipelineSpec
 from stages.data import Split
 from stages.progress import tick
 
@@ -144,10 +143,10 @@ def task_values(task: Callable, outputs: dict, reference: dict, labels) -> dict[
     return {k: float(v) for k, v in got.items()}
 
 
-def primary_metric(spec: PipelineSpec, recorded: set[str]) -> str:
-    """The metric judged by localization, bad cases, sweeps and the report:
-    ``compare.primary``, else top1 when recorded (labels), else cosine."""
-    primary = spec.compare.primary or ("top1" if "top1" in recorded else "cosine")
+def primary_metric(named: str | None, recorded: set[str]) -> str:
+    """The metric judged by localization, bad cases, sweeps and the report: ``named``
+    (compare.primary), else top1 when recorded (labels), else cosine."""
+    primary = named or ("top1" if "top1" in recorded else "cosine")
     if recorded and primary not in recorded:
         raise SpecError(
             f"compare.primary: {primary!r} is not among the metrics the run records "
@@ -165,5 +164,5 @@ def stage_metrics(ctx, stage: str, model: Callable, split: Split | None = None) 
     split = split or ctx.evaluation
     outputs = collect(model, split, ctx.spec.data.batch_size, stage)
     rows = measure(stage, outputs, ctx.reference, ctx.evaluation.labels, ctx.task_metric)
-    primary_metric(ctx.spec, {m.metric for m in rows})
+    primary_metric(ctx.spec.compare.primary, {m.metric for m in rows})
     return rows
