@@ -22,12 +22,14 @@ _NAMED = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEY
 
 
 def forward_inputs(model: torch.nn.Module) -> list[str] | None:
-    """The model's forward parameter names in order (None: ``*args``-style, not named)."""
+    """The names of the model's forward parameters without a default, in order: the
+    inputs the chain feeds (None: none named, e.g. ``*args`` or all optional: the
+    dataset's names are taken as they are)."""
     try:
         params = inspect.signature(model.forward).parameters.values()
     except (TypeError, ValueError):  # a builtin or compiled forward: no signature
         return None
-    names = [p.name for p in params if p.kind in _NAMED]
+    names = [p.name for p in params if p.kind in _NAMED and p.default is p.empty]
     return names or None
 
 

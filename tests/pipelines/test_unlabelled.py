@@ -38,6 +38,7 @@ def _spec(dataset: str, **sections) -> dict:
 def unlabelled(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     data = _spec("tests.models:unlabelled_data")
+    data["data"]["metric"] = "tests.stages.test_evaluate:miou"  # a task metric, plugged in
     result = run_chain(parse_spec(data, "t"), yaml.safe_dump(data), root, use_prefect=False)
     return root, RunStore(root).open(result.run_id)
 
@@ -52,8 +53,11 @@ def test_every_stage_records_agreement_with_the_float_model_and_no_top1(unlabell
     for stage in ["float", *SEVEN]:
         assert set(by_stage[stage]) >= AGREEMENT, stage
     assert not [r for r in rows if r["metric"] == "top1"]
+    task = [r for r in rows if r["metric"] == "miou"]
+    assert {r["stage"] for r in task} == {"float", *SEVEN} and {r["output"] for r in task} == {None}
+    assert by_stage["compile"]["miou"] == by_stage["compile"]["top1_agreement"]
     assert by_stage["float"]["cosine"] == 1.0 and by_stage["compile"]["cosine"] > 0.99
-    # convert -> compile -> board_sim are bit-exact: the same agreement
+    # convert -> compile -> board_sim are bit-exact: the same metrics
     assert by_stage["board_sim"] == {k: by_stage["convert"][k] for k in by_stage["board_sim"]}
 
 
@@ -81,3 +85,13 @@ def test_labels_out_of_range_stop_the_run_before_any_stage_is_complete(tmp_path)
     (m,) = RunStore(tmp_path).list_runs()
     assert m.status == "failed"
     assert not [s for s, rec in m.stages.items() if rec.status == "complete"]
+
+
+def test_show_and_the_report_give_the_cosine_per_stage(unlabelled, monkeypatch, capsys):
+    from analysis.report import gather
+
+    root, run = unlabelled
+    assert _cli(monkeypatch, "show", run.run_id, "--runs", root, "-q") == 0
+    assert capsys.readouterr().out.startswith(f"{run.run_id} complete board_sim cosine 0.99")
+    chain = {r["stage"]: r for r in gather(run, root).chain}
+    assert chain["convert"]["metric"] == "cosine" and chain["float"]["value"] == 1.0
