@@ -260,7 +260,7 @@ class CompareSpec(Section):
     """Samples whose full layer tensors are kept."""
     badcase_metric: Literal["l1", "mse", "cosine", "sqnr", "flip"] = "l1"
     """How bad cases are ranked: output L1 (the vendor's default), mse, cosine, sqnr, or a
-    flip of the task's correctness."""
+    flip of the task's correctness (without labels: a changed arg-max prediction)."""
     enabled: bool = True
     """Run the analysis (compare, bad cases, localization) after the chain."""
     steps: list[Literal["report"]] = []

@@ -65,6 +65,9 @@ def test_localize_judges_it_by_the_output_cosine(unlabelled, monkeypatch, capsys
     root, run = unlabelled
     stages = [r for r in read_run_table(run, "localization") if r["kind"] == "stage"]
     assert [r["stage"] for r in stages] == SEVEN[1:]
+    bad = read_run_table(run, "badcases")
+    assert bad and {r["label"] for r in bad} == {None}  # no labels: none invented
+    assert "| - |" in run.path("debug/badcase.txt").read_text()
     assert _cli(monkeypatch, "localize", run.run_id, "--runs", root) == 0
     assert "no stage diverges" in capsys.readouterr().out
 
