@@ -267,7 +267,8 @@ class CompareSpec(Section):
     """Analysis steps added after localization, each its own Prefect task: ``report``
     writes the run's HTML report to <run>/report.html (as ``qparity report RUN``)."""
     primary: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*$")
-    """The metric localization thresholds, bad cases, sweeps and the report use: one a
+    """The metric localization thresholds, sweeps, ``show`` and the report use (bad cases
+    are ranked per sample by ``badcase_metric``): one a
     run records (``top1``, ``top1_agreement``, ``cosine``, ``sqnr_db``, ``l1`` or a name
     ``data.metric`` returns); null: top1 when the dataset has labels, else cosine."""
     samples: int | None = Field(default=None, ge=1)

@@ -12,7 +12,7 @@ float model's values, ``s`` the stage's, over all evaluation samples together):
 A task metric (``data.metric: module:function``: mAP, mIoU...) is called with the stage's
 outputs, the float model's outputs and the labels (or None) and returns ``{name: float}``;
 its rows carry no output id. ``compare.primary`` (:func:`primary_metric`) names the metric
-localization, bad cases, sweeps and the report judge by.
+localization, sweeps, ``show`` and the report judge by. Non-finite output values read as 0.
 """
 
 from __future__ import annotations
@@ -78,10 +78,15 @@ def top1(model: Callable, split: Split, batch_size: int, task: str = "top-1") ->
     return correct / len(split)
 
 
+def _finite(a: np.ndarray) -> np.ndarray:
+    """NaN and Inf read as 0 (as analysis.metrics does): the metrics stay finite numbers."""
+    return np.where(np.isfinite(a), a, 0.0)
+
+
 def agreement(out: np.ndarray, ref: np.ndarray) -> dict[str, float]:
     """cosine, sqnr_db, l1 (and top1_agreement for (N, C) outputs) of ``out`` against the
     float model's ``ref`` (module docstring; cosine 1 when both are all zero)."""
-    f, s = np.ravel(ref).astype(np.float64), np.ravel(out).astype(np.float64)
+    f, s = (_finite(np.ravel(a).astype(np.float64)) for a in (ref, out))
     d2, ff, ss = float(np.dot(s - f, s - f)), float(np.dot(f, f)), float(np.dot(s, s))
     norm = math.sqrt(ff * ss)
     cosine = float(np.dot(f, s)) / norm if norm > 0 else float(ff == ss)
@@ -144,7 +149,7 @@ def task_values(task: Callable, outputs: dict, reference: dict, labels) -> dict[
 
 
 def primary_metric(named: str | None, recorded: set[str]) -> str:
-    """The metric judged by localization, bad cases, sweeps and the report: ``named``
+    """The metric judged by localization, sweeps, ``show`` and the report: ``named``
     (compare.primary), else top1 when recorded (labels), else cosine."""
     primary = named or ("top1" if "top1" in recorded else "cosine")
     if recorded and primary not in recorded:

@@ -79,3 +79,11 @@ def test_stage_metrics_refuse_a_primary_the_stage_does_not_record(make_ctx):
     ctx = make_ctx()
     rows = stage_metrics(ctx, "prepare", lambda x: torch.zeros(len(x), 10))
     assert {m.metric: m.value for m in rows}["top1_agreement"] < 0.5
+
+
+def test_non_finite_outputs_give_finite_metrics_that_an_artifact_can_hold():
+    broken = OUT.copy()
+    broken[0, 0] = np.nan
+    rows = measure("convert", {"output": broken}, {"output": REF}, None)
+    assert all(np.isfinite(m.value) for m in rows)
+    assert {m.metric: m.value for m in rows}["l1"] == pytest.approx((2 + 0.5 + 1 + 3) / 6)
