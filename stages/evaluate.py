@@ -61,23 +61,6 @@ def collect(model: Callable, split: Split, batch_size: int, task: str) -> dict[s
     return {oid: np.concatenate(values) for oid, values in parts.items()}
 
 
-@torch.no_grad()
-def top1(model: Callable, split: Split, batch_size: int, task: str = "top-1") -> float:
-    """Share of samples whose arg-max output equals the label (the PTQ chain's metric)."""
-    if split.labels is None:
-        raise StageError(
-            f"split '{split.name}' has no labels to score top-1 against",
-            where=f"data.{split.name}.labels",
-            hint="give the dataset integer labels (the PTQ chain scores by top-1)",
-        )
-    correct = done = 0
-    for _, x, y in split.batches(batch_size):
-        correct += int((first_output(model(x)).argmax(1) == y).sum())
-        done += len(y)
-        tick(task, done, len(split))
-    return correct / len(split)
-
-
 def _finite(a: np.ndarray) -> np.ndarray:
     """NaN and Inf read as 0 (as analysis.metrics does): the metrics stay finite numbers."""
     return np.where(np.isfinite(a), a, 0.0)
