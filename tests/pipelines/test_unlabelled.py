@@ -73,12 +73,14 @@ def test_localize_judges_it_by_the_output_cosine(unlabelled, monkeypatch, capsys
 
 
 def test_sql_gives_metrics_by_stage(unlabelled, monkeypatch, capsys):
-    root, _ = unlabelled
-    sql = ("SELECT stage, output, value FROM metrics WHERE metric = 'cosine' "
-           "AND stage = 'convert'")  # fmt: skip
-    assert _cli(monkeypatch, "sql", sql, "--runs", root, "-q") == 0
-    (line,) = capsys.readouterr().out.splitlines()
-    assert line.startswith('"convert","output",0.99')
+    """The README's stage x metric PIVOT: one row per stage, one column per metric."""
+    root, run = unlabelled
+    sql = (f"PIVOT (SELECT stage, metric, value FROM metrics WHERE run_id = '{run.run_id}' "
+           "AND output = 'output') ON metric USING first(value) ORDER BY stage")  # fmt: skip
+    assert _cli(monkeypatch, "sql", sql, "--runs", root, "--format", "csv") == 0
+    header, *lines = capsys.readouterr().out.splitlines()
+    assert header == '"stage","cosine","l1","sqnr_db","top1_agreement"'
+    assert [line.split(",")[0].strip('"') for line in lines] == sorted(["float", *SEVEN])
 
 
 def test_labels_out_of_range_stop_the_run_before_any_stage_is_complete(tmp_path):
