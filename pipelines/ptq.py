@@ -54,7 +54,9 @@ class PtqDataSpec(Section):
     """The dataset (same convention as data.dataset of a pipeline spec)."""
 
     dataset: Factory
-    """'module:function' returning {"train": (x, y), "evaluation": (x, y)}."""
+    """'module:function' returning {"train": split, "evaluation": split}, each split (x, y)
+    or {"inputs": {name: x}, "labels": y or None} (stages.data); without labels every stage
+    is judged by its agreement with the original model."""
     calibration_samples: PosInt = 256
     """Samples the activation ranges are calibrated on."""
     evaluation_samples: PosInt = 1000
