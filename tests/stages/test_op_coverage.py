@@ -1,0 +1,109 @@
+"""Op coverage (docs/design.md "Op coverage"): each op family of tests/stages/op_models.py
+through the chain up to board_sim. Every stage completes, compile proves the program
+bit-exact against quantized.onnx (compile raises otherwise), convert's integers agree with
+the fake-quant (qat.onnx) model, and any float island is listed in model_check_result.txt
+and runs on the board's CPU side."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from schemas.spec import parse_spec
+from schemas.store import RunStore
+from stages.context import RunContext
+from stages.modelio import UnsupportedOps, prepare_qat
+from stages.quantizer import QuantPolicy
+from stages.registry import code_version
+from stages.stage_models import open_stage_model
+from tests.conftest import tiny_spec_dict
+from tests.stages.helpers import run_stages
+from tests.stages.op_models import FAMILIES
+
+CHAIN = ("prepare", "calibrate", "pre_export", "export", "convert", "compile", "board_sim")
+ISLANDS = {name: [] for name in FAMILIES} | {
+    "gates": ["leaky", "prelu"],  # no integer LeakyRelu / PRelu at convert
+    "norms": ["add", "bn"],  # an unfolded batch norm; the constant add after a fused conv
+    "resample": ["resize", "resize_1"],  # bilinear Resize
+    "combine": ["sum"],  # ReduceSum
+}
+"""The float islands each family is expected to leave (listed at convert, run on the CPU)."""
+REFUSED = {
+    "group_norm": lambda y: F.group_norm(y, 2),
+    "log_softmax": lambda y: F.log_softmax(y, dim=1),
+    "conv_transpose2d": nn.ConvTranspose2d(8, 8, 2, stride=2),
+    "pixel_shuffle": lambda y: F.pixel_shuffle(y, 2),
+    "repeat": lambda y: y.repeat(1, 2, 1, 1),
+    "stack": lambda y: torch.stack([y, y * 2.0], dim=1),
+    "maximum": lambda y: torch.maximum(y, y * 0.5),
+    "minimum": lambda y: torch.minimum(y, y * 0.5),
+    "pow": lambda y: y.pow(2),
+    "einsum": lambda y: torch.einsum("nchw,nchw->nhw", y, y),
+}
+"""Ops prepare refuses by name (docs/design.md "Op coverage": never half-handled)."""
+
+
+def run_family(tmp_path_factory, name: str):
+    data = {"dataset": f"tests.stages.op_models:data_{name}", "calibration_samples": 24,
+            "evaluation_samples": 24, "batch_size": 24}  # fmt: skip
+    spec = parse_spec(
+        tiny_spec_dict(model={"factory": f"tests.stages.op_models:{name}"}, data=data), name
+    )
+    run = RunStore(tmp_path_factory.mktemp(name)).create_run(
+        name, "", "0" * 64, code_version(), {}, {}
+    )
+    ctx = RunContext(spec=spec, run=run, code_version=code_version())
+    return ctx, run_stages(ctx, *CHAIN)
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory):
+    return request.param, *run_family(tmp_path_factory, request.param)
+
+
+def _top1(arts, stage):
+    return next(m.value for m in arts[stage].metrics if m.metric == "top1")
+
+
+def test_every_stage_completes_and_compile_is_bit_exact(family):
+    name, ctx, arts = family
+    assert list(arts) == list(CHAIN)  # run_stages raises at the first stage that fails
+    assert "all equal" in ctx.run.path("debug/bit_exact.txt").read_text()
+    assert _top1(arts, "board_sim") == _top1(arts, "compile") == _top1(arts, "convert")
+
+
+def test_convert_agrees_with_the_fake_quant_model(family):
+    """The integer model's outputs within a few output steps of qat.onnx's (the same
+    quantizers; only requantize rounding and fixed-point tables differ)."""
+    name, ctx, _ = family
+    idx = np.arange(len(ctx.evaluation))
+    fake, _ = open_stage_model(ctx, "export").run(idx)
+    ints, _ = open_stage_model(ctx, "convert").run(idx)
+    spread = float(np.abs(fake).max())
+    assert np.abs(ints - fake).max() <= 0.05 * spread, name
+
+
+def test_float_islands_are_listed(family):
+    name, ctx, arts = family
+    assert arts["convert"].float_ops == ISLANDS[name]
+    report = ctx.run.path("debug/model_check_result.txt").read_text()
+    listed = report.split("on the board's CPU side)\n")[1].split()
+    assert listed == (ISLANDS[name] or ["none"])
+
+
+class _After(nn.Module):
+    def __init__(self, op):
+        super().__init__()
+        self.conv, self.op = nn.Conv2d(4, 8, 3, padding=1), op
+
+    def forward(self, x):
+        return self.op(self.conv(x))
+
+
+@pytest.mark.parametrize("op", list(REFUSED))
+def test_ops_outside_the_table_are_refused_at_prepare_by_name(op):
+    with pytest.raises(UnsupportedOps, match=rf"aten\.{op}\."):
+        prepare_qat(_After(REFUSED[op]).eval(), torch.randn(2, 4, 8, 8), QuantPolicy())
