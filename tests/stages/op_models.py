@@ -181,19 +181,18 @@ class Attention(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.stem = nn.Conv2d(4, 4, 1)
         self.embed = nn.Linear(4, 16)
         self.pos = nn.Embedding(64, 16)
         self.register_buffer("positions", torch.arange(64), persistent=False)
+        self.mha = nn.MultiheadAttention(16, 2, batch_first=True)
         self.qkv = nn.Linear(16, 48)
         self.fc = nn.Linear(16 * 16, 5)
 
     def forward(self, x):
-        t = self.embed(self.stem(x).flatten(2).transpose(1, 2)) + self.pos(
-            self.positions
-        )  # B x 64 x 16
+        t = self.embed(x.flatten(2).transpose(1, 2)) + self.pos(self.positions)  # B x 64 x 16
+        t = t + self.mha(t, t, t, need_weights=False)[0]
         q, k, v = self.qkv(t).reshape(-1, 64, 3, 2, 8).permute(2, 0, 3, 1, 4).unbind(0)
-        o = torch.matmul(q, k.transpose(-1, -2)).softmax(-1) @ v
+        o = F.scaled_dot_product_attention(q, k, v)
         o = o.transpose(1, 2).reshape(-1, 64, 16)
         g = torch.matmul(o[:, :16], t[:, :16].transpose(1, 2))  # B x 16 x 16
         g = torch.bmm(g, o[:, :16]) + torch.matmul(o[:, 16:32], t[:, :16].transpose(1, 2))

@@ -29,6 +29,8 @@ ISLANDS = {name: [] for name in FAMILIES} | {
     "norms": ["add", "bn"],  # an unfolded batch norm; the constant add after a fused conv
     "resample": ["resize", "resize_1"],  # bilinear Resize
     "combine": ["sum"],  # ReduceSum
+    # sdpa and MHA (no quantizers inside), the layout ops on the float model input
+    "attention": ["attention", "mha.attention", "permute", "reshape"],
 }
 """The float islands each family is expected to leave (listed at convert, run on the CPU)."""
 REFUSED = {
