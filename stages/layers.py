@@ -70,6 +70,7 @@ def _table() -> dict[object, tuple[str, Category]]:
                 aten.batch_norm.default,
                 aten._native_batch_norm_legit_no_training.default,
             ],
+            "group_norm": [aten.group_norm.default],  # a float island (no integer form)
         },
         c.LUT: {
             "sigmoid": [aten.sigmoid.default],

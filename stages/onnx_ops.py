@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from stages.onnx_ops_more import more_rules
 from stages.onnx_shape_ops import shape_rules, widen
 
 aten = torch.ops.aten
@@ -262,4 +263,4 @@ def rules() -> dict:
         aten.embedding.default: _embedding,
         aten.scaled_dot_product_attention.default: _attention,
     }  # fmt: skip
-    return table | shape_rules()
+    return table | shape_rules() | more_rules()

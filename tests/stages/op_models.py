@@ -70,6 +70,7 @@ class Norms(Head):
             self.bn.running_var.uniform_(0.5, 2.0)
 
     def body(self, y):
+        y = self.gn(y)
         y = self.bn(y + 1.0)
         t = self.ln(y.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
         s = torch.softmax(y, dim=1) + F.softmax(y, dim=-1) + F.softmax(y, dim=2)
