@@ -71,6 +71,10 @@ def _table() -> dict[object, tuple[str, Category]]:
                 aten._native_batch_norm_legit_no_training.default,
             ],
             "group_norm": [aten.group_norm.default],  # a float island (no integer form)
+            "conv_transpose": [  # a float island with float weights (no integer form)
+                aten.conv_transpose2d.input,
+                aten.conv_transpose1d.default,
+            ],
         },
         c.LUT: {
             "sigmoid": [aten.sigmoid.default],

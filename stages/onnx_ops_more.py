@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from stages.onnx_shape_ops import target_shape
+from stages.onnx_shape_ops import target_shape, widen
 
 aten = torch.ops.aten
 
@@ -32,8 +32,29 @@ def _group_norm(b, node):
     return y
 
 
+def _conv_transpose(b, node):
+    """ConvTranspose with torch's stride, padding (both ends), output_padding and
+    dilation; groups as one ConvTranspose per group (onnx's reference evaluator, which
+    runs the island on the board, mishandles group > 1) joined by a Concat."""
+    a = b.args(node)
+    n, g = len(b.shape(a["weight"])) - 2, a["groups"]
+    ins = [b.arg(a["input"]), b.arg(a["weight"])]
+    ins += [b.arg(a["bias"])] if a["bias"] is not None else []
+    attrs = {"strides": widen(a["stride"], n), "pads": widen(a["padding"], n) * 2,
+             "output_padding": widen(a["output_padding"], n), "dilations": widen(a["dilation"], n)}  # fmt: skip
+    if g == 1:
+        return b.emit("ConvTranspose", ins, **attrs)
+    parts = [
+        b.emit("Split", [t], n_out=g, axis=int(i == 0), num_outputs=g) for i, t in enumerate(ins)
+    ]
+    ys = [b.emit("ConvTranspose", list(group), **attrs) for group in zip(*parts, strict=True)]
+    return b.emit("Concat", ys, axis=1)
+
+
 def more_rules() -> dict:
     """aten target -> rule, for the ops of this module."""
     return {
         aten.group_norm.default: _group_norm,
+        aten.conv_transpose2d.input: _conv_transpose,
+        aten.conv_transpose1d.default: _conv_transpose,
     }

@@ -32,7 +32,8 @@ from stages.layers import ID_KEY, Category, classify, is_tensor_node
 
 TORCH_DTYPES = {"int8": torch.int8, "int16": torch.int16}
 # Ops whose trailing tensor inputs are parameters: how many leading inputs are activations.
-PARAM_OPS = {"layer_norm": 1, "batch_norm": 1, "prelu": 1, "embedding": 0, "group_norm": 1}
+PARAM_OPS = {"layer_norm": 1, "batch_norm": 1, "prelu": 1, "embedding": 0, "group_norm": 1,
+             "conv_transpose": 1}  # fmt: skip
 QRANGES = {"int8": (-128, 127), "int16": (-32768, 32767)}
 
 

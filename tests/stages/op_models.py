@@ -90,12 +90,14 @@ class Convs(nn.Module):
         self.up = nn.ConvTranspose2d(8, 8, 4, stride=2, padding=1)
         self.up_grouped = nn.ConvTranspose2d(8, 8, 3, stride=2, padding=1, output_padding=1,
                                              groups=4)  # fmt: skip
-        self.fc = nn.Linear(8 * 4 * 4, 5)
+        self.fc = nn.Linear(8 * 8 * 8, 5)
 
     def forward(self, x):
         y = torch.relu(self.depthwise(self.grouped(x)))
         y = self.same(self.reflect(self.strided(y)))  # 8 x 4 x 3
-        return self.fc(F.pad(y, (0, 1)).flatten(1))  # 8 x 4 x 4
+        y = self.up(F.pad(y, (0, 1)))  # 8 x 8 x 8
+        y = y + self.up_grouped(y[:, :, ::2, ::2])
+        return self.fc(y.flatten(1))
 
 
 class Pools(Head):

@@ -27,6 +27,7 @@ CHAIN = ("prepare", "calibrate", "pre_export", "export", "convert", "compile", "
 ISLANDS = {name: [] for name in FAMILIES} | {
     "gates": ["leaky", "prelu"],  # no integer LeakyRelu / PRelu at convert
     "norms": ["bn", "gn"],  # an unfolded batch norm; group_norm (InstanceNormalization)
+    "convs": ["up", "up_grouped"],  # ConvTranspose
     "resample": ["resize", "resize_1"],  # bilinear Resize
     "combine": ["sum"],  # ReduceSum
     # sdpa and MHA (no quantizers inside), the layout ops on the float model input
@@ -35,7 +36,6 @@ ISLANDS = {name: [] for name in FAMILIES} | {
 """The float islands each family is expected to leave (listed at convert, run on the CPU)."""
 REFUSED = {
     "log_softmax": lambda y: F.log_softmax(y, dim=1),
-    "conv_transpose2d": nn.ConvTranspose2d(8, 8, 2, stride=2),
     "pixel_shuffle": lambda y: F.pixel_shuffle(y, 2),
     "repeat": lambda y: y.repeat(1, 2, 1, 1),
     "stack": lambda y: torch.stack([y, y * 2.0], dim=1),
