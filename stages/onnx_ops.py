@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from stages.onnx_ops_more import more_rules
+from stages.onnx_ops_more import more_rules, nearest
 from stages.onnx_shape_ops import shape_rules, widen
 
 aten = torch.ops.aten
@@ -255,8 +255,8 @@ def rules() -> dict:
         aten.layer_norm.default: _layer_norm,
         aten.batch_norm.default: _batch_norm,
         aten._native_batch_norm_legit_no_training.default: _batch_norm,
-        aten.upsample_nearest2d.vec: _resize("nearest"),
-        aten.upsample_nearest2d.default: _resize("nearest"),
+        aten.upsample_nearest2d.vec: nearest(_resize("nearest")),
+        aten.upsample_nearest2d.default: nearest(_resize("nearest")),
         aten.upsample_bilinear2d.vec: _resize("linear"),
         aten.upsample_bilinear2d.default: _resize("linear"),
         aten.grid_sampler.default: _grid_sample, aten.grid_sampler_2d.default: _grid_sample,

@@ -51,6 +51,28 @@ def _conv_transpose(b, node):
     return b.emit("Concat", ys, axis=1)
 
 
+def nearest(fallback):
+    """Nearest upsampling by whole factors as layout ops every later stage runs on
+    integers: [N, C, H, W] -> [N, C, H, 1, W, 1], Expand by the factors, Reshape to
+    [N, C, H*sh, W*sw] (torch's nearest: ``out[i] = in[floor(i / s)]``). Other ratios:
+    the ``fallback`` rule (Resize, a float island)."""
+
+    def rule(b, node):
+        a = b.args(node)
+        shape, out = b.shape(a["input"]), b.out_shape(node)
+        if not all(isinstance(d, int) for d in shape[1:]) or any(
+            o % i for i, o in zip(shape[2:], out[2:], strict=True)
+        ):
+            return fallback(b, node)
+        _, c, h, w = shape
+        sh, sw = out[2] // h, out[3] // w
+        y = b.emit("Reshape", [b.arg(a["input"]), b.ints([0, c, h, 1, w, 1])])
+        y = b.emit("Expand", [y, b.ints([1, 1, 1, sh, 1, sw])])
+        return b.emit("Reshape", [y, b.ints([0, c, h * sh, w * sw])])
+
+    return rule
+
+
 def more_rules() -> dict:
     """aten target -> rule, for the ops of this module."""
     return {

@@ -129,6 +129,7 @@ class Resample(Head):
 
     def body(self, y):
         small = F.avg_pool2d(y, 2)  # 8 x 4 x 4
+        a = F.interpolate(small, scale_factor=2, mode="nearest")
         b = F.interpolate(small, size=(8, 8), mode="bilinear", align_corners=False)
         c = F.interpolate(small, size=(8, 8), mode="bilinear", align_corners=True)
         d = torch.cat([b, b], 1)[:, 4:12]  # 8 x 8 x 8
@@ -139,7 +140,7 @@ class Resample(Head):
         g = torch.roll(y, shifts=(1, -2), dims=(2, 3)) + y.mean(1, keepdim=True).expand(
             -1, 8, -1, -1
         )
-        return b + c + d + e + f + g
+        return a + b + c + d + e + f + g
 
 
 class Combine(Head):
