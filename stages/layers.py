@@ -116,6 +116,7 @@ def _table() -> dict[object, tuple[str, Category]]:
                 aten.expand.default,
             ],
             "permute": [aten.permute.default, aten.transpose.int, aten.t.default],
+            "pixel_shuffle": [aten.pixel_shuffle.default],
             "roll": [aten.roll.default],
             "slice": [
                 aten.slice.Tensor,

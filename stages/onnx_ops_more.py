@@ -73,10 +73,22 @@ def nearest(fallback):
     return rule
 
 
+def _pixel_shuffle(b, node):
+    """[N, C*r*r, H, W] -> [N, C, r, r, H, W] -> [N, C, H, r, W, r] -> [N, C, H*r, W*r]:
+    layout ops, exact on integers."""
+    a = b.args(node)
+    _, c, h, w = b.shape(a["self"])
+    r = a["upscale_factor"]
+    y = b.emit("Reshape", [b.arg(a["self"]), b.ints([0, c // (r * r), r, r, h, w])])
+    y = b.emit("Transpose", [y], perm=[0, 1, 4, 2, 5, 3])
+    return b.emit("Reshape", [y, b.ints([0, c // (r * r), h * r, w * r])])
+
+
 def more_rules() -> dict:
     """aten target -> rule, for the ops of this module."""
     return {
         aten.group_norm.default: _group_norm,
+        aten.pixel_shuffle.default: _pixel_shuffle,
         aten.conv_transpose2d.input: _conv_transpose,
         aten.conv_transpose1d.default: _conv_transpose,
     }

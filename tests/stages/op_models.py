@@ -132,7 +132,7 @@ class Resample(Head):
         a = F.interpolate(small, scale_factor=2, mode="nearest")
         b = F.interpolate(small, size=(8, 8), mode="bilinear", align_corners=False)
         c = F.interpolate(small, size=(8, 8), mode="bilinear", align_corners=True)
-        d = torch.cat([b, b], 1)[:, 4:12]  # 8 x 8 x 8
+        d = F.pixel_shuffle(torch.cat([small, small * 0.5, b[:, :, ::2, ::2], small * 2.0], 1), 2)
         n, ch, h, w = y.shape
         e = y.view(n, 2, ch // 2, h, w).transpose(1, 2).reshape(n, ch, h, w)  # channel shuffle
         f = F.pad(small, (2, 2, 2, 2)) + F.pad(small, (2, 2, 2, 2), mode="reflect")

@@ -36,7 +36,6 @@ ISLANDS = {name: [] for name in FAMILIES} | {
 """The float islands each family is expected to leave (listed at convert, run on the CPU)."""
 REFUSED = {
     "log_softmax": lambda y: F.log_softmax(y, dim=1),
-    "pixel_shuffle": lambda y: F.pixel_shuffle(y, 2),
     "repeat": lambda y: y.repeat(1, 2, 1, 1),
     "stack": lambda y: torch.stack([y, y * 2.0], dim=1),
     "maximum": lambda y: torch.maximum(y, y * 0.5),
