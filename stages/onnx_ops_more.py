@@ -84,10 +84,17 @@ def _pixel_shuffle(b, node):
     return b.emit("Reshape", [y, b.ints([0, c // (r * r), h * r, w * r])])
 
 
+def _log_softmax(b, node):
+    """LogSoftmax on any dim (a float island: no integer form at convert)."""
+    return b.emit("LogSoftmax", [b.arg(node.args[0])], axis=b.args(node)["dim"])
+
+
 def more_rules() -> dict:
     """aten target -> rule, for the ops of this module."""
     return {
         aten.group_norm.default: _group_norm,
+        aten.log_softmax.int: _log_softmax,
+        aten._log_softmax.default: _log_softmax,
         aten.pixel_shuffle.default: _pixel_shuffle,
         aten.conv_transpose2d.input: _conv_transpose,
         aten.conv_transpose1d.default: _conv_transpose,

@@ -73,7 +73,7 @@ class Norms(Head):
         y = self.gn(y)
         y = self.bn(y + 1.0)
         t = self.ln(y.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
-        s = torch.softmax(y, dim=1) + F.softmax(y, dim=-1) + F.softmax(y, dim=2)
+        s = torch.softmax(y, dim=1) + F.softmax(y, dim=-1) + F.log_softmax(y, dim=2)
         return t + s
 
 
