@@ -89,10 +89,17 @@ def _log_softmax(b, node):
     return b.emit("LogSoftmax", [b.arg(node.args[0])], axis=b.args(node)["dim"])
 
 
+def _max_min(op: str):
+    """Element-wise Max / Min of two tensors (float islands: no integer form at convert)."""
+    return lambda b, node: b.emit(op, [b.arg(a, like=node) for a in node.args[:2]])
+
+
 def more_rules() -> dict:
     """aten target -> rule, for the ops of this module."""
     return {
         aten.group_norm.default: _group_norm,
+        aten.maximum.default: _max_min("Max"),
+        aten.minimum.default: _max_min("Min"),
         aten.log_softmax.int: _log_softmax,
         aten._log_softmax.default: _log_softmax,
         aten.pixel_shuffle.default: _pixel_shuffle,

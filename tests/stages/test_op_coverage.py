@@ -30,6 +30,7 @@ ISLANDS = {name: [] for name in FAMILIES} | {
     "convs": ["up", "up_grouped"],  # ConvTranspose
     "resample": ["resize", "resize_1"],  # bilinear Resize
     "combine": ["sum"],  # ReduceSum
+    "math": ["maximum", "minimum"],  # Max / Min
     # sdpa and MHA (no quantizers inside), the layout ops on the float model input
     "attention": ["attention", "mha.attention", "permute", "reshape"],
 }
@@ -37,8 +38,6 @@ ISLANDS = {name: [] for name in FAMILIES} | {
 REFUSED = {
     "repeat": lambda y: y.repeat(1, 2, 1, 1),
     "stack": lambda y: torch.stack([y, y * 2.0], dim=1),
-    "maximum": lambda y: torch.maximum(y, y * 0.5),
-    "minimum": lambda y: torch.minimum(y, y * 0.5),
     "pow": lambda y: y.pow(2),
     "einsum": lambda y: torch.einsum("nchw,nchw->nhw", y, y),
 }
