@@ -94,10 +94,21 @@ def _max_min(op: str):
     return lambda b, node: b.emit(op, [b.arg(a, like=node) for a in node.args[:2]])
 
 
+def _pow(b, node):
+    """x ** 2 as Mul(x, x), an integer QMul at convert; other exponents Pow (a float
+    island)."""
+    a = b.args(node)
+    x = b.arg(a["self"])
+    if a["exponent"] == 2:
+        return b.emit("Mul", [x, x])
+    return b.emit("Pow", [x, b.arg(a["exponent"], like=node)])
+
+
 def more_rules() -> dict:
     """aten target -> rule, for the ops of this module."""
     return {
         aten.group_norm.default: _group_norm,
+        aten.pow.Tensor_Scalar: _pow,
         aten.maximum.default: _max_min("Max"),
         aten.minimum.default: _max_min("Min"),
         aten.log_softmax.int: _log_softmax,

@@ -176,7 +176,7 @@ class Math(Head):
     def body(self, y):
         a = torch.maximum(y, y * 0.5) + torch.minimum(y, y.mean(1, keepdim=True))
         b = y.clamp(-1.0, 2.0) + y.clamp(min=0.2)
-        rms = torch.rsqrt((y * y).mean(1, keepdim=True) + 1e-5)
+        rms = torch.rsqrt(y.pow(2).mean(1, keepdim=True) + 1e-5)
         c = y * rms + torch.sqrt(y * y + 1.0)
         return a + b + c
 

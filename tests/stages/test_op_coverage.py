@@ -38,7 +38,6 @@ ISLANDS = {name: [] for name in FAMILIES} | {
 REFUSED = {
     "repeat": lambda y: y.repeat(1, 2, 1, 1),
     "stack": lambda y: torch.stack([y, y * 2.0], dim=1),
-    "pow": lambda y: y.pow(2),
     "einsum": lambda y: torch.einsum("nchw,nchw->nhw", y, y),
 }
 """Ops prepare refuses by name (docs/design.md "Op coverage": never half-handled)."""
