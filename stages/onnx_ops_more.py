@@ -104,10 +104,17 @@ def _pow(b, node):
     return b.emit("Pow", [x, b.arg(a["exponent"], like=node)])
 
 
+def _einsum(b, node):
+    """Einsum with torch's equation (a float island: no integer form at convert)."""
+    equation, tensors = node.args[0], node.args[1]
+    return b.emit("Einsum", [b.arg(t) for t in tensors], equation=equation.replace(" ", ""))
+
+
 def more_rules() -> dict:
     """aten target -> rule, for the ops of this module."""
     return {
         aten.group_norm.default: _group_norm,
+        aten.einsum.default: _einsum,
         aten.pow.Tensor_Scalar: _pow,
         aten.maximum.default: _max_min("Max"),
         aten.minimum.default: _max_min("Min"),

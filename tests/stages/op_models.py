@@ -200,7 +200,7 @@ class Attention(nn.Module):
         q, k, v = self.qkv(t).reshape(-1, 64, 3, 2, 8).permute(2, 0, 3, 1, 4).unbind(0)
         o = F.scaled_dot_product_attention(q, k, v)
         o = o.transpose(1, 2).reshape(-1, 64, 16)
-        g = torch.matmul(o[:, :16], t[:, :16].transpose(1, 2))  # B x 16 x 16
+        g = torch.einsum("bnc,bmc->bnm", o[:, :16], t[:, :16])  # B x 16 x 16
         g = torch.bmm(g, o[:, :16]) + torch.matmul(o[:, 16:32], t[:, :16].transpose(1, 2))
         return self.fc(g.flatten(1))
 

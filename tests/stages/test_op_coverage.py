@@ -31,14 +31,13 @@ ISLANDS = {name: [] for name in FAMILIES} | {
     "resample": ["resize", "resize_1"],  # bilinear Resize
     "combine": ["sum"],  # ReduceSum
     "math": ["maximum", "minimum"],  # Max / Min
-    # sdpa and MHA (no quantizers inside), the layout ops on the float model input
-    "attention": ["attention", "mha.attention", "permute", "reshape"],
+    # sdpa and MHA (no quantizers inside), Einsum, the layout ops on the float model input
+    "attention": ["attention", "einsum", "mha.attention", "permute", "reshape"],
 }
 """The float islands each family is expected to leave (listed at convert, run on the CPU)."""
 REFUSED = {
     "repeat": lambda y: y.repeat(1, 2, 1, 1),
     "stack": lambda y: torch.stack([y, y * 2.0], dim=1),
-    "einsum": lambda y: torch.einsum("nchw,nchw->nhw", y, y),
 }
 """Ops prepare refuses by name (docs/design.md "Op coverage": never half-handled)."""
 
