@@ -121,6 +121,7 @@ def _table() -> dict[object, tuple[str, Category]]:
                 aten.expand.default,
             ],
             "permute": [aten.permute.default, aten.transpose.int, aten.t.default],
+            "repeat": [aten.repeat.default],
             "pixel_shuffle": [aten.pixel_shuffle.default],
             "roll": [aten.roll.default],
             "slice": [

@@ -110,10 +110,28 @@ def _einsum(b, node):
     return b.emit("Einsum", [b.arg(t) for t in tensors], equation=equation.replace(" ", ""))
 
 
+def _repeat(b, node):
+    """Tensor.repeat as layout ops exact on integers: per repeated dim d, Unsqueeze a
+    new dim before it, Expand that dim to the count, Reshape the two into one."""
+    a = b.args(node)
+    x, shape, reps = b.arg(a["self"]), list(b.shape(a["self"])), list(a["repeats"])
+    if len(reps) != len(shape) or reps[0] != 1 or not all(isinstance(d, int) for d in shape[1:]):
+        raise b.fail("repeat over the batch dim or adding dims", hint="repeat the non-batch dims")
+    for d, r in enumerate(reps):
+        if r == 1:
+            continue
+        x = b.emit("Unsqueeze", [x, b.ints([d])])
+        x = b.emit("Expand", [x, b.ints([1] * d + [r] + [1] * (len(shape) - d))])
+        shape[d] *= r
+        x = b.emit("Reshape", [x, b.ints([0] + shape[1:])])
+    return x if x != b.arg(a["self"]) else b.emit("Identity", [x])
+
+
 def more_rules() -> dict:
     """aten target -> rule, for the ops of this module."""
     return {
         aten.group_norm.default: _group_norm,
+        aten.repeat.default: _repeat,
         aten.einsum.default: _einsum,
         aten.pow.Tensor_Scalar: _pow,
         aten.maximum.default: _max_min("Max"),

@@ -140,7 +140,7 @@ class Resample(Head):
         g = torch.roll(y, shifts=(1, -2), dims=(2, 3)) + y.mean(1, keepdim=True).expand(
             -1, 8, -1, -1
         )
-        return a + b + c + d + e + f + g
+        return a + b + c + d + e + f + g + small.repeat(1, 1, 2, 2)
 
 
 class Combine(Head):

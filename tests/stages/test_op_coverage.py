@@ -36,7 +36,6 @@ ISLANDS = {name: [] for name in FAMILIES} | {
 }
 """The float islands each family is expected to leave (listed at convert, run on the CPU)."""
 REFUSED = {
-    "repeat": lambda y: y.repeat(1, 2, 1, 1),
     "stack": lambda y: torch.stack([y, y * 2.0], dim=1),
 }
 """Ops prepare refuses by name (docs/design.md "Op coverage": never half-handled)."""
