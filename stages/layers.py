@@ -75,6 +75,7 @@ def _table() -> dict[object, tuple[str, Category]]:
             "minimum": [aten.minimum.default],  # a float island
             "pow": [aten.pow.Tensor_Scalar],
             "einsum": [aten.einsum.default],  # a float island
+            "stack": [aten.stack.default],
             "group_norm": [aten.group_norm.default],  # a float island (no integer form)
             "conv_transpose": [  # a float island with float weights (no integer form)
                 aten.conv_transpose2d.input,

@@ -127,10 +127,20 @@ def _repeat(b, node):
     return x if x != b.arg(a["self"]) else b.emit("Identity", [x])
 
 
+def _stack(b, node):
+    """stack = Unsqueeze every input at dim, then Concat (convert's Concat requantizes
+    each input to the output's scale)."""
+    a = b.args(node)
+    dim = a["dim"] % (b.rank(a["tensors"][0]) + 1)
+    ins = [b.emit("Unsqueeze", [b.arg(t), b.ints([dim])]) for t in a["tensors"]]
+    return b.emit("Concat", ins, axis=dim)
+
+
 def more_rules() -> dict:
     """aten target -> rule, for the ops of this module."""
     return {
         aten.group_norm.default: _group_norm,
+        aten.stack.default: _stack,
         aten.repeat.default: _repeat,
         aten.einsum.default: _einsum,
         aten.pow.Tensor_Scalar: _pow,

@@ -162,9 +162,9 @@ class Combine(Head):
         a, b = y.split(4, dim=1)
         c, _ = torch.chunk(y * 3.0, 2, dim=2)
         rows = torch.unbind(y[:, :4, 2:5], dim=2)  # three 4 x 8 rows
-        z = torch.cat([a, b * 4.0], dim=1)  # 8 x 8 x 8
+        z = torch.stack([a, b * 4.0], dim=1).flatten(1, 2)  # 8 x 8 x 8
         z = torch.cat([z[:, :, :4], c], dim=2) + y[:, 0].unsqueeze(1)  # over channels
-        return torch.cat([z.flatten(1), torch.cat(rows, dim=1).flatten(1)], dim=1)
+        return torch.cat([z.flatten(1), torch.stack(rows, dim=1).flatten(1)], dim=1)
 
 
 class Math(Head):

@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-from torch import nn
 
 from schemas.spec import parse_spec
 from schemas.store import RunStore
 from stages.context import RunContext
-from stages.modelio import UnsupportedOps, prepare_qat
-from stages.quantizer import QuantPolicy
 from stages.registry import code_version
 from stages.stage_models import open_stage_model
 from tests.conftest import tiny_spec_dict
@@ -35,10 +31,6 @@ ISLANDS = {name: [] for name in FAMILIES} | {
     "attention": ["attention", "einsum", "mha.attention", "permute", "reshape"],
 }
 """The float islands each family is expected to leave (listed at convert, run on the CPU)."""
-REFUSED = {
-    "stack": lambda y: torch.stack([y, y * 2.0], dim=1),
-}
-"""Ops prepare refuses by name (docs/design.md "Op coverage": never half-handled)."""
 
 
 def run_family(tmp_path_factory, name: str):
@@ -87,18 +79,3 @@ def test_float_islands_are_listed(family):
     report = ctx.run.path("debug/model_check_result.txt").read_text()
     listed = report.split("on the board's CPU side)\n")[1].split()
     assert listed == (ISLANDS[name] or ["none"])
-
-
-class _After(nn.Module):
-    def __init__(self, op):
-        super().__init__()
-        self.conv, self.op = nn.Conv2d(4, 8, 3, padding=1), op
-
-    def forward(self, x):
-        return self.op(self.conv(x))
-
-
-@pytest.mark.parametrize("op", list(REFUSED))
-def test_ops_outside_the_table_are_refused_at_prepare_by_name(op):
-    with pytest.raises(UnsupportedOps, match=rf"aten\.{op}\."):
-        prepare_qat(_After(REFUSED[op]).eval(), torch.randn(2, 4, 8, 8), QuantPolicy())
