@@ -53,7 +53,6 @@ def _table() -> dict[object, tuple[str, Category]]:
             "div": [aten.div.Tensor, aten.div.Scalar],
             "abs": [aten.abs.default],
             "neg": [aten.neg.default],
-            "leaky_relu": [aten.leaky_relu.default],
             "prelu": [aten.prelu.default],
             "avg_pool": [
                 aten.avg_pool2d.default,
@@ -91,6 +90,7 @@ def _table() -> dict[object, tuple[str, Category]]:
             "silu": [aten.silu.default],
             "hardswish": [aten.hardswish.default],
             "hardsigmoid": [aten.hardsigmoid.default],
+            "leaky_relu": [aten.leaky_relu.default],
             "reciprocal": [aten.reciprocal.default],
             "sqrt": [aten.sqrt.default],
             "rsqrt": [aten.rsqrt.default],
