@@ -51,8 +51,6 @@ def _table() -> dict[object, tuple[str, Category]]:
             "sub": [aten.sub.Tensor, aten.sub.Scalar],
             "mul": [aten.mul.Tensor, aten.mul.Scalar],
             "div": [aten.div.Tensor, aten.div.Scalar],
-            "abs": [aten.abs.default],
-            "neg": [aten.neg.default],
             "prelu": [aten.prelu.default],
             "avg_pool": [
                 aten.avg_pool2d.default,
@@ -91,6 +89,8 @@ def _table() -> dict[object, tuple[str, Category]]:
             "hardswish": [aten.hardswish.default],
             "hardsigmoid": [aten.hardsigmoid.default],
             "leaky_relu": [aten.leaky_relu.default],
+            "abs": [aten.abs.default],
+            "neg": [aten.neg.default],
             "reciprocal": [aten.reciprocal.default],
             "sqrt": [aten.sqrt.default],
             "rsqrt": [aten.rsqrt.default],

@@ -248,6 +248,7 @@ def rules() -> dict:
         aten.exp.default: _unary("Exp"), aten.log.default: _unary("Log"),
         aten.sqrt.default: _unary("Sqrt"), aten.rsqrt.default: _rsqrt,
         aten.reciprocal.default: _unary("Reciprocal"),
+        aten.abs.default: _unary("Abs"), aten.neg.default: _unary("Neg"),
         aten.gelu.default: _gelu, aten.silu.default: _silu,
         aten.hardswish.default: _unary("HardSwish"),
         aten.hardsigmoid.default: _unary("HardSigmoid", alpha=1.0 / 6.0, beta=0.5),

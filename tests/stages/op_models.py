@@ -132,7 +132,7 @@ class Resample(Head):
         a = F.interpolate(small, scale_factor=2, mode="nearest")
         b = F.interpolate(small, size=(8, 8), mode="bilinear", align_corners=False)
         c = F.interpolate(small, size=(8, 8), mode="bilinear", align_corners=True)
-        d = F.pixel_shuffle(torch.cat([small, small * 0.5, b[:, :, ::2, ::2], small * 2.0], 1), 2)
+        d = F.pixel_shuffle(torch.cat([small, small * 0.5, b[:, :, ::2, ::2], -small], 1), 2)
         n, ch, h, w = y.shape
         e = y.view(n, 2, ch // 2, h, w).transpose(1, 2).reshape(n, ch, h, w)  # channel shuffle
         f = F.pad(small, (2, 2, 2, 2)) + F.pad(small, (2, 2, 2, 2), mode="reflect")
@@ -175,7 +175,7 @@ class Math(Head):
 
     def body(self, y):
         a = torch.maximum(y, y * 0.5) + torch.minimum(y, y.mean(1, keepdim=True))
-        b = y.clamp(-1.0, 2.0) + y.clamp(min=0.2)
+        b = y.clamp(-1.0, 2.0).abs() - y.clamp(min=0.2)
         rms = torch.rsqrt(y.pow(2).mean(1, keepdim=True) + 1e-5)
         c = y * rms + torch.sqrt(y * y + 1.0)
         return a + b + c
