@@ -283,3 +283,12 @@ def test_resampling_rounds_ties_differently():
     step = next(q.scale.item() for _, q in quantizers(gm) if q.name == "resize[output]")
     flips = np.abs(got["resize"] - layers["resize"].numpy()) / step
     assert flips.max() <= 1.0001 and (flips > 0.5).mean() < 0.05
+
+
+def test_every_op_prepare_accepts_has_an_onnx_translation():
+    """Else prepare lets the op in and export stops on it (abs and neg did)."""
+    from stages.layers import OP_TABLE
+    from stages.onnx_ops import rules
+
+    missing = sorted(op for target, (op, _) in OP_TABLE.items() if target not in rules())
+    assert missing == []
