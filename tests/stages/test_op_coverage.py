@@ -11,6 +11,7 @@ import pytest
 
 from schemas.spec import parse_spec
 from schemas.store import RunStore
+from simulator import hbm
 from stages.context import RunContext
 from stages.registry import code_version
 from stages.stage_models import open_stage_model
@@ -79,3 +80,14 @@ def test_float_islands_are_listed(family):
     report = ctx.run.path("debug/model_check_result.txt").read_text()
     listed = report.split("on the board's CPU side)\n")[1].split()
     assert listed == (ISLANDS[name] or ["none"])
+
+
+@pytest.mark.parametrize("family", ["combine"], indirect=True)
+def test_layout_ops_on_constants_are_folded(family):
+    """The relative position bias (a parameter gathered by constant indices, permuted,
+    unsqueezed) is one constant of the add by compile: no instruction computes it."""
+    _, ctx, arts = family
+    folded = set(arts["convert"].folded_constants)
+    assert {"slice_1", "permute"} <= folded
+    program = hbm.load(ctx.run.path(arts["compile"].hbm_file))
+    assert not folded & {lid for i in program.instructions for lid in i.layer_ids}
