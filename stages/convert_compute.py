@@ -241,8 +241,10 @@ def avg_pool(c: Converter, k: int, node: onnx.NodeProto) -> bool:
 
 def concat(c: Converter, k: int, node: onnx.NodeProto) -> bool:
     ins, spec = [c.qt.get(n) for n in node.input], _out(c, k, node)
-    if spec is None or any(q is None or q.scale.size != 1 for q in ins):
+    if any(q is None or q.scale.size != 1 for q in ins):
         return False
+    if spec is None:
+        return _concat_as_is(c, node, ins)
     names = []
     for q in ins:
         if float(q.scale) == float(spec[0]) and q.dtype == spec[1]:
@@ -252,6 +254,17 @@ def concat(c: Converter, k: int, node: onnx.NodeProto) -> bool:
         names.append(f"{q.name}#to_{spec[2].output[0]}")
         c.emit("QRequant", [q.name, m, s], [names[-1]], domain=DOMAIN, **_req(c, out_dtype=spec[1]))
     return _into_quantizer(c, spec, "Concat", names, domain="", axis=_attr(node, "axis"))
+
+
+def _concat_as_is(c: Converter, node: onnx.NodeProto, ins: list[QTensor]) -> bool:
+    """No output quantizer (the windows of an uneven adaptive max pool): the integers
+    joined as they are when every input has one scale and dtype, else a float island."""
+    if any(float(q.scale) != float(ins[0].scale) or q.dtype != ins[0].dtype for q in ins):
+        return False
+    out = f"{node.output[0]}#q"
+    c.emit("Concat", [q.name for q in ins], [out], axis=_attr(node, "axis"))
+    c.qt[node.output[0]] = QTensor(out, ins[0].scale, ins[0].dtype)
+    return True
 
 
 COMPUTE = {

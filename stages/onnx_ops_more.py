@@ -136,6 +136,27 @@ def _stack(b, node):
     return b.emit("Concat", ins, axis=dim)
 
 
+def uneven_pool(b, x: str, op: str, size: list[int], out: list[int]) -> str:
+    """Adaptive pooling whose windows differ in size, one spatial axis at a time (both
+    pools are separable): per output index i, the window ``[floor(i*n/o),
+    ceil((i+1)*n/o))`` sliced out and pooled to length 1 (MaxPool / AveragePool with
+    that kernel), the results joined by a Concat; an axis that divides is one pool."""
+    for axis, (n, o) in enumerate(zip(size, out, strict=True), start=2):
+        kernel = [1] * len(size)
+        if n % o == 0:
+            kernel[axis - 2] = n // o
+            x = b.emit(op, [x], kernel_shape=kernel, strides=kernel)
+            continue
+        parts = []
+        for i in range(o):
+            start, end = i * n // o, -(-(i + 1) * n // o)
+            kernel[axis - 2] = end - start
+            part = b.emit("Slice", [x, b.ints([start]), b.ints([end]), b.ints([axis])])
+            parts.append(b.emit(op, [part], kernel_shape=list(kernel)))
+        x = b.emit("Concat", parts, axis=axis)
+    return x
+
+
 def more_rules() -> dict:
     """aten target -> rule, for the ops of this module."""
     return {

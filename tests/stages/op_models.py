@@ -105,13 +105,13 @@ class Pools(Head):
     pool with ceil_mode."""
 
     def __init__(self):
-        super().__init__(8 * (9 + 9 + 16 + 16 + 9 + 1))
-        self.amax = nn.AdaptiveMaxPool2d(4)
+        super().__init__(8 * (9 + 12 + 16 + 16 + 9 + 1))
+        self.amax = nn.AdaptiveMaxPool2d((3, 4))
 
     def body(self, y):
         parts = [
-            F.adaptive_avg_pool2d(y, 4)[:, :, :3, :3],
-            self.amax(y)[:, :, 1:, 1:],
+            F.adaptive_avg_pool2d(y, 3),
+            self.amax(y),
             F.avg_pool2d(y, 3, 2, 1, count_include_pad=True),
             F.avg_pool2d(y, 3, 2, 1, count_include_pad=False),
             F.max_pool2d(y, 3, 3, ceil_mode=True),

@@ -25,6 +25,7 @@ ISLANDS = {name: [] for name in FAMILIES} | {
     # an unfolded batch norm; group_norm (InstanceNormalization), LogSoftmax
     "norms": ["bn", "gn", "log_softmax"],
     "convs": ["up", "up_grouped"],  # ConvTranspose
+    "pools": ["avg_pool"],  # adaptive avg pool with uneven windows (pooled per window)
     "resample": ["resize", "resize_1"],  # bilinear Resize
     "combine": ["sum"],  # ReduceSum
     "math": ["maximum", "minimum"],  # Max / Min
