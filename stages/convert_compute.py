@@ -200,6 +200,8 @@ def _rescale(c: Converter, a: QTensor, ratio: float, spec) -> bool:
 
 
 def reduce_mean(c: Converter, k: int, node: onnx.NodeProto) -> bool:
+    """ReduceMean / GlobalAveragePool -> QReduceMean, ReduceSum -> QReduceSum (the same
+    requantize ``s_in / s_out``; the mean also divides by the element count)."""
     a, spec = c.qt.get(node.input[0]), _out(c, k, node)
     if a is None or spec is None or a.scale.size != 1:
         return False
@@ -214,7 +216,7 @@ def reduce_mean(c: Converter, k: int, node: onnx.NodeProto) -> bool:
     return _into_quantizer(
         c,
         spec,
-        "QReduceMean",
+        "QReduceSum" if node.op_type == "ReduceSum" else "QReduceMean",
         [a.name, mult, shift],
         axes=list(axes),
         keepdims=int(keep),
@@ -277,6 +279,7 @@ COMPUTE = {
     ("", "Div"): mul,
     ("", "ReduceMean"): reduce_mean,
     ("", "GlobalAveragePool"): reduce_mean,
+    ("", "ReduceSum"): reduce_mean,
     ("", "AveragePool"): avg_pool,
     ("", "Concat"): concat,
 }

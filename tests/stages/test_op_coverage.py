@@ -27,7 +27,6 @@ ISLANDS = {name: [] for name in FAMILIES} | {
     "convs": ["up", "up_grouped"],  # ConvTranspose
     "pools": ["avg_pool"],  # adaptive avg pool with uneven windows (pooled per window)
     "resample": ["resize", "resize_1"],  # bilinear Resize
-    "combine": ["sum"],  # ReduceSum
     "math": ["maximum", "minimum"],  # Max / Min
     # sdpa and MHA (no quantizers inside), Einsum, the layout ops on the float model input
     "attention": ["attention", "einsum", "mha.attention", "permute", "reshape"],
