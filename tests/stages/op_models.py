@@ -158,6 +158,7 @@ class Combine(Head):
     def body(self, y):
         gate = torch.sigmoid(self.se(y.mean((2, 3))))[:, :, None, None]
         y = y * gate - y.sum(dim=(2, 3), keepdim=True) / 64.0 + y / 2.0
+        y = y / (y.abs().mean((2, 3), keepdim=True) + 1.0)  # a norm by a tensor
         y = y + self.bias_table[self.index].permute(2, 0, 1).unsqueeze(0)  # 8 x 8 x 8
         a, b = y.split(4, dim=1)
         c, _ = torch.chunk(y * 3.0, 2, dim=2)

@@ -27,6 +27,7 @@ ISLANDS = {name: [] for name in FAMILIES} | {
     "convs": ["up", "up_grouped"],  # ConvTranspose
     "pools": ["avg_pool"],  # adaptive avg pool with uneven windows (pooled per window)
     "resample": ["resize", "resize_1"],  # bilinear Resize
+    "combine": ["div_2"],  # a division by a tensor (no integer Div)
     "math": ["maximum", "minimum"],  # Max / Min
     # sdpa and MHA (no quantizers inside), Einsum, the layout ops on the float model input
     "attention": ["attention", "einsum", "mha.attention", "permute", "reshape"],
