@@ -51,9 +51,6 @@ def _table() -> dict[object, tuple[str, Category]]:
             "sub": [aten.sub.Tensor, aten.sub.Scalar],
             "mul": [aten.mul.Tensor, aten.mul.Scalar],
             "div": [aten.div.Tensor, aten.div.Scalar],
-            "abs": [aten.abs.default],
-            "neg": [aten.neg.default],
-            "leaky_relu": [aten.leaky_relu.default],
             "prelu": [aten.prelu.default],
             "avg_pool": [
                 aten.avg_pool2d.default,
@@ -70,6 +67,17 @@ def _table() -> dict[object, tuple[str, Category]]:
                 aten.batch_norm.default,
                 aten._native_batch_norm_legit_no_training.default,
             ],
+            "log_softmax": [aten.log_softmax.int, aten._log_softmax.default],  # a float island
+            "maximum": [aten.maximum.default],  # a float island
+            "minimum": [aten.minimum.default],  # a float island
+            "pow": [aten.pow.Tensor_Scalar],
+            "einsum": [aten.einsum.default],  # a float island
+            "stack": [aten.stack.default],
+            "group_norm": [aten.group_norm.default],  # a float island (no integer form)
+            "conv_transpose": [  # a float island with float weights (no integer form)
+                aten.conv_transpose2d.input,
+                aten.conv_transpose1d.default,
+            ],
         },
         c.LUT: {
             "sigmoid": [aten.sigmoid.default],
@@ -80,6 +88,9 @@ def _table() -> dict[object, tuple[str, Category]]:
             "silu": [aten.silu.default],
             "hardswish": [aten.hardswish.default],
             "hardsigmoid": [aten.hardsigmoid.default],
+            "leaky_relu": [aten.leaky_relu.default],
+            "abs": [aten.abs.default],
+            "neg": [aten.neg.default],
             "reciprocal": [aten.reciprocal.default],
             "sqrt": [aten.sqrt.default],
             "rsqrt": [aten.rsqrt.default],
@@ -111,6 +122,8 @@ def _table() -> dict[object, tuple[str, Category]]:
                 aten.expand.default,
             ],
             "permute": [aten.permute.default, aten.transpose.int, aten.t.default],
+            "repeat": [aten.repeat.default],
+            "pixel_shuffle": [aten.pixel_shuffle.default],
             "roll": [aten.roll.default],
             "slice": [
                 aten.slice.Tensor,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from stages.onnx_ops_more import more_rules, nearest
 from stages.onnx_shape_ops import shape_rules, widen
 
 aten = torch.ops.aten
@@ -247,6 +248,7 @@ def rules() -> dict:
         aten.exp.default: _unary("Exp"), aten.log.default: _unary("Log"),
         aten.sqrt.default: _unary("Sqrt"), aten.rsqrt.default: _rsqrt,
         aten.reciprocal.default: _unary("Reciprocal"),
+        aten.abs.default: _unary("Abs"), aten.neg.default: _unary("Neg"),
         aten.gelu.default: _gelu, aten.silu.default: _silu,
         aten.hardswish.default: _unary("HardSwish"),
         aten.hardsigmoid.default: _unary("HardSigmoid", alpha=1.0 / 6.0, beta=0.5),
@@ -254,12 +256,12 @@ def rules() -> dict:
         aten.layer_norm.default: _layer_norm,
         aten.batch_norm.default: _batch_norm,
         aten._native_batch_norm_legit_no_training.default: _batch_norm,
-        aten.upsample_nearest2d.vec: _resize("nearest"),
-        aten.upsample_nearest2d.default: _resize("nearest"),
+        aten.upsample_nearest2d.vec: nearest(_resize("nearest")),
+        aten.upsample_nearest2d.default: nearest(_resize("nearest")),
         aten.upsample_bilinear2d.vec: _resize("linear"),
         aten.upsample_bilinear2d.default: _resize("linear"),
         aten.grid_sampler.default: _grid_sample, aten.grid_sampler_2d.default: _grid_sample,
         aten.embedding.default: _embedding,
         aten.scaled_dot_product_attention.default: _attention,
     }  # fmt: skip
-    return table | shape_rules()
+    return table | shape_rules() | more_rules()

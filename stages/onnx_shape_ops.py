@@ -61,8 +61,9 @@ def _pool(op: str):
     return rule
 
 
-def _adaptive(op: str, global_op: str):
-    """Global pooling for a 1x1 output; an exact AveragePool/MaxPool when sizes divide."""
+def _adaptive(op: str, global_op: str, uneven_pool):
+    """Global pooling for a 1x1 output; an exact AveragePool/MaxPool when sizes divide;
+    else per-window pools joined (:func:`stages.onnx_ops_more.uneven_pool`)."""
 
     def rule(b, node):
         a = b.args(node)
@@ -73,11 +74,11 @@ def _adaptive(op: str, global_op: str):
         elif all(isinstance(s, int) and o and s % o == 0 for s, o in zip(size, out, strict=True)):
             k = [s // o for s, o in zip(size, out, strict=True)]
             y = b.emit(op, [x], kernel_shape=k, strides=k)
+        elif all(isinstance(s, int) for s in size):
+            y = uneven_pool(b, x, op, list(size), out)
         else:
-            raise b.fail(
-                f"adaptive pooling from {list(size)} to {out} has uneven windows",
-                hint="use an output size that divides the input size, or 1x1",
-            )
+            raise b.fail(f"adaptive pooling of a dynamic size {list(size)}",
+                         hint="pool inputs of a static spatial size")  # fmt: skip
         return b.first_of(node, y)
 
     return rule
@@ -283,6 +284,8 @@ def _getitem(b, node):
 
 def shape_rules() -> dict:
     """aten target -> rule, for the shape, layout, pooling and reduction ops."""
+    from stages.onnx_ops_more import uneven_pool  # it imports this module's helpers
+
     max_pool, avg_pool = _pool("MaxPool"), _pool("AveragePool")
     reshape = [aten.view.default, aten.reshape.default, aten.unflatten.int]
     identity = [aten.contiguous.default, aten.clone.default, aten.dropout.default]
@@ -301,8 +304,8 @@ def shape_rules() -> dict:
         operator.getitem: _getitem, aten.roll.default: _roll, aten.index.Tensor: _index,
         aten.max_pool2d.default: max_pool, aten.max_pool1d.default: max_pool,
         aten.avg_pool2d.default: avg_pool, aten.avg_pool1d.default: avg_pool,
-        aten.adaptive_avg_pool2d.default: _adaptive("AveragePool", "GlobalAveragePool"),
-        aten.adaptive_max_pool2d.default: _adaptive("MaxPool", "GlobalMaxPool"),
+        aten.adaptive_avg_pool2d.default: _adaptive("AveragePool", "GlobalAveragePool", uneven_pool),
+        aten.adaptive_max_pool2d.default: _adaptive("MaxPool", "GlobalMaxPool", uneven_pool),
         aten.mean.dim: _reduce("ReduceMean"), aten.mean.default: _reduce("ReduceMean"),
         aten.sum.dim_IntList: _reduce("ReduceSum"),
     }  # fmt: skip

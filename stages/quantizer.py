@@ -32,7 +32,8 @@ from stages.layers import ID_KEY, Category, classify, is_tensor_node
 
 TORCH_DTYPES = {"int8": torch.int8, "int16": torch.int16}
 # Ops whose trailing tensor inputs are parameters: how many leading inputs are activations.
-PARAM_OPS = {"layer_norm": 1, "batch_norm": 1, "prelu": 1, "embedding": 0}
+PARAM_OPS = {"layer_norm": 1, "batch_norm": 1, "prelu": 1, "embedding": 0, "group_norm": 1,
+             "conv_transpose": 1}  # fmt: skip
 QRANGES = {"int8": (-128, 127), "int16": (-32768, 32767)}
 
 
@@ -150,14 +151,16 @@ class NashQuantizer(Quantizer):
             quantized.add(node)
 
     def _fuses(self, node: torch.fx.Node, outputs) -> bool:
-        """fuse_requantize: a conv/linear whose only user is an add/sub is requantized once,
-        after the add, so QAT has no quantizer between them either."""
+        """fuse_requantize: a conv/linear whose only user is an add/sub of two tensors is
+        requantized once, after the add, so QAT has no quantizer between them either (an
+        add of a constant has no integer form on an int32 accumulator: not fused)."""
         users = list(node.users)
         return (
             self.policy.fuse_requantize
             and node not in outputs
             and len(users) == 1
             and classify(users[0])[0] in ("add", "sub")
+            and all(isinstance(a, torch.fx.Node) for a in users[0].args[:2])
         )
 
     def _check_overrides(self, model: torch.fx.GraphModule) -> None:
