@@ -26,7 +26,7 @@ from stages.exactness import check_exact
 from stages.onnx_export import render_graph_text
 from stages.onnx_runner import OnnxRunner
 from stages.ptq import calibrate_onnx as cal
-from stages.ptq import equivalence, original, ptq
+from stages.ptq import equivalence, original, ptq, shapes
 from stages.ptq.context import PtqContext, PtqModel
 from stages.ptq.graph import layer_of, save_model
 from stages.ptq.optimize import optimize
@@ -49,11 +49,17 @@ def _load(ctx: PtqContext, art: PtqModel) -> onnx.ModelProto:
 
 
 def original_stage(_: None, ctx: PtqContext, call: StageCall) -> PtqModel:
-    """Load, check, assign layer ids; refuse unsupported ops after writing the report."""
-    model = original.check_model(original.load_model(ctx.source), ctx.source)
+    """Load, fix the input shapes, check, fold the size computations, assign layer ids;
+    refuse unsupported ops after writing the report."""
+    model = original.load_model(ctx.source)
+    shapes.fix_input_shapes(model, ctx.input_shapes, ctx.source)
+    model, folded = shapes.fold_shapes(original.check_model(model, ctx.source))
     original.assign_layer_ids(model)
     bad = original.unsupported(model)
-    ctx.write_debug("model_check_result.txt", original.render_check(model, ctx.source, bad))
+    report = original.render_check(model, ctx.source, bad)
+    ctx.write_debug(
+        "model_check_result.txt", report + "\n".join(shapes.render_folded(folded)) + "\n"
+    )
     if bad:
         raise original.refuse(bad, ctx.source)
     rel = _save(ctx, "original", model)

@@ -72,7 +72,7 @@ def fix_tables(model: onnx.ModelProto, march: March) -> tuple[onnx.ModelProto, l
         nodes.append(node)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
-    if fixed:
+    if all(o.domain != DOMAIN for o in model.opset_import):  # convert writes its ops there
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     onnx.checker.check_model(model)
     return model, fixed, islands
