@@ -1,6 +1,7 @@
 """ptq: table ops of the calibrated model become fixed point (the vendor's ptq_model).
 
-A Sigmoid / Tanh / Exp whose input lies on a quantization grid (the DequantizeLinear of an
+A table op (:data:`TABLE_FNS`: Sigmoid, Tanh, Exp, Log, Sqrt, Reciprocal, Erf, Softplus,
+HardSigmoid, HardSwish, Gelu, LeakyRelu, Elu) whose input lies on a quantization grid (the DequantizeLinear of an
 output quantizer, possibly through passthrough ops that keep the grid) and whose only user
 is its output quantizer becomes, exactly as :mod:`stages.onnx_export` writes a fixed-point
 op::
@@ -32,8 +33,41 @@ from simulator.march import March
 from stages.onnx_builder import DOMAIN, INT_DTYPES
 from stages.ptq.graph import PASSTHROUGH_OPS, TABLE_OPS, layer_of, set_layer, users
 
-TORCH_FNS = {"Sigmoid": torch.sigmoid, "Tanh": torch.tanh, "Exp": torch.exp}
-"""The float function of each table op (lower-case names are simulator.lut's op names)."""
+
+def _attr(node: onnx.NodeProto, name: str, default):
+    found = [helper.get_attribute_value(a) for a in node.attribute if a.name == name]
+    return found[0] if found else default
+
+
+def _hard_sigmoid(node):
+    """ONNX HardSigmoid: ``clip(alpha * x + beta, 0, 1)`` (torch's exporter: 1/6, 0.5)."""
+    alpha, beta = _attr(node, "alpha", 0.2), _attr(node, "beta", 0.5)
+    return lambda x: torch.clamp(alpha * x + beta, 0, 1)
+
+
+def _gelu(node):
+    approximate = _attr(node, "approximate", b"none")
+    approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
+    return lambda x: torch.nn.functional.gelu(x, approximate=approximate)
+
+
+TABLE_FNS = {
+    "Sigmoid": lambda n: torch.sigmoid,
+    "Tanh": lambda n: torch.tanh,
+    "Exp": lambda n: torch.exp,
+    "Log": lambda n: torch.log,
+    "Sqrt": lambda n: torch.sqrt,
+    "Reciprocal": lambda n: torch.reciprocal,
+    "Erf": lambda n: torch.erf,
+    "Softplus": lambda n: torch.nn.functional.softplus,
+    "HardSigmoid": _hard_sigmoid,
+    "HardSwish": lambda n: torch.nn.functional.hardswish,
+    "Gelu": _gelu,
+    "LeakyRelu": lambda n: lambda x: torch.nn.functional.leaky_relu(x, _attr(n, "alpha", 0.01)),
+    "Elu": lambda n: lambda x: torch.nn.functional.elu(x, _attr(n, "alpha", 1.0)),
+}
+"""node -> the float function of its table op, ONNX attributes applied (the op's lower-case
+name labels the table in simulator.lut)."""
 
 
 def grids(model: onnx.ModelProto) -> dict[str, tuple[float, str]]:
@@ -78,10 +112,10 @@ def fix_tables(model: onnx.ModelProto, march: March) -> tuple[onnx.ModelProto, l
     return model, fixed, islands
 
 
-def table_for(op: str, src: tuple[float, str], dst: tuple[float, str], march: March):
-    """The LutTable of ``op`` from input grid ``src`` to output grid ``dst``."""
+def table_for(node: onnx.NodeProto, src: tuple[float, str], dst: tuple[float, str], march: March):
+    """The LutTable of ``node``'s op from input grid ``src`` to output grid ``dst``."""
     (s_in, dt_in), (s_out, dt_out) = src, dst
-    fn = TORCH_FNS[op]
+    op, fn = node.op_type, TABLE_FNS[node.op_type](node)
     if dt_in == "int8":
         qmin, qmax = fp.qrange("int8")
         grid = torch.arange(qmin, qmax + 1, dtype=torch.float32) * torch.tensor(s_in)
@@ -99,7 +133,7 @@ def table_for(op: str, src: tuple[float, str], dst: tuple[float, str], march: Ma
 def _lut_nodes(model, node, src, dst, march) -> list[onnx.NodeProto]:
     """Q(in) -> qparity::Lut -> DQ(out) replacing ``node`` (its output name kept)."""
     lid = layer_of(node)
-    attrs, tables = CUSTOM_OPS["Lut"].encode(table_for(node.op_type, src, dst, march))
+    attrs, tables = CUSTOM_OPS["Lut"].encode(table_for(node, src, dst, march))
     names = [_const(model, f"{lid}/{k}", v) for k, v in tables.items()]
     s_in, zp_in = _qparams(model, f"{lid}/in", *src)
     s_out, zp_out = _qparams(model, f"{lid}/out", *dst)
