@@ -27,6 +27,7 @@ import torch
 from onnx import helper, numpy_helper
 
 from simulator import fixedpoint as fp
+from simulator.composite import build_softmax
 from simulator.custom_ops import CUSTOM_OPS
 from simulator.lut import build_direct_table, build_segmented_table
 from simulator.march import March
@@ -86,7 +87,7 @@ def grids(model: onnx.ModelProto) -> dict[str, tuple[float, str]]:
 
 def fix_tables(model: onnx.ModelProto, march: March) -> tuple[onnx.ModelProto, list, dict]:
     """(ptq model, layer ids made fixed point, {layer id: why it stays float})."""
-    grid, readers = grids(model), users(model.graph)
+    grid, readers, shapes = grids(model), users(model.graph), _shapes(model)
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     nodes, fixed, islands = [], [], {}
     for node in model.graph.node:
@@ -100,9 +101,12 @@ def fix_tables(model: onnx.ModelProto, march: March) -> tuple[onnx.ModelProto, l
             islands[lid] = "output has no quantizer of its own"
         else:
             out = (float(inits[q_out[0].input[1]]), str(inits[q_out[0].input[2]].dtype))
-            nodes += _lut_nodes(model, node, grid[node.input[0]], out, march)
-            fixed.append(lid)
-            continue
+            payload, kw = _payload(node, grid[node.input[0]], out, march, shapes)
+            if payload is not None:
+                nodes += _fixed_nodes(model, node, grid[node.input[0]], out, payload, kw)
+                fixed.append(lid)
+                continue
+            islands[lid] = "the softmax axis has no static length"
         nodes.append(node)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
@@ -130,16 +134,42 @@ def table_for(node: onnx.NodeProto, src: tuple[float, str], dst: tuple[float, st
     )  # fmt: skip
 
 
-def _lut_nodes(model, node, src, dst, march) -> list[onnx.NodeProto]:
-    """Q(in) -> qparity::Lut -> DQ(out) replacing ``node`` (its output name kept)."""
+def _shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """Tensor -> its inferred dims (0 where unknown, e.g. the batch)."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    g = inferred.graph
+    return {
+        v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+        for v in [*g.input, *g.value_info, *g.output]
+    }
+
+
+def _payload(node, src, dst, march, shapes) -> tuple[object | None, dict]:
+    """The fixed-point tables of ``node``: a Lut's, or Softmax's composite (exp table,
+    reciprocal table, the sum's shift for the softmax axis' length, as pre_export builds
+    them for the QAT chain; None when that length is not static)."""
+    if node.op_type != "Softmax":
+        return table_for(node, src, dst, march), {}
+    dims = shapes.get(node.input[0], [])
+    axis = _attr(node, "axis", -1) % max(len(dims), 1)
+    n_max = dims[axis] if axis < len(dims) else 0
+    if n_max <= 0:
+        return None, {}
+    return build_softmax(*src, *dst, "half_even", n_max=n_max), {"axis": axis}
+
+
+def _fixed_nodes(model, node, src, dst, payload, kw) -> list[onnx.NodeProto]:
+    """Q(in) -> qparity::Lut (or Softmax) -> DQ(out) replacing ``node`` (its output name
+    kept)."""
     lid = layer_of(node)
-    attrs, tables = CUSTOM_OPS["Lut"].encode(table_for(node, src, dst, march))
+    op = "Softmax" if node.op_type == "Softmax" else "Lut"
+    attrs, tables = CUSTOM_OPS[op].encode(payload, **kw)
     names = [_const(model, f"{lid}/{k}", v) for k, v in tables.items()]
     s_in, zp_in = _qparams(model, f"{lid}/in", *src)
     s_out, zp_out = _qparams(model, f"{lid}/out", *dst)
     q = helper.make_node("QuantizeLinear", [node.input[0], s_in, zp_in], [f"{lid}/q:0"],
                          name=f"{lid}/q")  # fmt: skip
-    lut = helper.make_node("Lut", [q.output[0], *names], [f"{lid}:0"], name=lid, domain=DOMAIN,
+    lut = helper.make_node(op, [q.output[0], *names], [f"{lid}:0"], name=lid, domain=DOMAIN,
                            **attrs)  # fmt: skip
     dq = helper.make_node("DequantizeLinear", [lut.output[0], s_out, zp_out], [node.output[0]],
                           name=f"{lid}/dq")  # fmt: skip
