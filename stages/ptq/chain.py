@@ -20,7 +20,7 @@ from simulator import hbm
 from simulator.executor import Executor
 from stages.compile import tensor_shapes
 from stages.compile_graph import Compiler
-from stages.convert import layer_json
+from stages.convert import ISLANDS, layer_json
 from stages.convert_graph import Converter, ConvertSettings
 from stages.exactness import check_exact
 from stages.onnx_export import render_graph_text
@@ -122,8 +122,14 @@ def quantized_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
     ctx.run.write_text(layers_rel, json.dumps(layer_json(layers), indent=1))
     ctx.write_debug("quantized_onnx.txt", render_graph_text(model))
     islands = {lid: "float island in the integer graph" for lid in sorted(converter.islands)}
+    ctx.append_check(["", ISLANDS, *(islands or ["none"])])
+    n = len(ctx.evaluation)
+    metrics = [
+        *_onnx_metrics(ctx, "quantized", rel),
+        Metric(stage="quantized", metric="float_islands", value=len(islands), n_samples=n),
+    ]
     return call.make(PtqModel, ctx.run, [rel, layers_rel], onnx_file=rel, layers_file=layers_rel,
-                     float_ops=islands, metrics=_onnx_metrics(ctx, "quantized", rel))  # fmt: skip
+                     float_ops=islands, metrics=metrics)  # fmt: skip
 
 
 def hbm_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
