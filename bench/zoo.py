@@ -4,11 +4,13 @@
     python bench/zoo.py --small --frames 32      # the reduced input sizes the tests use
     python bench/zoo.py resnet18 mobilenet_v2 --frames 1000
     python bench/zoo.py --ptq --small resnet18   # exported to ONNX, then ``qparity ptq``
+    python bench/zoo.py --ptq yolo_head          # examples/onnx_zoo: other exporters' idioms
 
 Each model runs in its own process (``qparity run`` of a spec made from
 examples/zoo/spec.yaml with that model, ``--no-prefect``, the analysis on) so one that
 fails prints its error and the others go on. A row: stages completed, top-1 per stage
-(agreement with the float model: the zoo's labels are the float model's argmax), the
+(agreement with the float model: the zoo's labels are the float model's argmax; output
+cosine with the float model for a dataset without labels, e.g. examples/onnx_zoo), the
 first divergent stage, and wall time. ``--store DIR`` keeps the runs (default: a
 temporary folder); ``--markdown`` prints the table as markdown for examples/zoo/README.md.
 """
@@ -29,6 +31,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from examples.onnx_zoo.graphs import BUILDERS, INPUT_SHAPES  # noqa: E402
 from examples.zoo.models import ZOO  # noqa: E402
 
 QAT = ["prepare", "calibrate", "pre_export", "export", "convert", "compile", "board_sim"]
@@ -40,7 +43,11 @@ def spec_for(name: str, small: bool, frames: int, ptq: bool, store: Path) -> dic
     ``ptq`` a PTQ spec whose ``model.export`` writes the model to ONNX first."""
     attr = f"small_{name}" if small else name
     data = {"dataset": f"examples.zoo.data:{attr}", "evaluation_samples": frames}
-    if ptq:
+    if ptq and name in BUILDERS:  # examples/onnx_zoo: graphs in other exporters' idioms
+        model = {"file": str(store / f"{name}.onnx"), "export": f"examples.onnx_zoo.export:{name}",
+                 "input_shapes": INPUT_SHAPES.get(name, {})}  # fmt: skip
+        data = {"dataset": f"examples.onnx_zoo.data:{name}", "evaluation_samples": 32}
+        return {"model": model, "data": {**data, "calibration_samples": 64, "batch_size": 16}}
         model = {"file": str(store / f"{attr}.onnx"), "export": f"examples.zoo.onnx_export:{attr}"}
         return {"model": model, "data": {**data, "calibration_samples": 64, "batch_size": 16},
                 "quant": {"march": "nash-e"}, "tags": {"example": "zoo"}}  # fmt: skip
@@ -81,14 +88,16 @@ def _results(store: Path, spec_name: str, stages: list[str]) -> dict:
 
     runs = sorted(p for p in store.glob(f"{spec_name}-*") if p.is_dir())
     if not runs:
-        return {"top1": {}, "completed": 0, "diverges": "-"}
+        return {"top1": {}, "completed": 0, "diverges": "-", "metric": "top1"}
     run = runs[-1]
     manifest = json.loads((run / "manifest.json").read_text())
     done = [s for s in stages if manifest.get("stages", {}).get(s, {}).get("status") == "complete"]
-    metrics = duckdb.sql(
-        f"SELECT stage, value FROM read_parquet('{run}/tables/metrics/**/*.parquet') "
-        "WHERE metric = 'top1'"
+    rows = duckdb.sql(
+        f"SELECT metric, stage, value FROM read_parquet('{run}/tables/metrics/**/*.parquet') "
+        "WHERE metric IN ('top1', 'cosine')"
     ).fetchall() if (run / "tables/metrics").exists() else []  # fmt: skip
+    metric = "top1" if any(m == "top1" for m, _, _ in rows) else "cosine"  # no labels: cosine
+    metrics = [(stage, value) for m, stage, value in rows if m == metric]
     loc = run / "tables/localization"
     diverges = "-"
     if loc.exists():
@@ -97,7 +106,7 @@ def _results(store: Path, spec_name: str, stages: list[str]) -> dict:
             "WHERE kind = 'stage' AND rank = 1 LIMIT 1"
         ).fetchall()
         diverges = rows[0][0] if rows else "none"
-    return {"top1": dict(metrics), "completed": len(done), "diverges": diverges}
+    return {"top1": dict(metrics), "completed": len(done), "diverges": diverges, "metric": metric}
 
 
 def render(rows: list[dict], markdown: bool, stages: list[str]) -> str:
@@ -105,7 +114,8 @@ def render(rows: list[dict], markdown: bool, stages: list[str]) -> str:
     head = ["model", "stages", *cols, "first divergent", "time"]
     lines = []
     for r in rows:
-        t1 = [f"{r['top1'][c]:.3f}" if c in r["top1"] else "-" for c in cols]
+        digits = 4 if r["metric"] == "cosine" else 3
+        t1 = [f"{r['top1'][c]:.{digits}f}" if c in r["top1"] else "-" for c in cols]
         cells = [
             r["model"],
             f"{r['completed']}/{len(stages)}",
@@ -137,6 +147,7 @@ def main() -> None:
     ap.add_argument("--ptq", action="store_true", help="export to ONNX, run the PTQ chain")
     args = ap.parse_args()
     names = args.models or [n for n in ZOO if not args.small or ZOO[n].small]
+    names += [] if args.models or not args.ptq else sorted(BUILDERS)
     store = args.store or Path(tempfile.mkdtemp(prefix="qparity-zoo-"))
     store.mkdir(parents=True, exist_ok=True)
     stages = PTQ if args.ptq else QAT

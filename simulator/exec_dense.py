@@ -91,7 +91,7 @@ def int_softmax(q: torch.Tensor, axis: int, t: SoftmaxTables, exp: Dense, recip:
     top = q.amax(dim=axis, keepdim=True)
     gap = torch.sub(top.int(), q.int()) if narrow else torch.sub(top.long(), q.long())
     gap = gap if narrow else gap.clamp_(0, exp.qmax)
-    e = exp.values.index_select(0, gap.view(-1)).view(q.shape)
+    e = exp.values.index_select(0, gap.reshape(-1)).view(q.shape)  # gap keeps q's strides
     wide = q.shape[axis] * 2**15 >= FLOAT32_EXACT
     s = e.sum(dim=axis, keepdim=True, dtype=torch.float64 if wide else None).double()
     r_in = round_(s.mul_(2.0**-t.sum_shift), t.rounding).clamp_(max=32767)

@@ -78,7 +78,10 @@ def grids(model: onnx.ModelProto) -> dict[str, tuple[float, str]]:
     out: dict[str, tuple[float, str]] = {}
     for node in model.graph.node:
         if node.op_type == "DequantizeLinear" and inits[node.input[1]].size == 1:
-            out[node.output[0]] = (float(inits[node.input[1]]), str(inits[node.input[2]].dtype))
+            out[node.output[0]] = (
+                float(inits[node.input[1]].reshape(-1)[0]),
+                str(inits[node.input[2]].dtype),
+            )
         elif node.op_type in PASSTHROUGH_OPS and node.input[0] in out:
             for o in node.output:
                 out[o] = out[node.input[0]]
@@ -100,7 +103,10 @@ def fix_tables(model: onnx.ModelProto, march: March) -> tuple[onnx.ModelProto, l
         elif len(q_out) != 1 or q_out[0].op_type != "QuantizeLinear":
             islands[lid] = "output has no quantizer of its own"
         else:
-            out = (float(inits[q_out[0].input[1]]), str(inits[q_out[0].input[2]].dtype))
+            out = (
+                float(inits[q_out[0].input[1]].reshape(-1)[0]),
+                str(inits[q_out[0].input[2]].dtype),
+            )
             payload, kw = _payload(node, grid[node.input[0]], out, march, shapes)
             if payload is not None:
                 nodes += _fixed_nodes(model, node, grid[node.input[0]], out, payload, kw)

@@ -99,6 +99,9 @@ def test_dense_softmax_equals_composite(seed):
     recip = exec_dense.dense(t.recip, torch.float64)
     got = exec_dense.int_softmax(torch.from_numpy(q), axis, t, exp, recip)
     np.testing.assert_array_equal(got.numpy().astype(np.int64), want)
+    strided = torch.from_numpy(q.transpose(1, 0, 2).copy()).transpose(0, 1)  # a reshape's view
+    got = exec_dense.int_softmax(strided, axis, t, exp, recip)
+    np.testing.assert_array_equal(got.numpy().astype(np.int64), want)
 
 
 @pytest.mark.parametrize("seed", range(8))
