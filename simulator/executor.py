@@ -11,8 +11,8 @@ Machine state:
 - ``consts``: a :class:`~simulator.exec_ops.ConstPool` built once per Executor: the
   program's constants as torch tensors, plus derived objects decoded once (LUT / softmax
   / layernorm tables).
-- :data:`KERNELS`: the one table ``Op -> fn(instr, bufs, consts) -> [tensors]``. The
-  kernels live in :mod:`simulator.exec_ops` (integer arithmetic), :mod:`simulator.exec_pool`
+- :data:`KERNELS`: ``Op -> fn(instr, bufs, consts) -> [tensors]``, the view of the
+  instruction table :data:`simulator.instructions.INSTRUCTIONS`. The kernels live in :mod:`simulator.exec_ops` (integer arithmetic), :mod:`simulator.exec_pool`
   (pools and reductions),
   :mod:`simulator.exec_table_ops` (tables, QUANTIZE / DEQUANTIZE, CPU, PREPROCESS) and
   :mod:`simulator.exec_layout` (LAYOUT); this module holds the table, the
@@ -58,41 +58,16 @@ import numpy as np
 import torch
 
 from schemas.errors import QparityError, SimulatorError
-from simulator.exec_cpu import cpu_op
-from simulator.exec_layout import k_layout, to_reference
-from simulator.exec_ops import (
-    ConstPool,
-    is_nhwc,
-    k_add,
-    k_clip,
-    k_conv,
-    k_linear,
-    k_matmul,
-    k_mul,
-    k_requant,
-)
-from simulator.exec_pool import k_avgpool, k_maxpool, k_reduce_mean, k_reduce_sum
-from simulator.exec_table_ops import (
-    k_dequantize,
-    k_layernorm,
-    k_lut,
-    k_preprocess,
-    k_quantize,
-    k_softmax,
-)
+from simulator.exec_layout import to_reference
+from simulator.exec_ops import ConstPool, is_nhwc
 from simulator.frozen import Frozen, freeze
+from simulator.instructions import kernels
 from simulator.isa import Instruction, Op, Program
 from simulator.replay import Replays
 
-KERNELS: dict[Op, Callable] = {
-    Op.QUANTIZE: k_quantize, Op.PREPROCESS: k_preprocess, Op.CONV: k_conv,
-    Op.LINEAR: k_linear, Op.MATMUL: k_matmul, Op.ADD: k_add, Op.MUL: k_mul,
-    Op.REQUANT: k_requant, Op.AVGPOOL: k_avgpool, Op.REDUCE_MEAN: k_reduce_mean,
-    Op.REDUCE_SUM: k_reduce_sum, Op.MAXPOOL: k_maxpool, Op.CLIP: k_clip, Op.LUT: k_lut,
-    Op.SOFTMAX: k_softmax, Op.LAYERNORM: k_layernorm, Op.LAYOUT: k_layout,
-    Op.DEQUANTIZE: k_dequantize, Op.CPU: cpu_op,
-}  # fmt: skip
-"""The one table: every :class:`Op` -> its whole-tensor kernel."""
+KERNELS: dict[Op, Callable] = kernels()
+"""Every :class:`Op` -> its whole-tensor kernel: the view of
+:data:`simulator.instructions.INSTRUCTIONS` the executor runs (tests patch entries)."""
 assert set(KERNELS) == set(Op), "every op has a kernel"
 _REZERO = frozenset({Op.LUT, Op.CLIP})
 

@@ -9,6 +9,8 @@ named buffers, and records every canonical layer id it covers (many-to-one after
 
 Semantics of each op are those of the quantized.onnx op it comes from (simulator.int_ops,
 simulator.lut, simulator.composite); ``Op`` only adds the board's data movement and layout.
+Which quantized.onnx op compiles to which instruction, and every kernel of each, is the
+instruction table :data:`simulator.instructions.INSTRUCTIONS`.
 """
 
 from __future__ import annotations
@@ -63,24 +65,6 @@ DATA = frozenset({Op.MAXPOOL, Op.CLIP, Op.LAYOUT})
 IO = frozenset({Op.QUANTIZE, Op.PREPROCESS, Op.DEQUANTIZE, Op.CPU})
 if frozenset(Op) != COMPUTE | TABLE | DATA | IO:  # the categories partition the set
     raise AssertionError("every instruction belongs to exactly one category")
-
-# quantized.onnx op type -> instruction (qparity domain); standard layout ops map to LAYOUT.
-FROM_ONNX = {
-    "QConv": Op.CONV,
-    "QLinear": Op.LINEAR,
-    "QMatMul": Op.MATMUL,
-    "QAdd": Op.ADD,
-    "QMul": Op.MUL,
-    "QRequant": Op.REQUANT,
-    "QAvgPool": Op.AVGPOOL,
-    "QReduceMean": Op.REDUCE_MEAN,
-    "QReduceSum": Op.REDUCE_SUM,
-    "QMaxPool": Op.MAXPOOL,
-    "QClip": Op.CLIP,
-    "Lut": Op.LUT,
-    "Softmax": Op.SOFTMAX,
-    "LayerNorm": Op.LAYERNORM,
-}
 
 
 @dataclass(frozen=True)

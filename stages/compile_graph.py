@@ -1,6 +1,6 @@
 """quantized.onnx -> a BPU Program (simulator.isa): instructions, layouts, packed constants.
 
-- Every integer node becomes one instruction (simulator.isa.FROM_ONNX); standard layout
+- Every integer node becomes one instruction (simulator.instructions.FROM_ONNX); standard layout
   ops become LAYOUT; the input QuantizeLinear becomes QUANTIZE and output
   DequantizeLinear DEQUANTIZE; a float island's nodes become CPU instructions.
 - Fusion: a relu (QClip with lo = 0 and hi = the dtype max) after a conv or add whose only
@@ -23,10 +23,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from simulator.isa import FROM_ONNX, Instruction, Layout, Op, Program
+from simulator.instructions import FROM_ONNX, NHWC_OPS
+from simulator.isa import Instruction, Layout, Op, Program
 from stages.convert_graph import _layer_id
-
-NHWC_OPS = {Op.CONV, Op.ADD, Op.CLIP, Op.MAXPOOL, Op.REQUANT}
 
 
 def _attrs(node: onnx.NodeProto) -> dict:

@@ -252,18 +252,3 @@ def concat(c: Converter, k: int, node: onnx.NodeProto) -> bool:
         names.append(f"{q.name}#to_{spec[2].output[0]}")
         c.emit("QRequant", [q.name, m, s], [names[-1]], domain=DOMAIN, **_req(c, out_dtype=spec[1]))
     return _into_quantizer(c, spec, "Concat", names, domain="", axis=_attr(node, "axis"))
-
-
-COMPUTE = {
-    ("", "Conv"): conv,
-    ("", "Gemm"): gemm,
-    ("", "MatMul"): matmul,
-    ("", "Add"): add,
-    ("", "Sub"): add,
-    ("", "Mul"): mul,
-    ("", "Div"): mul,
-    ("", "ReduceMean"): reduce_mean,
-    ("", "GlobalAveragePool"): reduce_mean,
-    ("", "AveragePool"): avg_pool,
-    ("", "Concat"): concat,
-}

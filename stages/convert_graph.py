@@ -110,9 +110,9 @@ class Converter:
 
     def run(self) -> tuple[onnx.ModelProto, dict[str, QTensor]]:
         """Convert every node in order; returns (quantized model, layer id -> integers)."""
-        from stages.convert_rules import rules
+        from stages.ops import convert_rules
 
-        table = rules()
+        table = convert_rules()
         for k, node in enumerate(self.src.graph.node):
             if k in self.skip:
                 continue

@@ -23,20 +23,6 @@ from simulator.intmath import fixed_multiplier, ratio_limit
 from stages.convert_graph import ZP, Converter, QTensor, _attr
 from stages.onnx_builder import DOMAIN
 
-PASSTHROUGH = (
-    "Reshape",
-    "Flatten",
-    "Transpose",
-    "Slice",
-    "Unsqueeze",
-    "Squeeze",
-    "Gather",
-    "Split",
-    "Pad",
-    "Identity",
-    "Expand",
-)
-
 
 def _bits(c: Converter) -> int:
     return c.settings.multiplier_bits - 1
@@ -189,21 +175,3 @@ def _const_input(c: Converter, node: onnx.NodeProto, i: int) -> float | None:
     if len(node.input) <= i or not node.input[i]:
         return None
     return float(c.inits[node.input[i]])
-
-
-def rules() -> dict:
-    """(domain, op_type) -> rule; compute rules live in convert_compute."""
-    from stages.convert_compute import COMPUTE
-
-    table_ops = {(DOMAIN, op): table for op in ("Lut", "Softmax", "LayerNorm")}
-    return {
-        ("", "QuantizeLinear"): quantize,
-        (DOMAIN, "QuantizeLinear"): quantize,
-        ("", "DequantizeLinear"): dequantize,
-        ("", "Relu"): clip,
-        ("", "Clip"): clip,
-        ("", "MaxPool"): max_pool,
-        **{("", op): passthrough for op in PASSTHROUGH},
-        **table_ops,
-        **COMPUTE,
-    }

@@ -1,0 +1,65 @@
+"""Pooling and reductions."""
+
+from __future__ import annotations
+
+import torch
+
+from simulator.isa import Op
+from stages.convert_compute import avg_pool, reduce_mean
+from stages.convert_rules import max_pool
+from stages.onnx_shape_ops import _adaptive, _pool, _reduce
+from stages.ops.entry import Category, OpEntry, per_target
+
+aten = torch.ops.aten
+
+_AVG, _AVG_RULES = per_target(
+    ((aten.avg_pool2d.default,), _pool("AveragePool")),
+    ((aten.adaptive_avg_pool2d.default,), _adaptive("AveragePool", "GlobalAveragePool")),
+    ((aten.avg_pool1d.default,), _pool("AveragePool")),
+)
+_MAX, _MAX_RULES = per_target(
+    ((aten.max_pool2d.default, aten.max_pool1d.default), _pool("MaxPool")),
+    ((aten.adaptive_max_pool2d.default,), _adaptive("MaxPool", "GlobalMaxPool")),
+)
+
+ENTRIES = (
+    OpEntry(
+        "avg_pool",
+        Category.COMPUTE,
+        _AVG,
+        _AVG_RULES,
+        ("AveragePool", "GlobalAveragePool"),
+        (("AveragePool", avg_pool), ("GlobalAveragePool", reduce_mean)),
+        (Op.AVGPOOL, Op.REDUCE_MEAN),
+        doc="ceil mode: a float island",
+    ),
+    OpEntry(
+        "mean",
+        Category.COMPUTE,
+        (aten.mean.dim, aten.mean.default),
+        _reduce("ReduceMean"),
+        ("ReduceMean",),
+        (("ReduceMean", reduce_mean),),
+        (Op.REDUCE_MEAN,),
+    ),
+    OpEntry(
+        "sum",
+        Category.COMPUTE,
+        (aten.sum.dim_IntList,),
+        _reduce("ReduceSum"),
+        ("ReduceSum",),
+        (),
+        (Op.CPU,),
+        doc="no integer form at convert yet (QReduceSum exists): a float island",
+    ),
+    OpEntry(
+        "max_pool",
+        Category.PASSTHROUGH,
+        _MAX,
+        _MAX_RULES,
+        ("MaxPool", "GlobalMaxPool"),
+        (("MaxPool", max_pool),),
+        (Op.MAXPOOL,),
+        doc="exact on integers",
+    ),
+)

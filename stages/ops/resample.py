@@ -1,0 +1,54 @@
+"""Resampling and lookup: upsampling, grid_sample, embedding."""
+
+from __future__ import annotations
+
+import torch
+
+from simulator.isa import Op
+from stages.convert_rules import passthrough
+from stages.onnx_ops import _embedding, _grid_sample, _resize
+from stages.ops.entry import Category, OpEntry
+
+aten = torch.ops.aten
+
+ENTRIES = (
+    OpEntry(
+        "resize",
+        Category.COMPUTE,
+        (aten.upsample_bilinear2d.vec, aten.upsample_bilinear2d.default),
+        _resize("linear"),
+        ("Resize",),
+        (),
+        (Op.CPU,),
+        doc="bilinear; torch's coordinate rule",
+    ),
+    OpEntry(
+        "grid_sample",
+        Category.COMPUTE,
+        (aten.grid_sampler.default, aten.grid_sampler_2d.default),
+        _grid_sample,
+        ("GridSample",),
+        (),
+        (Op.CPU,),
+    ),
+    OpEntry(
+        "embedding",
+        Category.COMPUTE,
+        (aten.embedding.default,),
+        _embedding,
+        ("Gather",),
+        (("Gather", passthrough),),
+        (Op.LAYOUT,),
+        activation_inputs=0,
+        doc="Gather rows of the quantized weight",
+    ),
+    OpEntry(
+        "upsample_nearest",
+        Category.PASSTHROUGH,
+        (aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default),
+        _resize("nearest"),
+        ("Resize",),
+        (),
+        (Op.CPU,),
+    ),
+)
