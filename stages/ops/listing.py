@@ -15,7 +15,7 @@ import torch
 from simulator.instructions import INSTRUCTIONS
 from stages.ops import FAMILIES, OpEntry
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "ops.md"
+DOC = Path(__file__).resolve().parents[2] / "docs/ops.md"
 COLUMNS = ("op", "family", "category", "aten targets", "ONNX", "instruction", "reference",
            "torch kernel", "native")  # fmt: skip
 
