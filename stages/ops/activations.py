@@ -30,6 +30,14 @@ def lut(name: str, targets: tuple, rule, onnx_ops: tuple[str, ...], doc: str = "
     )
 
 
+def _elu(b, node):
+    """ONNX Elu has alpha only: torch's ``scale`` and ``input_scale`` must be 1."""
+    a = b.args(node)
+    if a["scale"] != 1 or a["input_scale"] != 1:
+        raise b.fail("elu with scale or input_scale other than 1", hint="use nn.ELU(alpha)")
+    return b.emit("Elu", [b.arg(a["self"])], alpha=float(a["alpha"]))
+
+
 ENTRIES = (
     lut("sigmoid", (aten.sigmoid.default,), _unary("Sigmoid"), ("Sigmoid",)),
     lut("tanh", (aten.tanh.default,), _unary("Tanh"), ("Tanh",)),
@@ -47,4 +55,5 @@ ENTRIES = (
     lut("reciprocal", (aten.reciprocal.default,), _unary("Reciprocal"), ("Reciprocal",)),
     lut("sqrt", (aten.sqrt.default,), _unary("Sqrt"), ("Sqrt",)),
     lut("rsqrt", (aten.rsqrt.default,), _rsqrt, ("Reciprocal", "Sqrt")),
+    lut("elu", (aten.elu.default,), _elu, ("Elu",), "alpha; scale and input_scale 1"),
 )

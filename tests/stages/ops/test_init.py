@@ -64,7 +64,7 @@ def test_every_convert_rule_of_a_table_op_is_keyed_by_its_table_op():
             assert f"qparity.{e.table_op}" in dict(e.convert), e.name
 
 
-@pytest.mark.parametrize("op", ["relu", "add", "hardsigmoid", "mul"])
+@pytest.mark.parametrize("op", ["relu", "add", "hardsigmoid", "mul", "elu"])
 def test_an_in_place_form_is_classified_as_its_entry(op):
     """functionalize rewrites ``aten.op_`` to a target of the entry before classify."""
     e = ops.BY_NAME[op]
