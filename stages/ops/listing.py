@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from schemas.fileio import atomic_write_text
 from simulator.instructions import INSTRUCTIONS
 from stages.ops import FAMILIES, OpEntry
 
@@ -80,5 +81,5 @@ def markdown() -> str:
 
 
 if __name__ == "__main__":
-    DOC.write_text(markdown())
+    atomic_write_text(DOC, markdown())
     sys.stdout.write(f"wrote {DOC}\n")
