@@ -25,7 +25,7 @@ from onnx import helper, numpy_helper
 
 from simulator.instructions import FROM_ONNX, NHWC_OPS
 from simulator.isa import Instruction, Layout, Op, Program
-from stages.convert_graph import _layer_id
+from stages.convert.graph import _layer_id
 
 
 def _attrs(node: onnx.NodeProto) -> dict:

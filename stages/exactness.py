@@ -30,7 +30,7 @@ import numpy as np
 from schemas.errors import StageError
 from simulator.executor import Executor
 from simulator.isa import Program
-from stages.convert import run_integer
+from stages.convert.stage import run_integer
 
 RUNS = (True, True, True, False, False)
 """Capture flag of each run: kernels (replays learn), kernels (replays checked and

@@ -127,7 +127,7 @@ def _ptq_save(path):
 
 
 def _convert_save(path):
-    from stages.convert import _save
+    from stages.convert.stage import _save
 
     _save(_tiny_onnx(), path)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from simulator.isa import Op
-from stages.convert_compute import add, matmul, mul
-from stages.convert_rules import clip
+from stages.convert.compute import add, matmul, mul
+from stages.convert.rules import clip
 from stages.onnx_ops import _binary, _clip, _leaky_relu, _prelu, _unary, _unary_n
 from stages.ops.entry import Category, OpEntry, per_target
 

@@ -37,7 +37,7 @@ class OpEntry:
       refuses the op. ``onnx_ops``: the ONNX op types the rules write (informational).
     - ``convert``: ``(op_type, rule)`` pairs, ``op_type`` being a qat.onnx node type
       (``"qparity.Lut"`` for the custom domain) and ``rule(c, k, node) -> bool`` its
-      integer form (:mod:`stages.convert_graph`); absent: the node stays a float island.
+      integer form (:mod:`stages.convert.graph`); absent: the node stays a float island.
     - ``table_op``: the custom ONNX op pre_export writes for a table op (Lut, Softmax...).
     - ``instructions``: what compile makes of its integer form (``Op.CPU``: a float island
       on the board's CPU); the kernels of each are :data:`simulator.instructions.INSTRUCTIONS`.

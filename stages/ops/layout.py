@@ -8,8 +8,8 @@ import operator
 import torch
 
 from simulator.isa import Op
-from stages.convert_compute import concat
-from stages.convert_rules import passthrough
+from stages.convert.compute import concat
+from stages.convert.rules import passthrough
 from stages.onnx_shape_ops import (
     _cat,
     _expand,

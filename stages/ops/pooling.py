@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from simulator.isa import Op
-from stages.convert_compute import avg_pool, reduce_mean
-from stages.convert_rules import max_pool
+from stages.convert.compute import avg_pool, reduce_mean
+from stages.convert.rules import max_pool
 from stages.onnx_shape_ops import _adaptive, _pool, _reduce
 from stages.ops.entry import Category, OpEntry, per_target
 

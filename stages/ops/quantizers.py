@@ -4,7 +4,7 @@ DequantizeLinear of qat.onnx."""
 from __future__ import annotations
 
 from simulator.isa import Op
-from stages.convert_rules import dequantize, quantize
+from stages.convert.rules import dequantize, quantize
 from stages.ops.entry import OpEntry
 
 ENTRIES = (

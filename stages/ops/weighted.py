@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from simulator.isa import Op
-from stages.convert_compute import conv, gemm, matmul
+from stages.convert.compute import conv, gemm, matmul
 from stages.onnx_ops import _conv, _linear
 from stages.ops.entry import Category, OpEntry
 

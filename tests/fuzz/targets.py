@@ -107,7 +107,7 @@ def mutate_onnx(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
 
 def onnx_target(model: onnx.ModelProto, x: np.ndarray) -> None:
     """Load and run a (mutated) qat.onnx, then convert it."""
-    from stages.convert_graph import Converter, ConvertSettings
+    from stages.convert.graph import Converter, ConvertSettings
     from stages.onnx_runner import OnnxRunner
 
     with tempfile.TemporaryDirectory() as d:

@@ -13,7 +13,7 @@ from simulator.frozen import Frozen
 from simulator.isa import Op
 from simulator.replay import Replays
 from stages.compile import compile_model
-from stages.convert import run_integer
+from stages.convert.stage import run_integer
 from stages.exactness import check_exact
 from stages.registry_types import StageCall
 from tests.stages.helpers import H, break_frozen_plan, run_stages

@@ -11,7 +11,7 @@ from simulator import hbm
 from simulator.executor import Executor
 from simulator.isa import Op
 from stages import ops
-from stages.convert import run_integer
+from stages.convert.stage import run_integer
 from tests.models import _labelled_by
 from tests.stages.helpers import run_stages
 

@@ -21,7 +21,7 @@ from schemas.errors import StageError
 from schemas.fileio import atomic_save
 from simulator import fixedpoint as fp
 from stages.context import RunContext, convert_settings
-from stages.convert_graph import Converter, QTensor
+from stages.convert.graph import Converter, QTensor
 from stages.evaluate import top1
 from stages.faults import inject_convert
 from stages.onnx_export import render_graph_text

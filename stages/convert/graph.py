@@ -5,8 +5,9 @@ integer form (:class:`QTensor`: integer tensor name, scale, dtype, channel axis)
 - DequantizeLinear nodes disappear: their output is just known to be ``q * scale``.
 - A weight QuantizeLinear on an initializer becomes an integer initializer.
 - A compute op whose inputs are integers and whose output feeds its output quantizer
-  becomes one integer op with requantize (convert_rules); with no output quantizer, a
-  conv/linear keeps its int32 accumulator (high precision, or fused with the next add).
+  becomes one integer op with requantize (:mod:`stages.convert.compute`); with no output
+  quantizer, a conv/linear keeps its int32 accumulator (high precision, or fused with the
+  next add).
 - Layout and selection ops (reshape, max-pool, relu, slice...) run on the integers.
 - Anything else stays a float island: DequantizeLinear in, the op, QuantizeLinear out.
 Every node keeps the canonical layer id of the node it came from.

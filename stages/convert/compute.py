@@ -1,4 +1,4 @@
-"""Integer forms of the compute ops (formulas: stages.convert_rules docstring)."""
+"""Integer forms of the compute ops (formulas: the stages.convert.rules docstring)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import onnx
 
 from simulator import fixedpoint as fp
 from simulator.intmath import aligned_multipliers, fixed_multiplier
-from stages.convert_graph import Converter, QTensor, _attr
-from stages.convert_rules import _bits, _mult, _req, check_ratio
+from stages.convert.graph import Converter, QTensor, _attr
+from stages.convert.rules import _bits, _mult, _req, check_ratio
 from stages.onnx_builder import DOMAIN
 
 

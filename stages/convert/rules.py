@@ -20,7 +20,7 @@ from onnx import helper
 from schemas.errors import StageError
 from simulator import fixedpoint as fp
 from simulator.intmath import fixed_multiplier, ratio_limit
-from stages.convert_graph import ZP, Converter, QTensor, _attr
+from stages.convert.graph import ZP, Converter, QTensor, _attr
 from stages.onnx_builder import DOMAIN
 
 

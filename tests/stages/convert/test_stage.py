@@ -9,9 +9,8 @@ from onnx import numpy_helper
 from schemas.errors import SpecError, StageError
 from stages.capture import capture
 from stages.context import convert_settings, policy_from_spec
-from stages.convert import run_integer
-from stages.convert_graph import Converter, ConvertSettings
-from stages.convert_rules import _mult
+from stages.convert.graph import Converter, ConvertSettings
+from stages.convert.stage import run_integer
 from stages.pre_export import load_qat_export
 from tests.stages.helpers import run_stages
 
@@ -44,13 +43,6 @@ def test_integer_graph_agrees_with_qat_export_to_a_step_or_two(make_ctx):
     assert declared[lut.output[0]] == onnx.TensorProto.INT8
 
 
-def test_public_requantize_example_at_16_bits():
-    conv = Converter(onnx.ModelProto(), ConvertSettings(multiplier_bits=16))
-    conv.layer = "conv"
-    m, s = _mult(conv, "req", 0.1 * 1.0 / 0.2028451)
-    assert int(conv.new_inits[m][0]) == 32308 and int(conv.new_inits[s][0]) == 16
-
-
 def test_a_ratio_beyond_narrow_multipliers_names_the_layer_and_the_fix(make_ctx):
     """An int8 conv feeding int16 layers: the add's ratio of scales (about 279) is beyond
     8-bit multipliers (below 127). The error says so, not that a scale is zero."""
@@ -62,14 +54,6 @@ def test_a_ratio_beyond_narrow_multipliers_names_the_layer_and_the_fix(make_ctx)
     assert "convert, layer add: the add ratio of its scales is 278.9" in msg
     assert "beyond 8-bit multipliers" in msg and "ratios below 127" in msg
     assert "stages.convert.multiplier_bits" in msg and "zero" not in msg
-
-
-def test_narrow_multipliers_name_the_layer_on_every_requantize():
-    conv = Converter(onnx.ModelProto(), ConvertSettings(multiplier_bits=8))
-    conv.layer = "fc"
-    with pytest.raises(StageError, match=r"layer fc: the req ratio of its scales is 300, .* 127"):
-        _mult(conv, "req", np.array([0.5, 300.0]))
-    assert conv.new_inits == {}
 
 
 def test_levels_set_fusion_and_multiplier_width(make_ctx):
@@ -108,15 +92,3 @@ def test_mostly_saturating_layer_gets_an_advisor_warning(make_ctx):
     arts = run_stages(ctx, *CHAIN)
     assert arts["convert"].warnings and "saturates" in arts["convert"].warnings[0]
     assert "saturates" in ctx.run.path("debug/convert_advisor.txt").read_text()
-
-
-def test_custom_domain_quantizer_dtype_is_read_as_text():
-    """bpu_round exports QuantizeLinear in the qparity domain with a string dtype attr."""
-    scale = numpy_helper.from_array(np.array(0.5, np.float32), "s")
-    node = onnx.helper.make_node(
-        "QuantizeLinear", ["x", "s"], ["q"], domain="qparity", dtype="int16"
-    )
-    graph = onnx.helper.make_graph([node], "g", [], [], [scale])
-    conv = Converter(onnx.helper.make_model(graph), ConvertSettings())
-    got_scale, dtype, axis = conv.q_params(node)
-    assert (float(got_scale), dtype, axis) == (0.5, "int16", None)
