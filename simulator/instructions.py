@@ -1,11 +1,11 @@
-"""The instruction table: every :class:`~simulator.isa.Op` with everything the simulator
+"""The instruction table: every :class:`~simulator.program.isa.Op` with everything the simulator
 knows about it, in one entry.
 
 An :class:`Instr` names the quantized.onnx op it is compiled from (domain ``qparity``;
 ``None`` for the instructions compile makes from standard ONNX nodes), its numpy reference
-evaluator (:data:`simulator.custom_ops.CUSTOM_OPS`, the ONNX runner's code), the
+evaluator (:data:`simulator.arith.custom_ops.CUSTOM_OPS`, the ONNX runner's code), the
 executor's whole-tensor torch kernel, the compiled kernels it may call
-(:data:`simulator.native.SIGNATURES` names) and whether compile may give it channels-last
+(:data:`simulator.runtime.native.SIGNATURES` names) and whether compile may give it channels-last
 buffers. The executor's ``KERNELS``, compile's ``FROM_ONNX`` and ``NHWC_OPS`` are views of
 :data:`INSTRUCTIONS`. The torch-side op table (``stages/ops/``) says which aten ops reach
 which instruction; ``qparity ops`` lists both.
@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from simulator.custom_ops import CUSTOM_OPS
-from simulator.exec_cpu import cpu_op
-from simulator.exec_layout import k_layout
-from simulator.exec_ops import k_add, k_clip, k_conv, k_linear, k_matmul, k_mul, k_requant
-from simulator.exec_pool import k_avgpool, k_maxpool, k_reduce_mean, k_reduce_sum
-from simulator.exec_table_ops import (
+from simulator.arith.custom_ops import CUSTOM_OPS
+from simulator.kernels.exec_cpu import cpu_op
+from simulator.kernels.exec_layout import k_layout
+from simulator.kernels.exec_ops import k_add, k_clip, k_conv, k_linear, k_matmul, k_mul, k_requant
+from simulator.kernels.exec_pool import k_avgpool, k_maxpool, k_reduce_mean, k_reduce_sum
+from simulator.kernels.exec_table_ops import (
     k_dequantize,
     k_layernorm,
     k_lut,
@@ -32,7 +32,7 @@ from simulator.exec_table_ops import (
     k_quantize,
     k_softmax,
 )
-from simulator.isa import Op
+from simulator.program.isa import Op
 
 ONNX_REFERENCE = "onnx.reference"
 """The reference of an instruction made from a standard ONNX op: onnx's evaluator."""
@@ -46,13 +46,13 @@ class Instr:
     onnx_op: str | None  # quantized.onnx op type (domain qparity) compiled to this op
     reference: Callable | str  # numpy evaluator ``(inputs, attrs) -> ints``, or ONNX_REFERENCE
     kernel: Callable  # the executor's ``fn(instr, bufs, consts) -> [tensors]``
-    native: tuple[str, ...] = ()  # compiled kernels it may call (simulator.native)
+    native: tuple[str, ...] = ()  # compiled kernels it may call (simulator.runtime.native)
     nhwc: bool = False  # compile may store its 4-D buffers channels-last
 
 
 def _preprocess(x, attrs):
     """The board input path's numpy reference (imported on use, as the kernel does)."""
-    from simulator.board_input import preprocess
+    from simulator.arith.board_input import preprocess
 
     return preprocess(x, attrs)
 

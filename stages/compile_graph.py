@@ -1,4 +1,4 @@
-"""quantized.onnx -> a BPU Program (simulator.isa): instructions, layouts, packed constants.
+"""quantized.onnx -> a BPU Program (simulator.program.isa): instructions, layouts, packed constants.
 
 - Every integer node becomes one instruction (simulator.instructions.FROM_ONNX); standard layout
   ops become LAYOUT; the input QuantizeLinear becomes QUANTIZE and output
@@ -9,7 +9,7 @@
   requantizes conv + add once, in the add) and whose only user is a QAdd of two buffers
   becomes one CONV (LINEAR) instruction ``x, b -> y`` with consts ``w, bias, mult, shift,
   ma, mb, add_shift`` (the accumulator takes the add's ``a`` role), emitted at the add,
-  covering the conv, the add and a fused relu (simulator.exec_conv, exec_ops.k_linear).
+  covering the conv, the add and a fused relu (simulator.kernels.exec_conv, exec_ops.k_linear).
 - Layout: the 4-D activations of group-1 convolutions and of the elementwise ops and pools
   around them are stored NHWC with channels padded to the march's alignment; weights are
   packed [O_pad, kh, kw, C_pad] and per-channel constants padded (multiplier 0 in padding
@@ -24,7 +24,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from simulator.instructions import FROM_ONNX, NHWC_OPS
-from simulator.isa import Instruction, Layout, Op, Program
+from simulator.program.isa import Instruction, Layout, Op, Program
 from stages.convert.graph import _layer_id
 
 
@@ -134,7 +134,7 @@ class Compiler:
 
     def _operands(self, node: onnx.NodeProto) -> dict:
         """A CPU island's input order (``d`` buffer, ``c`` constant, ``-`` omitted) and
-        the graph's opset, for simulator.exec_cpu."""
+        the graph's opset, for simulator.kernels.exec_cpu."""
         order = "".join("-" if not i else "c" if i in self.inits else "d" for i in node.input)
         opset = next(
             (o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 21

@@ -11,7 +11,7 @@ import torch
 from schemas.fileio import sha256_bytes
 from schemas.spec import PipelineSpec
 from schemas.store import Run
-from simulator.march import check_dtypes
+from simulator.program.march import check_dtypes
 from stages.convert.graph import ConvertSettings
 from stages.data import Split, load_splits
 from stages.modelio import build_float, model_digest

@@ -17,10 +17,10 @@ import torch
 import torch.fx
 
 from schemas.errors import StageError
-from simulator import fixedpoint
-from simulator.composite import build_layernorm, build_softmax
-from simulator.custom_ops import CUSTOM_OPS
-from simulator.lut import build_direct_table, build_segmented_table
+from simulator.arith import fixedpoint
+from simulator.arith.composite import build_layernorm, build_softmax
+from simulator.arith.custom_ops import CUSTOM_OPS
+from simulator.arith.lut import build_direct_table, build_segmented_table
 from stages.fake_quant import QFakeQuantize
 from stages.fixed_ops import FixedPointOp
 from stages.layers import ID_KEY, Category, classify

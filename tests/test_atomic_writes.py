@@ -147,8 +147,8 @@ def _weights(path):
 
 
 def _hbm(path):
-    from simulator import hbm
-    from tests.simulator.test_hbm import small_program
+    from simulator.program import hbm
+    from tests.simulator.program.test_hbm import small_program
 
     hbm.save(small_program(), path)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from simulator import fixedpoint as fp
-from simulator.intmath import aligned_multipliers, fixed_multiplier
+from simulator.arith import fixedpoint as fp
+from simulator.arith.intmath import aligned_multipliers, fixed_multiplier
 from stages.convert.graph import Converter, QTensor, _attr
 from stages.convert.rules import _bits, _mult, _req, check_ratio
 from stages.onnx_builder import DOMAIN

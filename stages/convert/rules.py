@@ -18,8 +18,8 @@ import onnx
 from onnx import helper
 
 from schemas.errors import StageError
-from simulator import fixedpoint as fp
-from simulator.intmath import fixed_multiplier, ratio_limit
+from simulator.arith import fixedpoint as fp
+from simulator.arith.intmath import fixed_multiplier, ratio_limit
 from stages.convert.graph import ZP, Converter, QTensor, _attr
 from stages.onnx_builder import DOMAIN
 

@@ -19,7 +19,7 @@ import torch
 from schemas.artifacts import Metric, QatOnnxModel, QuantizedModel
 from schemas.errors import StageError
 from schemas.fileio import atomic_save
-from simulator import fixedpoint as fp
+from simulator.arith import fixedpoint as fp
 from stages.context import RunContext, convert_settings
 from stages.convert.graph import Converter, QTensor
 from stages.evaluate import top1

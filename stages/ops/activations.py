@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from simulator.isa import Op
+from simulator.program.isa import Op
 from stages.convert.rules import table
 from stages.onnx_ops import _gelu, _rsqrt, _silu, _unary
 from stages.ops.entry import Category, OpEntry

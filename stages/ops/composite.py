@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from simulator.isa import Op
+from simulator.program.isa import Op
 from stages.convert.rules import table
 from stages.onnx_ops import _attention, _batch_norm, _layer_norm, _softmax
 from stages.ops.entry import Category, OpEntry

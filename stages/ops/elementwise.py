@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from simulator.isa import Op
+from simulator.program.isa import Op
 from stages.convert.compute import add, matmul, mul
 from stages.convert.rules import clip
 from stages.onnx_ops import _binary, _clip, _leaky_relu, _prelu, _unary, _unary_n

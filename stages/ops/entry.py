@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from simulator.isa import Op
+from simulator.program.isa import Op
 
 QDOMAIN = "qparity"  # the custom ONNX domain (stages.onnx_builder.DOMAIN)
 

@@ -7,7 +7,7 @@ import operator
 
 import torch
 
-from simulator.isa import Op
+from simulator.program.isa import Op
 from stages.convert.compute import concat
 from stages.convert.rules import passthrough
 from stages.onnx_shape_ops import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from simulator.isa import Op
+from simulator.program.isa import Op
 from stages.convert.compute import avg_pool, reduce_mean
 from stages.convert.rules import max_pool
 from stages.onnx_shape_ops import _adaptive, _pool, _reduce

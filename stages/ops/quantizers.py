@@ -3,7 +3,7 @@ DequantizeLinear of qat.onnx."""
 
 from __future__ import annotations
 
-from simulator.isa import Op
+from simulator.program.isa import Op
 from stages.convert.rules import dequantize, quantize
 from stages.ops.entry import OpEntry
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from simulator.isa import Op
+from simulator.program.isa import Op
 from stages.convert.rules import passthrough
 from stages.onnx_ops import _embedding, _grid_sample, _resize
 from stages.ops.entry import Category, OpEntry

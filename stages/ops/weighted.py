@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from simulator.isa import Op
+from simulator.program.isa import Op
 from stages.convert.compute import conv, gemm, matmul
 from stages.onnx_ops import _conv, _linear
 from stages.ops.entry import Category, OpEntry

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import onnx
 
 from schemas.artifacts import Metric
-from simulator import hbm
-from simulator.executor import Executor
+from simulator.program import hbm
+from simulator.runtime.executor import Executor
 from stages.compile import tensor_shapes
 from stages.compile_graph import Compiler
 from stages.convert.graph import Converter, ConvertSettings

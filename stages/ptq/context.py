@@ -12,7 +12,7 @@ import torch
 
 from schemas.artifacts import Artifact, Metric
 from schemas.store import Run
-from simulator.march import March
+from simulator.program.march import March
 from stages.data import Split
 from stages.evaluate import top1
 from stages.ptq.calibrate_onnx import QuantConfig

@@ -3,12 +3,12 @@ kernel, and the executor's and compile's tables are its views."""
 
 from __future__ import annotations
 
-from simulator import native, packed
-from simulator.custom_ops import CUSTOM_OPS
-from simulator.executor import KERNELS
+from simulator.arith.custom_ops import CUSTOM_OPS
+from simulator.arith.int_ops import INT_OPS
 from simulator.instructions import FROM_ONNX, INSTRUCTIONS, NHWC_OPS, ONNX_REFERENCE, TABLE
-from simulator.int_ops import INT_OPS
-from simulator.isa import Op
+from simulator.program.isa import Op
+from simulator.runtime import native, packed
+from simulator.runtime.executor import KERNELS
 
 
 def test_one_entry_per_instruction():

@@ -7,9 +7,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from simulator import hbm
-from simulator.executor import Executor
-from simulator.isa import Op
+from simulator.program import hbm
+from simulator.program.isa import Op
+from simulator.runtime.executor import Executor
 from stages import ops
 from stages.convert.stage import run_integer
 from tests.models import _labelled_by

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from simulator.instructions import INSTRUCTIONS
-from simulator.isa import Op
+from simulator.program.isa import Op
 from stages import ops
 from stages.functionalize import functional_variant
 from stages.layers import OP_TABLE, classify
