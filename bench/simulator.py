@@ -165,7 +165,7 @@ def engines(name: str, store: Path, run_id: str, batch: int):
     program = hbm.load(run.path(run.load_artifact("compile", HbmModel).hbm_file))
     executor = Executor(program, timings=True)  # 1 perf_counter per instruction: negligible
     in_name = next(iter(program.inputs))
-    model = build_float(spec.model.factory, spec.model.weights)
+    model = build_float(spec.model.factory, spec.model.weights, spec.model.kwargs)
     xt = torch.from_numpy(x)
 
     def torch_fp32():

@@ -76,6 +76,9 @@ class ModelSpec(Section):
     """'module.path:function' returning a torch.nn.Module (checked for shape, not imported)."""
     weights: str | None = None
     """Path to a safetensors file; null lets the factory provide (or train) the weights."""
+    kwargs: dict[str, Any] = {}
+    """Keyword arguments the factory is called with, e.g. ``timm:create_model`` with
+    ``{model_name: resnet18, num_classes: 10}``; YAML values (numbers, strings, lists, maps)."""
 
 
 class DataSpec(Section):

@@ -54,6 +54,7 @@ class Compiler:
         self.consts: dict[str, np.ndarray] = {}
         self.layouts: dict[str, Layout] = {}
         self.fused: set[str] = set()
+        self.size_values: set[str] = set()  # computed on the CPU from run-time sizes
 
     def run(self, captures: dict[str, str]) -> Program:
         """Translate every node; ``captures``: layer id -> integer tensor of quantized.onnx."""
@@ -80,14 +81,14 @@ class Compiler:
     # -- one node ------------------------------------------------------------------
 
     def _node(self, node: onnx.NodeProto) -> None:
-        lid, attrs = _layer_id(node), _attrs(node)
+        lid, attrs, sizes = _layer_id(node), _attrs(node), self._sizes(node)
         if node.domain == "qparity" and node.op_type in FROM_ONNX:
             op = FROM_ONNX[node.op_type]
         elif node.op_type == "QuantizeLinear" and node.input[0] not in self.inits:
             op, attrs = Op.QUANTIZE, self._qattrs(node, attrs)
         elif node.op_type == "DequantizeLinear":
             op, attrs = Op.DEQUANTIZE, self._qattrs(node, attrs)
-        elif not node.domain and node.op_type in LAYOUT_TYPES:
+        elif not node.domain and node.op_type in LAYOUT_TYPES and not sizes:
             op, attrs = Op.LAYOUT, {"op_type": node.op_type, **attrs}
         else:
             op, attrs = Op.CPU, {"op_type": node.op_type, **attrs, **self._operands(node)}
@@ -96,6 +97,17 @@ class Compiler:
         if op in (Op.QUANTIZE, Op.DEQUANTIZE):
             consts = []
         self._emit(op, node, data, consts, attrs, [lid])
+
+    def _sizes(self, node: onnx.NodeProto) -> bool:
+        """True for a node of a run-time size computation: ``Shape``, and a node whose
+        buffers all come from one (the Concat building a class token's ``Expand`` target,
+        the Expand of the constant token itself). It runs on the CPU, in the graph's
+        operand order."""
+        data = [i for i in node.input if i and i not in self.inits]
+        if node.op_type == "Shape" or (data and all(i in self.size_values for i in data)):
+            self.size_values.update(node.output)
+            return True
+        return False
 
     def _qattrs(self, node: onnx.NodeProto, attrs: dict) -> dict:
         scale = np.asarray(self.inits[node.input[1]], dtype=np.float64).reshape(-1)

@@ -125,13 +125,16 @@ class RunContext:
 
     @cached_property
     def float_model(self) -> torch.nn.Module:
-        """The spec's float model (factory + weights), built once per run."""
-        return build_float(self.spec.model.factory, self.spec.model.weights)
+        """The spec's float model (factory + kwargs + weights), built once per run."""
+        m = self.spec.model
+        return build_float(m.factory, m.weights, m.kwargs)
 
     @cached_property
     def float_digest(self) -> str:
-        """Digest of the float model: its weights and the source of its factory module."""
-        return model_digest(self.float_model, self.spec.model.factory)
+        """Digest of the float model: its weights, the factory's arguments and the source
+        of its factory module."""
+        m = self.spec.model
+        return model_digest(self.float_model, m.factory, m.kwargs)
 
     def data_digest(self, name: str) -> str:
         """Digest of one input of a stage: a data split or the float model."""

@@ -209,7 +209,7 @@ class QFakeQuantize(FakeQuantizeBase):
             scale = fixedpoint.symmetric_scale(observer.amax(), self.qdtype)
             scale = fixedpoint.pot_scale(scale) if self.pot else scale
         except SimulatorError as e:
-            raise StageError(f"{where}: scale is NaN or invalid ({e.what})") from e
+            raise StageError(f"{where}: scale is NaN or invalid ({e.what})", hint=e.hint) from e
         self.scale.resize_(scale.shape).copy_(scale)
         self.zero_point.resize_(scale.shape).zero_()
         return self.scale, self.zero_point

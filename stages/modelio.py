@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import inspect
+import json
 import re
 import sys
 from collections import Counter
@@ -37,11 +38,14 @@ from stages.loader import import_object
 from stages.quantizer import NashQuantizer, QuantPolicy
 
 
-def build_float(factory: str, weights: str | None = None) -> torch.nn.Module:
-    """Call the spec's model factory (and load its safetensors weights) in eval mode."""
+def build_float(
+    factory: str, weights: str | None = None, kwargs: dict | None = None
+) -> torch.nn.Module:
+    """Call the spec's model factory with ``model.kwargs`` (and load its safetensors
+    weights) in eval mode."""
     fn = import_object(factory, field="model.factory")
     try:
-        model = fn()
+        model = fn(**(kwargs or {}))
     except Exception as e:  # user code
         raise StageError(
             f"model factory {factory} raised {type(e).__name__}: {e}",
@@ -231,9 +235,10 @@ def name_quantizers(gm: torch.fx.GraphModule) -> dict[str, tuple[str, str]]:
     return roles
 
 
-def model_digest(model: torch.nn.Module, factory: str) -> str:
-    """sha256 over the state_dict tensors and the factory module's source file."""
-    h = hashlib.sha256()
+def model_digest(model: torch.nn.Module, factory: str, kwargs: dict | None = None) -> str:
+    """sha256 over the state_dict tensors, the factory's keyword arguments and the factory
+    module's source file."""
+    h = hashlib.sha256(json.dumps(kwargs or {}, sort_keys=True, default=str).encode())
     for name, t in sorted(model.state_dict().items()):
         h.update(name.encode())
         h.update(t.detach().contiguous().cpu().numpy().tobytes())

@@ -120,6 +120,24 @@ class GraphBuilder:
             raise self.fail(f"output {idx} of {src.name} is not exported")
         return value[idx]
 
+    def batch_size(self) -> str:
+        """An int64 [1] tensor holding the run's batch size: ``Shape(x, 0, 1)`` of the
+        first graph input whose dim 0 is the symbolic batch (one per graph)."""
+        if "__batch__" not in self.env:
+            inputs = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+            x = next(
+                (
+                    self.env[n.name]
+                    for n in inputs
+                    if n.name in self.traced and self.shape(n)[:1] == ("1*batch",)
+                ),
+                None,
+            )
+            if x is None:
+                raise self.fail("no graph input carries the batch dim to expand to")
+            self.env["__batch__"] = self.emit("Shape", [x], start=0, end=1)
+        return self.env["__batch__"]
+
     # -- traced shapes ------------------------------------------------------------------
     def _traced(self, a: torch.fx.Node):
         found = self.traced.get(a.name)

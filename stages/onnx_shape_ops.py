@@ -135,19 +135,28 @@ def _flatten(b, node):
 
 
 def _expand(b, node):
-    """Expand broadcasts: a dim kept from the input (symbolic batch too) is written as 1."""
+    """Expand broadcasts: a dim kept from the input (symbolic batch too) is written as 1.
+
+    A new dim that is the batch (a class token ``cls.expand(x.shape[0], -1, -1)``) is read
+    from a graph input at run time, as exporters do: ``Shape(input)[0:1]`` concatenated
+    with the static dims, so the exported graph keeps its dynamic batch."""
     src = node.args[0]
     in_shape, out = b.shape(src), b.out_shape(node)
-    shape = []
+    shape: list[int | str] = []
     for i, d in enumerate(out):
         j = i - (len(out) - len(in_shape))
         if isinstance(d, int):
             shape.append(d)
         elif j >= 0 and str(in_shape[j]) == str(d):
             shape.append(1)
+        elif d == "1*batch":
+            shape.append(d)
         else:
             raise b.fail(f"expand to a new dynamic dim {d}", hint="expand static dims only")
-    return b.emit("Expand", [b.arg(src), b.ints(shape)])
+    if "1*batch" not in shape:
+        return b.emit("Expand", [b.arg(src), b.ints(shape)])
+    parts = [b.batch_size() if d == "1*batch" else b.ints([d]) for d in shape]
+    return b.emit("Expand", [b.arg(src), b.emit("Concat", parts, axis=0)])
 
 
 def _squeeze(b, node):

@@ -247,3 +247,32 @@ def layer_scale() -> nn.Module:
 def layer_scale_data() -> dict:
     """Random inputs labelled by the layer-scale net."""
     return _labelled_by(layer_scale())
+
+
+class ClassTokenNet(nn.Module):
+    """A ViT's class token as timm and torchvision write it (expanded to the batch), a
+    token-mixing linear, and a head on the class token."""
+
+    def __init__(self):
+        super().__init__()
+        self.patch = nn.Conv2d(1, 8, 4, 4)
+        self.cls_token = nn.Parameter(torch.randn(1, 1, 8) * 0.5)
+        self.pos = nn.Parameter(torch.randn(1, 5, 8) * 0.1)
+        self.mix = nn.Linear(5, 5)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x):
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        x = self.mix(x.transpose(1, 2)).transpose(1, 2)
+        return self.head(x[:, 0])
+
+
+def class_token() -> nn.Module:
+    torch.manual_seed(0)
+    return ClassTokenNet().eval()
+
+
+def class_token_data() -> dict:
+    """Random inputs labelled by the class-token net."""
+    return _labelled_by(class_token())

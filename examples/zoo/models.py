@@ -29,6 +29,7 @@ class Entry:
     size: int = 224
     kwargs: dict = field(default_factory=dict)
     small: int | None = 64  # reduced input size for tests (None: the model needs its own)
+    size_arg: str | None = None  # the constructor's input-size argument, when it has one
 
 
 CLASSES = 10
@@ -52,11 +53,11 @@ ZOO: dict[str, Entry] = {
         Entry("torchvision", "inception_v3", 299, {"aux_logits": False, "init_weights": True}, 96),
         Entry("torchvision", "densenet121"),
         Entry("torchvision", "convnext_tiny"),
-        Entry("torchvision", "vit_b_16", small=None),
+        Entry("torchvision", "vit_b_16", small=32, size_arg="image_size"),
         Entry("torchvision", "swin_t", small=32),
         Entry("timm", "efficientnet_lite0"),
-        Entry("timm", "vit_tiny_patch16_224", small=None),
-        Entry("timm", "deit_tiny_patch16_224", small=None),
+        Entry("timm", "vit_tiny_patch16_224", small=32, size_arg="img_size"),
+        Entry("timm", "deit_tiny_patch16_224", small=32, size_arg="img_size"),
         Entry("timm", "mobilevit_xxs", 256),
         Entry("timm", "levit_128s", small=None),
         Entry("timm", "efficientformer_l1", small=None),
@@ -71,10 +72,13 @@ ZOO: dict[str, Entry] = {
 }
 
 
-def construct(entry: Entry) -> nn.Module:
-    """The library's own model, seeded."""
+def construct(entry: Entry, size: int | None = None) -> nn.Module:
+    """The library's own model, seeded; built for ``size`` when its constructor takes an
+    input size (a ViT's position embeddings follow its patch grid)."""
     torch.manual_seed(0)
     kwargs = {"num_classes": CLASSES, **entry.kwargs}
+    if entry.size_arg and size and size != entry.size:
+        kwargs[entry.size_arg] = size
     if entry.library == "torchvision":
         return getattr(libs.torchvision().models, entry.name)(**kwargs)
     return libs.timm().create_model(entry.name, pretrained=False, **kwargs)
@@ -99,7 +103,7 @@ def set_batchnorm_statistics(model: nn.Module, x: torch.Tensor, batch: int = 16)
 def build(name: str, size: int | None = None) -> nn.Module:
     """A zoo model with seeded weights and image BatchNorm statistics."""
     entry = ZOO[name]
-    model = construct(entry)
+    model = construct(entry, size)
     x = images.crops(32, size or entry.size, seed=1234)
     return set_batchnorm_statistics(model, torch.from_numpy(x))
 

@@ -157,8 +157,9 @@ def symmetric_scale(amax: Array, dtype: str) -> Array:
 
     FORMULA (vendor): ``scale = max(2 * amax / (qmax - qmin), MIN_SCALE)``;
     int8: ``2 * amax / 255``. ``amax == 0`` (or tiny) gives :data:`MIN_SCALE`.
-    Accepts a number or an array of per-channel ``amax``; NaN/inf/negative amax raise
-    :class:`SimulatorError`.
+    Accepts a number or an array of per-channel ``amax``; NaN/inf/negative amax, and an
+    amax so close to the float limit that the scale overflows (``2 * amax`` in float32),
+    raise :class:`SimulatorError`.
     """
     qmin, qmax = qrange(dtype)
     a = _as_float(amax)
@@ -166,6 +167,15 @@ def symmetric_scale(amax: Array, dtype: str) -> Array:
     if bool((a < 0).any()):
         raise SimulatorError("amax is negative", where="amax", hint="pass max(|x|)")
     scale = _clip(2 * a / (qmax - qmin), MIN_SCALE, float("inf"))
+    finite = scale.isfinite().all() if _is_torch(scale) else np.isfinite(scale).all()
+    if not bool(finite):
+        raise SimulatorError(
+            f"max |x| = {float(a.max()):.4g} gives an infinite {dtype} scale",
+            where="amax",
+            hint="a value near the float limit reached this tensor (an attention mask "
+            "written as (1 - mask) * torch.finfo(dtype).min?): use a moderate constant "
+            "such as -1e4 for masked positions",
+        )
     return float(scale) if isinstance(amax, int | float) else scale
 
 

@@ -134,7 +134,10 @@ def _pad(xs, cs, attrs, n):
 
 
 def _expand(xs, cs, attrs, n):
-    return [xs[0].expand(torch.broadcast_shapes(xs[0].shape, tuple(_ints(cs[0]))))]
+    """ONNX Expand; the target shape is a constant, or a buffer computed at run time
+    (a class token expanded to the batch: ``Shape(x)[0:1]`` concatenated with sizes)."""
+    shape = _ints(cs[0]) if cs and cs[0] is not None else tuple(xs[1].reshape(-1).tolist())
+    return [xs[0].expand(torch.broadcast_shapes(xs[0].shape, shape))]
 
 
 def _to_nhwc(xs, cs, attrs, n):

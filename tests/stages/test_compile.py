@@ -223,3 +223,20 @@ def test_tampered_hbm_is_refused(compiled):
     path.write_bytes(bytes(data))
     with pytest.raises(ArtifactError, match="expected sha256"):
         ctx.run.load_artifact("compile", HbmModel)
+
+
+def test_a_class_token_expanded_to_the_batch_compiles_exact(tmp_path_factory):
+    """The token's Expand reads the batch at run time: Shape, the Concat of its target and
+    the Expand of the constant token run on the CPU; every batch size, through the first
+    runs, the replays and the frozen plan, gives quantized.onnx's numbers."""
+    data = {"dataset": "tests.models:class_token_data", "calibration_samples": 32,
+            "evaluation_samples": 32, "batch_size": 8}  # fmt: skip
+    ctx, arts = _compile(tmp_path_factory, model={"factory": "tests.models:class_token"}, data=data)
+    program = hbm.load(ctx.run.path(arts["compile"].hbm_file))
+    cpu = [i.attrs["op_type"] for i in program.instructions if i.op is Op.CPU]
+    assert cpu == ["Shape", "Concat", "Expand"]
+    ex, x = Executor(program), ctx.evaluation.x
+    for batch in (1, 3, 1, 8, 3, 1, 8, 3):
+        outs, _ = ex.run({"x": x[:batch]})
+        ref_outs, _ = run_integer(ctx.run.root, arts["convert"], x[:batch])
+        assert np.array_equal(next(iter(outs.values())), ref_outs[0]), batch

@@ -84,6 +84,18 @@ def test_errors_name_the_quantizer():
         q.set_state("training")
 
 
+def test_a_mask_of_finfo_min_is_refused_at_freeze_naming_quantizer_and_value():
+    """``(1 - mask) * finfo.min``, the usual attention mask, observed in float32."""
+    q = QFakeQuantize()
+    q.name = "encoder.layer.0.attention.add[output]"
+    q.set_state(QuantState.CALIBRATION)
+    mask = torch.tensor([1.0, 1.0, 0.0])
+    q((1 - mask) * torch.finfo(torch.float32).min)
+    with pytest.raises(StageError, match=r"attention\.add\[output\].*3\.403e\+38") as e:
+        q.freeze()
+    assert "-1e4" in e.value.hint
+
+
 def test_straight_through_gradient():
     q = QFakeQuantize(observer="moving_average_minmax", averaging_constant=0.01)
     q(torch.tensor([-1.0, 1.0]))

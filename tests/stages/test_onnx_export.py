@@ -283,3 +283,27 @@ def test_resampling_rounds_ties_differently():
     step = next(q.scale.item() for _, q in quantizers(gm) if q.name == "resize[output]")
     flips = np.abs(got["resize"] - layers["resize"].numpy()) / step
     assert flips.max() <= 1.0001 and (flips > 0.5).mean() < 0.05
+
+
+class ClassToken(nn.Module):
+    """A ViT's class token as timm and torchvision write it: expanded to the batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.patch = nn.Conv2d(1, 8, 4, 4)
+        self.cls_token = nn.Parameter(torch.randn(1, 1, 8))
+
+    def forward(self, x):
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        cls = self.cls_token.expand(x.shape[0], -1, -1)
+        return torch.cat([cls, x], dim=1)[:, 0] * 2
+
+
+def test_a_class_token_expanded_to_the_batch_keeps_the_batch_dynamic():
+    gm, _ = _calibrated(ClassToken(), X)
+    result = export_onnx(gm, X[:2])
+    ops = [n.op_type for n in result.model.graph.node]
+    assert "Shape" in ops and "Expand" in ops  # the batch is read at run time
+    for batch in (1, 5):
+        ids = _compare_layers(gm, result, X[:batch], tol=1e-5)
+        assert "reshape" in ids

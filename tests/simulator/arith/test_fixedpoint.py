@@ -188,6 +188,8 @@ def test_symmetric_scale_per_channel_zero_and_errors():
     for bad in (float("nan"), float("inf"), np.array([1.0, np.nan]), torch.tensor([-1.0])):
         with pytest.raises(SimulatorError, match="amax"):
             fp.symmetric_scale(bad, "int8")
+    with pytest.raises(SimulatorError, match=r"max \|x\| = 3e\+38 gives an infinite int8"):
+        fp.symmetric_scale(torch.tensor([1.0, 3.0e38]), "int8")  # 2 * amax overflows float32
 
 
 @FAST

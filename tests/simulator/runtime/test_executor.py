@@ -234,6 +234,14 @@ def test_layout_matches_onnx(op_type, consts, attrs):
         np.testing.assert_array_equal(g, w)
 
 
+def test_expand_to_a_shape_computed_at_run_time():
+    """A LAYOUT Expand whose target is a buffer (a batch read by Shape) equals ONNX's."""
+    x = rand_ints(np.random.default_rng(1), (1, 4, 1), np.int8)
+    shape = np.array([3, 1, 6])
+    (got,) = execute(Op.LAYOUT, [x, shape], [], {"op_type": "Expand"})
+    np.testing.assert_array_equal(got, np.broadcast_to(x, (3, 4, 6)))
+
+
 def _pad_to(a: np.ndarray, axis: int, size: int) -> np.ndarray:
     widths = [(0, 0)] * a.ndim
     widths[axis] = (0, size - a.shape[axis])

@@ -1,0 +1,30 @@
+"""modelio: the float model from a spec's factory, its keyword arguments and weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from schemas.errors import StageError
+from stages.modelio import build_float, model_digest
+
+
+def test_model_kwargs_reach_the_factory_and_the_digest(make_ctx):
+    """``model.kwargs`` names a library's generic constructor, as timm's is written."""
+    ctx = make_ctx(
+        model={"factory": "timm:create_model",
+               "kwargs": {"model_name": "resnet10t", "num_classes": 10, "in_chans": 1}},
+    )  # fmt: skip
+    model = ctx.float_model
+    assert type(model).__name__ == "ResNet" and not model.training
+    assert model(torch.zeros(1, 1, 32, 32)).shape == (1, 10)
+    other = model_digest(model, "timm:create_model", {"model_name": "resnet14t"})
+    assert ctx.float_digest != other  # the arguments are part of the cache key
+
+
+def test_a_factory_refusing_its_kwargs_is_named():
+    with pytest.raises(StageError, match=r"torch.nn:Linear raised TypeError.*colour") as e:
+        build_float("torch.nn:Linear", kwargs={"in_features": 3, "colour": 2})
+    assert e.value.where == "model.factory"
+    linear = build_float("torch.nn:Linear", kwargs={"in_features": 3, "out_features": 2})
+    assert linear.weight.shape == (2, 3)
