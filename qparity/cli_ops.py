@@ -10,6 +10,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from qparity.cli_options import QuietOpt
+
 out = Console()
 
 
@@ -18,10 +20,13 @@ def ops_command(
     markdown: Annotated[
         bool, typer.Option("--markdown", help="Print docs/ops.md's Markdown instead.")
     ] = False,
+    quiet: QuietOpt = False,
 ):
     """List every op the chain knows, one line each (one op: one line per field):
     category, aten targets, ONNX export, the instruction compile makes of it, and its
     kernels (numpy reference, executor's torch kernel, native).
+
+    --quiet: the op names only, one per line.
 
     Example: qparity ops hardsigmoid
     """
@@ -40,6 +45,10 @@ def ops_command(
             where="qparity ops",
             hint=f"one of: {', '.join(BY_NAME)}",
         )
+    if quiet:
+        for r in found:
+            out.print(r["op"], markup=False, highlight=False)
+        return
     if op is not None:
         for c in COLUMNS:
             out.print(f"{c}: {found[0][c]}", markup=False, highlight=False, soft_wrap=True)

@@ -37,3 +37,9 @@ def test_an_unknown_op_names_the_known_ones():
     res = CliRunner().invoke(app, ["ops", "nope"])
     assert isinstance(res.exception, SpecError)
     assert "no op 'nope'" in str(res.exception) and "hardsigmoid" in str(res.exception)
+
+
+def test_quiet_lists_the_op_names_only():
+    res = CliRunner().invoke(app, ["ops", "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines() == [e.name for e in ops.ENTRIES]
