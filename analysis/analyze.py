@@ -19,6 +19,7 @@ from analysis.compare import PairResult, compare_stages
 from analysis.flops import layer_flops
 from analysis.layer_graph import Layer, load_layers
 from analysis.localize import FLOAT_STAGE, PairVerdict, first_divergence, judge_pair
+from analysis.primary import read_primary
 from analysis.records import localization_rows, sensitivity_rows, write_tensors
 from schemas.errors import QueryError
 from schemas.spec import STAGE_NAMES
@@ -89,11 +90,9 @@ def analyze_models(ctx, chain: list[str], models: dict, layers: dict, integer: d
     scales = {k: max(v["scale"]) for k, v in integer.items()}
     # read (and verify) the inputs before writing anything: a tampered metrics part must
     # fail here, never overwrite the run's localization tables
-    top1 = {
-        m["stage"]: m["value"] for m in read_run_table(ctx.run, "metrics") if m["metric"] == "top1"
-    }
+    primary = read_primary(ctx.spec, read_run_table(ctx.run, "metrics"))
     results = compare_stages(ctx, models, pairs, layers, dtypes, scales)
-    verdicts, bad_rows = _judge(ctx, chain, models, results, top1, dtypes, layers)
+    verdicts, bad_rows = _judge(ctx, chain, models, results, primary, dtypes, layers)
     first = first_divergence(verdicts)
     write_rows(ctx.run, "badcases", bad_rows, "all")
     ctx.write_debug("badcase.txt", badcases.render(bad_rows))
@@ -106,7 +105,7 @@ def analyze_models(ctx, chain: list[str], models: dict, layers: dict, integer: d
 
 
 def _judge(
-    ctx, chain, models, results, top1, dtypes, layers
+    ctx, chain, models, results, primary, dtypes, layers
 ) -> tuple[list[PairVerdict], list[dict]]:
     """Each chain pair's bad cases and verdict."""
     metric = ctx.spec.compare.badcase_metric
@@ -116,7 +115,7 @@ def _judge(
         bad_rows += badcases.rows(results[(base, ana)], picked, metric)
         samples = np.asarray([s for s, _ in picked])
         pair = results[(base, ana)]
-        verdicts.append(judge_pair(ctx, models, pair, top1, samples, dtypes, layers))
+        verdicts.append(judge_pair(ctx, models, pair, primary, samples, dtypes, layers))
     return verdicts, bad_rows
 
 

@@ -45,12 +45,17 @@ def rows(result: PairResult, picked: list[tuple[int, float]], metric: str) -> li
             "rank": rank,
             "sample_id": sid,
             "value": value,
-            "label": int(label[pos[sid]]),
+            "label": _label(label[pos[sid]]),
             "base_pred": int(bp[pos[sid]]),
             "analysis_pred": int(ap[pos[sid]]),
         }
         for rank, (sid, value) in enumerate(picked, start=1)
     ]
+
+
+def _label(value) -> int | None:
+    """A sample's label; None when the dataset has none (analysis.compare records -1)."""
+    return int(value) if value >= 0 else None
 
 
 def render(all_rows: list[dict]) -> str:
@@ -59,7 +64,7 @@ def render(all_rows: list[dict]) -> str:
     for r in all_rows:
         lines.append(
             f"{r['base_stage']} -> {r['analysis_stage']} | {r['rank']} | {r['sample_id']} | "
-            f"{r['metric']}={r['value']:.6g} | {r['label']} | "
+            f"{r['metric']}={r['value']:.6g} | {'-' if r['label'] is None else r['label']} | "
             f"{r['base_pred']} -> {r['analysis_pred']}"
         )
     return "\n".join(lines) + "\n"

@@ -118,11 +118,14 @@ def _batch(ctx, r: PairResult, idx, base_run, ana_run, layers, dtypes, b: int) -
 
 
 def _record_output(ctx, r: PairResult, idx, out_a, out_b, m) -> None:
-    y = ctx.evaluation.y[idx]
     pa_, pb = out_a.reshape(len(idx), -1).argmax(1), out_b.reshape(len(idx), -1).argmax(1)
+    labels = ctx.evaluation.labels
+    y = labels[idx] if labels is not None else np.full(len(idx), -1)  # -1: no label
+    # without labels a flip is a changed prediction (correctness against the base's)
+    flip = (pa_ == y) != (pb == y) if labels is not None else pa_ != pb
     for key, val in (
         ("sample_id", idx), ("l1", m["l1"]), ("cosine", m["cosine"]), ("mse", m["mse"]),
-        ("sqnr_db", m["sqnr_db"]), ("flip", ((pa_ == y) != (pb == y)).astype(np.float64)),
+        ("sqnr_db", m["sqnr_db"]), ("flip", flip.astype(np.float64)),
         ("label", y), ("base_pred", pa_), ("analysis_pred", pb),
     ):  # fmt: skip
         r.output.setdefault(key, []).append(np.asarray(val))

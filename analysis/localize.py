@@ -1,7 +1,9 @@
 """Name the first divergent stage, the first divergent layer in it, and the sensitive ops.
 
-- A stage pair (chain order) diverges when the analysis stage's top-1 is more than
-  ``compare.thresholds.top1_drop`` below the base's, when the outputs' cosine falls under
+- A stage pair (chain order) diverges when the analysis stage's primary metric
+  (analysis.primary: ``compare.primary``, else top-1 with labels, else the output cosine
+  against the float model) is worse than the base's by more than
+  ``compare.thresholds.top1_drop`` (``primary_drop`` for a metric other than top-1), when the outputs' cosine falls under
   ``compare.thresholds.cosine``, or when some layer's own error (analysis.own_error, on
   the bad cases and the probe samples) is above the pair's tolerance:
   ``compare.thresholds.max_qscale_diff`` steps, and 0 for the pairs that must be
@@ -35,6 +37,7 @@ import numpy as np
 from analysis.compare import OUTPUT, PairResult
 from analysis.layer_graph import Layer
 from analysis.own_error import OwnErrors, own_errors, sensitivity
+from analysis.primary import Primary
 from analysis.tolerance import EPS, factor, limit, span_of, total_limit
 from simulator.arith.board_input import rounding_pixels
 from stages.context import RunContext
@@ -101,7 +104,7 @@ def judge_pair(
     ctx: RunContext,
     models: dict[str, StageModel],
     result: PairResult,
-    top1: dict[str, float],
+    primary: Primary,
     samples: np.ndarray,
     dtypes: dict[str, str],
     layers: dict[str, Layer] | None = None,
@@ -116,7 +119,7 @@ def judge_pair(
     v.tolerance = tolerance(ctx, result.base, result.analysis)
     if (result.base, result.analysis) == ("compile", "board_sim"):
         v.input_limit = camera_limit(ctx, result.steps.get(_input(result), 0.0))
-    v.reasons += _output_reasons(ctx, result, top1, v)
+    v.reasons += _output_reasons(ctx, result, primary, v)
     ids = [i for i in result.layer_ids if not i.startswith("input:")]
     base, ana = models[result.base], models[result.analysis]
     judged = judged_samples(ctx, samples)
@@ -140,13 +143,12 @@ def _input(result: PairResult) -> str | None:
     return next((i for i in result.layer_ids if i.startswith("input:")), None)
 
 
-def _output_reasons(ctx: RunContext, result: PairResult, top1: dict, v: PairVerdict) -> list:
-    """Top-1 drop and output cosine (not for the float pair, whose output carries every
+def _output_reasons(ctx: RunContext, result: PairResult, primary: Primary, v: PairVerdict) -> list:
+    """The primary metric's worsening and output cosine (not for the float pair, whose output carries every
     layer's quantization noise), and a camera input past its modelled rounding."""
     th, out = ctx.spec.compare.thresholds, []
-    drop = top1.get(result.base, np.nan) - top1.get(result.analysis, np.nan)
-    if drop > th.top1_drop:
-        out.append(f"top-1 drops {drop:.4f} (> {th.top1_drop})")
+    worse = primary.reason(result.base, result.analysis)
+    out += [worse] if worse else []
     cos = result.aggregates[OUTPUT]["cosine"]
     if cos < th.cosine and not v.quantization:
         out.append(f"output cosine {cos:.5f} (< {th.cosine})")

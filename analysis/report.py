@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from analysis.primary import run_primary
 from analysis.report_html import render
 from schemas.errors import QparityError
 from schemas.fileio import atomic_write_text
@@ -131,20 +132,19 @@ def _header(run: Run) -> list[tuple[str, str]]:
 
 
 def _chain(run: Run) -> list[dict]:
-    """One row per stage (and 'float' if measured): status, time, cache, top-1 and its change."""
-    metrics = read_run_table(run, "metrics")
-    top1 = {r["stage"]: r for r in metrics if r["metric"] == "top1"}
+    """One row per stage (and 'float' if measured): status, time, cache, the primary metric
+    (analysis.primary: top1 with labels, else cosine, or compare.primary) and its change."""
+    primary = run_primary(run)
     records = run.manifest().stages
-    names = sorted(set(records) | set(top1), key=lambda s: (stage_position(s), s))
+    names = sorted(set(records) | set(primary.values), key=lambda s: (stage_position(s), s))
     rows, previous = [], None
     for name in names:
-        rec, metric = records.get(name), top1.get(name)
-        value = metric["value"] if metric else None
+        rec, value = records.get(name), primary.values.get(name)
         rows.append({
             "stage": name, "status": rec.status if rec else "-",
             "duration_s": rec.duration_s if rec else None,
-            "cache_hit": rec.cache_hit if rec else None,
-            "top1": value, "n_samples": metric["n_samples"] if metric else None,
+            "cache_hit": rec.cache_hit if rec else None, "metric": primary.name,
+            "value": value, "n_samples": primary.samples.get(name),
             "change": value - previous if value is not None and previous is not None else None,
         })  # fmt: skip
         previous = value if value is not None else previous

@@ -165,7 +165,8 @@ def _legend(hm: Heatmap) -> str:
 
 CHAIN_COLUMNS = [
     ("stage", "stage"), ("status", "status"), ("duration_s", "duration (s)"),
-    ("cache_hit", "cache hit"), ("top1", "top-1"), ("change", "change vs previous"),
+    ("cache_hit", "cache hit"), ("metric", "metric"), ("value", "value"),
+    ("change", "change vs previous"),
     ("n_samples", "samples"),
 ]  # fmt: skip
 LOCALIZATION_COLUMNS = [
@@ -244,7 +245,7 @@ def render(data: ReportData) -> str:
         f"<h1>qparity report: {esc(data.run_id)}</h1>",
         f'<table class="kv">{header}</table>',
         _summary(data),
-        _section("Chain: top-1 per stage", table(CHAIN_COLUMNS, data.chain), "no stages"),
+        _section("Chain: the primary metric per stage", table(CHAIN_COLUMNS, data.chain), "no stages"),
         f"<h2>Layers x stages (each stage against the one before it)</h2>{maps}",
         _section("Localization", table(LOCALIZATION_COLUMNS, data.localization) if data.localization else "", "no localization rows"),
         _section("Sensitive ops", table(SENSITIVITY_COLUMNS, data.sensitivity) if data.sensitivity else "", "no sensitivity rows (no stage diverges)"),

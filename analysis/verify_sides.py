@@ -73,7 +73,7 @@ def _stage(run_id: str, stage: str, store_root: str | Path) -> Side:
     model = open_stage_model(ctx, stage)
 
     def run_x(x):
-        split = Split("evaluation", np.ascontiguousarray(x), np.zeros(len(x), np.int64))
+        split = Split("evaluation", {"x": np.ascontiguousarray(x)})
         ctx.__dict__["splits"] = {"evaluation": split, "camera": split}  # the given input
         out, values = model.run(np.arange(len(x)))
         return [out], values, {}

@@ -48,13 +48,19 @@ class PtqModelSpec(Section):
     export: Factory | None = None
     """Optional 'module:function' called with ``file`` that writes the ONNX model there
     first (the bundled example exports its torch model this way)."""
+    input_shapes: dict[str, list[int]] = {}
+    """Fixed input shapes by input name (the vendor's ``input_shape``), e.g. ``{images: [1,
+    3, 320, 320]}``: dynamic dims take these sizes (dim 0, the batch, stays dynamic) and
+    ``original`` folds the shape-computing subgraphs into constants."""
 
 
 class PtqDataSpec(Section):
     """The dataset (same convention as data.dataset of a pipeline spec)."""
 
     dataset: Factory
-    """'module:function' returning {"train": (x, y), "evaluation": (x, y)}."""
+    """'module:function' returning {"train": split, "evaluation": split}, each split (x, y)
+    or {"inputs": {name: x}, "labels": y or None} (stages.data); without labels every stage
+    is judged by its agreement with the original model."""
     calibration_samples: PosInt = 256
     """Samples the activation ranges are calibrated on."""
     evaluation_samples: PosInt = 1000
@@ -180,7 +186,8 @@ def _context(run: Run, name: str, path: Path, spec: PtqSpec) -> PtqContext:
     splits = load_splits(d.dataset, d.calibration_samples, d.evaluation_samples)
     quant = QuantConfig(q.activation_dtype, dict(q.overrides))
     return PtqContext(run, name, path, quant, MARCHES[q.march], splits, d.batch_size,
-                      d.probe_samples, spec.optimized_cosine)  # fmt: skip
+                      d.probe_samples, spec.optimized_cosine,
+                      {k: list(v) for k, v in spec.model.input_shapes.items()})  # fmt: skip
 
 
 def _check_spec_stage(name: str | None) -> str | None:

@@ -201,8 +201,9 @@ class RunRecord:
     label: str
     run_id: str | None
     status: Literal["complete", "failed"]
-    top1: float | None
-    """Top-1 of the last stage that ran."""
+    value: float | None
+    """The primary metric (compare.primary: top1 with labels, else cosine) of the last
+    stage that ran."""
     last_stage: str | None
     first_divergent: str | None
     """First divergent stage of the run's localization (None: none, or no analysis)."""
@@ -210,10 +211,19 @@ class RunRecord:
     error: str | None = None
     where: str = ""
     """host:pid of the process that ran it (a Dask worker's, on a cluster)."""
+    metric: str = "top1"
+    """The name of the primary metric ``value`` is."""
+
+    @property
+    def measured(self) -> str:
+        """The primary metric and the stage it was measured at, e.g. ``top1 0.9900 (board_sim)``."""
+        if self.value is None:
+            return f"{self.metric} -"
+        return f"{self.metric} {self.value:.4f} ({self.last_stage})"
 
     def line(self) -> str:
-        """The record as one line: label, run id, status, top-1, first divergent stage."""
-        top1 = f"top1 {self.top1:.4f} ({self.last_stage})" if self.top1 is not None else "top1 -"
+        """The record as one line: label, run id, status, primary metric, first divergent."""
+        top1 = self.measured
         first = f"first divergent {self.first_divergent or '-'}"
         what = self.status if self.error is None else f"{self.status}: {self.error}"
         return f"{self.label}  {self.run_id or '-'}  {what}  {top1}  {first}  {self.wall_s:.1f} s"
@@ -236,11 +246,12 @@ class SweepResult:
     def table(self) -> Table:
         """The summary: one row per run."""
         table = Table(
-            "run", "run_id", "status", "top1 (last stage)", "first divergent", "wall_s", "host:pid",
+            "run", "run_id", "status", "metric (last stage)", "first divergent", "wall_s",
+            "host:pid",
             title=f"sweep {self.sweep_id} ({self.runner}, {self.wall_s:.1f} s)",
         )  # fmt: skip
         for r in self.runs:
-            top1 = f"{r.top1:.4f} ({r.last_stage})" if r.top1 is not None else "-"
+            top1 = r.measured
             status = r.status if r.error is None else f"[red]{r.status}[/]: {r.error}"
             table.add_row(
                 r.label,

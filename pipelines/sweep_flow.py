@@ -39,6 +39,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
 # isort: on
+from analysis.primary import read_primary
 from pipelines.sweep import DaskRunner, LocalRunner, RunRecord
 from schemas.errors import QparityError
 from schemas.spec import PipelineSpec
@@ -65,17 +66,18 @@ def execute_run(
         run_id = _run_with_tags(store_root, dict(spec.tags))
         wall = time.perf_counter() - t0
         return RunRecord(label, run_id, "failed", None, None, None, wall, error, _where())
-    last, top1 = _last_top1(result.outcomes)
+    last, (metric, value) = _last_primary(spec, result.outcomes)
     first = getattr(result.analysis, "first", None)
     return RunRecord(
         label,
         result.run_id,
         "complete",
-        top1,
+        value,
         last,
         first.analysis if first is not None else None,
         time.perf_counter() - t0,
         where=_where(),
+        metric=metric,
     )
 
 
@@ -96,14 +98,14 @@ def _where() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _last_top1(outcomes: dict) -> tuple[str | None, float | None]:
-    """(last stage, its top-1) from the stage outcomes."""
+def _last_primary(spec, outcomes: dict) -> tuple[str | None, tuple[str, float | None]]:
+    """(last stage, (primary metric, its value there)) from the stage outcomes."""
     if not outcomes:
-        return None, None
+        return None, ("top1", None)
     stage, outcome = list(outcomes.items())[-1]
-    metrics = getattr(outcome.artifact, "metrics", [])
-    top1 = [m.value for m in metrics if m.metric == "top1" and m.stage == stage]
-    return stage, (top1[-1] if top1 else None)
+    rows = [m.model_dump() for m in getattr(outcome.artifact, "metrics", [])]
+    primary = read_primary(spec, [r for r in rows if r["stage"] == stage])
+    return stage, (primary.name, primary.values.get(stage))
 
 
 def _run_with_tags(root: str | Path, tags: dict[str, str]) -> str | None:

@@ -51,18 +51,23 @@ def ptq_command(
 
 
 def _show(run) -> None:
-    """One row per stage: status, duration, top-1 (and the optimized min layer cosine)."""
+    """One row per stage: status, duration, the primary metric (top1 with labels, else the
+    cosine against the original model), and the optimized min layer cosine."""
+    from analysis.primary import run_primary
     from schemas.tables import read_run_table
     from stages.ptq.chain import STAGES
 
     m = run.manifest()
     metrics = {(r["stage"], r["metric"]): r["value"] for r in read_run_table(run, "metrics")}
-    table = Table("stage", "status", "duration_s", "top1", "note", title=f"PTQ run {m.run_id}")
+    primary = run_primary(run)
+    table = Table(
+        "stage", "status", "duration_s", primary.name, "note", title=f"PTQ run {m.run_id}"
+    )
     for stage in STAGES:
         rec = m.stages.get(stage.name)
         if rec is None:
             continue
-        top1 = metrics.get((stage.name, "top1"))
+        top1 = primary.values.get(stage.name)
         note = {
             "optimized": f"min layer cosine {metrics.get(('optimized', 'min_layer_cosine'), 0):.6f}",
             "hbm": f"{metrics.get(('hbm', 'bit_exact_layers'), 0):.0f} layers bit-exact vs quantized",

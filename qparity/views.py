@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from analysis.primary import run_primary
 from schemas.owner import as_shown
 from schemas.spec import load_spec, with_overrides
 from schemas.store import RunStore
@@ -98,21 +99,22 @@ def _finish_view(out: Console, store_root: str | Path, result) -> None:
 
 
 def stage_table(store_root: str | Path, run_id: str) -> Table:
-    """Stages of a run with duration, cache hit and top-1 (from the run's tables)."""
+    """Stages of a run with duration, cache hit and the primary metric (top1 with labels,
+    else cosine, or compare.primary; from the run's tables)."""
     run = RunStore(store_root).open(run_id)
     m = as_shown(run.manifest())
-    metrics = {(r["stage"], r["metric"]): r for r in read_run_table(run, "metrics")}
-    table = Table("stage", "status", "duration_s", "cache", "top1", title=f"run {run_id}")
-    if ("float", "top1") in metrics:
-        table.add_row("float", "-", "-", "-", f"{metrics['float', 'top1']['value']:.4f}")
+    primary = run_primary(run)
+    values = primary.values
+    table = Table("stage", "status", "duration_s", "cache", primary.name, title=f"run {run_id}")
+    if "float" in values:
+        table.add_row("float", "-", "-", "-", f"{values['float']:.4f}")
     for name, rec in _in_chain_order(m.stages):
-        top1 = metrics.get((name, "top1"))
         table.add_row(
             name,
             rec.status,
             f"{rec.duration_s or 0:.2f}",
             "hit" if rec.cache_hit else "-",
-            f"{top1['value']:.4f}" if top1 else "-",
+            f"{values[name]:.4f}" if name in values else "-",
         )
     return table
 
@@ -136,9 +138,10 @@ def show_run(out: Console, store_root: str | Path, run_id: str) -> None:
         out.print(f"[red]error:[/] {m.error}", highlight=False)
     out.print(stage_table(store_root, run_id))
     print_faults(out, run)
-    table = Table("stage", "metric", "value", "n_samples", title="metrics")
+    table = Table("stage", "metric", "output", "value", "n_samples", title="metrics")
     for r in read_run_table(run, "metrics"):
-        table.add_row(r["stage"], r["metric"], f"{r['value']:.6g}", str(r["n_samples"]))
+        output = r.get("output") or "-"
+        table.add_row(r["stage"], r["metric"], output, f"{r['value']:.6g}", str(r["n_samples"]))
     out.print(table)
 
 
@@ -170,12 +173,12 @@ def analysis_line(run_id: str, analysis) -> str:
 
 
 def show_line(out: Console, store_root: str | Path, run_id: str) -> None:
-    """``show --quiet``: run id, status, the last stage that ran and its top-1."""
+    """``show --quiet``: run id, status, the last stage that ran and its primary metric."""
     run = RunStore(store_root).open(run_id)
     m = as_shown(run.manifest())
-    top1 = {r["stage"]: r["value"] for r in read_run_table(run, "metrics") if r["metric"] == "top1"}
-    ran = [name for name, _ in _in_chain_order(m.stages) if name in top1]
-    last = f"{ran[-1]} top1 {top1[ran[-1]]:.4f}" if ran else "no top-1"
+    primary = run_primary(run)
+    ran = [name for name, _ in _in_chain_order(m.stages) if name in primary.values]
+    last = f"{ran[-1]} {primary.name} {primary.values[ran[-1]]:.4f}" if ran else "no metric"
     out.print(f"{m.run_id} {m.status} {last}", highlight=False, soft_wrap=True)
 
 

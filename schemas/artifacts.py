@@ -82,6 +82,9 @@ class Metric(BaseModel):
     """The measured value."""
     n_samples: int
     """How many evaluation samples it was measured on."""
+    output: str | None = None
+    """The model output it judges (``output`` for a single-tensor output); null for a
+    task metric (data.metric) or a count such as float_islands."""
 
 
 class QatModelArtifact(Artifact):

@@ -24,6 +24,7 @@ from schemas.errors import SpecError
 from schemas.fileio import json_digest
 from schemas.spec_faults import FaultSpec
 from schemas.spec_sections import (
+    STAGE_METRICS,
     STAGE_NAMES,
     CompareSpec,
     DataSpec,
@@ -129,9 +130,24 @@ def parse_spec(data: Any, source: str) -> PipelineSpec:
     if "pipeline" in data:
         data = with_pipeline(data, source)
     try:
-        return PipelineSpec.model_validate(data)
+        spec = PipelineSpec.model_validate(data)
     except ValidationError as e:
         raise _spec_error(e, source) from e
+    _check_primary(spec, source)
+    return spec
+
+
+def _check_primary(spec: PipelineSpec, source: str) -> None:
+    """compare.primary must be a metric the run can record: a stage metric, or any name
+    when data.metric may return it (checked when the stages record their metrics)."""
+    primary = spec.compare.primary
+    if primary is None or primary in STAGE_METRICS or spec.data.metric is not None:
+        return
+    raise SpecError(
+        f"compare.primary: {primary!r} is not a metric the run records",
+        where=source,
+        hint=f"use one of {', '.join(STAGE_METRICS)}, or a name data.metric returns",
+    )
 
 
 NAMED_PIPELINES = Path(__file__).resolve().parent.parent / "pipelines" / "named"
@@ -262,6 +278,8 @@ def stage_config_digest(spec: PipelineSpec, stage: str) -> str:
     if paths is None:
         paths = (f"stages.{stage}",) if stage in data["stages"] else ()
     parts = {path: _get_path(data, path) for path in paths}
+    if data["data"]["metric"] is not None:  # every stage records the task metric
+        parts["data.metric"] = data["data"]["metric"]
     faults = [f for f in data["faults"] if f["stage"] == stage]
     if faults:  # only a stage's own faults enter its digest (a clean spec keeps its keys)
         parts["faults"] = faults

@@ -65,6 +65,10 @@ PosInt = Annotated[int, Field(strict=True, gt=0)]
 Dtype = Literal["int8", "int16"]
 
 
+STAGE_METRICS = ("top1", "top1_agreement", "cosine", "sqnr_db", "l1")
+"""The metrics every stage records per output (top1 only when the dataset has labels)."""
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
@@ -99,6 +103,10 @@ class DataSpec(Section):
     ``x = (pixel - mean) / std``; the board folds it into its input path. Empty: 0."""
     std: list[float] = []
     """Per-channel std in pixel units; empty: 1."""
+    metric: Factory | None = None
+    """'module:function' of a task metric (mAP, mIoU...): called with a stage's outputs, the
+    float model's outputs and the labels (or None), it returns ``{name: float}``; the names
+    join every stage's metrics and may be ``compare.primary``. Null: none."""
 
 
 class QuantSpec(Section):
@@ -232,6 +240,9 @@ class Thresholds(Section):
     """Largest acceptable difference, in quantization steps."""
     top1_drop: float = Field(default=0.005, ge=0)
     """Largest acceptable drop of top-1 accuracy (a fraction)."""
+    primary_drop: float | None = Field(default=None, ge=0)
+    """Largest acceptable worsening of ``compare.primary`` when it is not top1 (a drop; a
+    rise for l1); null: ``top1_drop``."""
 
 
 class LimitsSpec(Section):
@@ -252,12 +263,17 @@ class CompareSpec(Section):
     """Samples whose full layer tensors are kept."""
     badcase_metric: Literal["l1", "mse", "cosine", "sqnr", "flip"] = "l1"
     """How bad cases are ranked: output L1 (the vendor's default), mse, cosine, sqnr, or a
-    flip of the task's correctness."""
+    flip of the task's correctness (without labels: a changed arg-max prediction)."""
     enabled: bool = True
     """Run the analysis (compare, bad cases, localization) after the chain."""
     steps: list[Literal["report"]] = []
     """Analysis steps added after localization, each its own Prefect task: ``report``
     writes the run's HTML report to <run>/report.html (as ``qparity report RUN``)."""
+    primary: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*$")
+    """The metric localization thresholds, sweeps, ``show`` and the report use (bad cases
+    are ranked per sample by ``badcase_metric``): one a
+    run records (``top1``, ``top1_agreement``, ``cosine``, ``sqnr_db``, ``l1`` or a name
+    ``data.metric`` returns); null: top1 when the dataset has labels, else cosine."""
     samples: int | None = Field(default=None, ge=1)
     """Compare layers on the first N evaluation samples (null: all of them); top-1 is
     always measured on the whole split."""

@@ -60,9 +60,12 @@ METRICS = pa.schema(
         pa.field("metric", pa.string(), nullable=False),
         pa.field("value", pa.float64()),
         pa.field("n_samples", pa.int64()),
+        pa.field("output", pa.string()),
     ]
 )
-"""Dataset-level metrics (e.g. top1) per stage of a run."""
+"""Dataset-level metrics per stage of a run (top1, cosine... stages.evaluate): ``output``
+names the model output a metric judges (null: a task metric, a count, or a file written
+before outputs were recorded)."""
 
 
 LAYER_STATS = _fields(

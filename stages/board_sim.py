@@ -4,25 +4,27 @@ With ``stages.board_sim.runtime_format: featuremap`` the evaluation inputs go in
 are (model.hbm). Otherwise the dataset's camera frames (``camera_evaluation``) are encoded
 as the camera delivers them (nv12, yuv444, rgb, bgr, gray) and board.hbm takes them through
 the board's input path. Training on RGB and deploying on nv12 is the classic user-side
-divergence: it shows here as a top-1 difference against compile.
+divergence: it shows here as a metric difference against compile.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
-from schemas.artifacts import BoardRun, HbmModel, Metric
+from schemas.artifacts import BoardRun, HbmModel
 from schemas.errors import StageError
 from simulator.program import hbm
 from simulator.runtime.executor import Executor
 from stages.board_program import camera_inputs
 from stages.context import RunContext
+from stages.evaluate import stage_metrics
 from stages.faults import inject_board, record_board
 from stages.registry_types import StageCall
 
 
 def board_sim(upstream: HbmModel, ctx: RunContext, call: StageCall) -> BoardRun:
-    """Evaluate top-1 on the simulated board."""
+    """Measure the program on the simulated board (stages.evaluate)."""
     cfg = ctx.spec.stages.board_sim
     record_board(ctx)
     if cfg.runtime_format == "featuremap":
@@ -37,24 +39,25 @@ def board_sim(upstream: HbmModel, ctx: RunContext, call: StageCall) -> BoardRun:
             )
         executor = Executor(hbm.load(ctx.run.path(upstream.board_file)))
         split = ctx.splits["camera"]
-    correct = 0
-    for start in range(0, len(split), ctx.spec.data.batch_size):
-        x = split.x[start : start + ctx.spec.data.batch_size]
-        feed = _feed(executor, x, cfg, ctx)
-        out = next(iter(executor.run(feed)[0].values()))
-        correct += int((np.argmax(out, axis=1) == split.y[start : start + len(x)]).sum())
+    metrics = stage_metrics(
+        ctx,
+        "board_sim",
+        lambda x: torch.from_numpy(_board_out(executor, x.numpy(), cfg, ctx)),
+        split,
+    )
     return call.make(
         BoardRun,
         ctx.run,
         files=[],
         runtime_format=cfg.runtime_format,
         training_format=ctx.spec.data.input_format,
-        metrics=[
-            Metric(
-                stage="board_sim", metric="top1", value=correct / len(split), n_samples=len(split)
-            )
-        ],
+        metrics=metrics,
     )
+
+
+def _board_out(executor: Executor, x: np.ndarray, cfg, ctx: RunContext) -> np.ndarray:
+    """The board's (first) output for one batch of inputs or camera frames."""
+    return next(iter(executor.run(_feed(executor, x, cfg, ctx))[0].values()))
 
 
 def _feed(executor: Executor, x: np.ndarray, cfg, ctx: RunContext) -> dict[str, np.ndarray]:

@@ -10,7 +10,7 @@ import torch
 
 from schemas.artifacts import CalibratedModel, Metric, QatModelArtifact
 from stages.context import RunContext
-from stages.evaluate import top1
+from stages.evaluate import stage_metrics
 from stages.fake_quant import QuantState, freeze_model, quantizers, set_model_state
 from stages.faults import inject_calibrate
 from stages.modelio import load_qat, save_state
@@ -27,12 +27,12 @@ def calibrate(upstream: QatModelArtifact, ctx: RunContext, call: StageCall) -> C
     freeze_model(gm)
     inject_calibrate(ctx, gm)
     set_model_state(gm, QuantState.VALIDATION)
-    acc = top1(gm, ctx.evaluation, ctx.spec.data.batch_size)
-    return save_qat(gm, ctx, call, CalibratedModel, upstream, acc)
+    metrics = stage_metrics(ctx, call.stage, gm)
+    return save_qat(gm, ctx, call, CalibratedModel, upstream, metrics)
 
 
 def save_qat(
-    gm, ctx: RunContext, call: StageCall, cls, upstream: QatModelArtifact, acc: float
+    gm, ctx: RunContext, call: StageCall, cls, upstream: QatModelArtifact, metrics: list[Metric]
 ) -> QatModelArtifact:
     """Write a QAT model's state and quantizer listing; return its artifact."""
     stage = call.stage
@@ -50,5 +50,5 @@ def save_qat(
         settings=upstream.settings,
         quant_state="validation",
         state_file=state_file,
-        metrics=[Metric(stage=stage, metric="top1", value=acc, n_samples=len(ctx.evaluation))],
+        metrics=metrics,
     )

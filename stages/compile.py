@@ -19,14 +19,14 @@ import numpy as np
 import onnx
 import torch
 
-from schemas.artifacts import HbmModel, Metric, QuantizedModel
+from schemas.artifacts import HbmModel, QuantizedModel
 from simulator.program import cost, hbm, hbm_render
 from simulator.program.march import MARCHES
 from simulator.runtime.executor import Executor
 from stages.board_program import board_program
 from stages.compile_graph import Compiler
 from stages.context import RunContext
-from stages.evaluate import top1
+from stages.evaluate import stage_metrics
 from stages.exactness import check_exact
 from stages.onnx_runner import OnnxRunner
 from stages.registry_types import StageCall
@@ -51,10 +51,8 @@ def compile_model(upstream: QuantizedModel, ctx: RunContext, call: StageCall) ->
     executor = Executor(program)
     ctx.write_debug("latency.txt", render_latency(program, executor, ctx, march))
     name = next(iter(program.inputs))
-    acc = top1(
-        lambda x: torch.from_numpy(_first(executor.run({name: x.numpy()})[0])),
-        ctx.evaluation,
-        ctx.spec.data.batch_size,
+    metrics = stage_metrics(
+        ctx, "compile", lambda x: torch.from_numpy(_first(executor.run({name: x.numpy()})[0]))
     )
     files = ["artifacts/compile/model.hbm"]
     if ctx.spec.stages.board_sim.runtime_format != "featuremap":
@@ -69,7 +67,7 @@ def compile_model(upstream: QuantizedModel, ctx: RunContext, call: StageCall) ->
         march=march.name,
         instructions=len(program.instructions),
         fused=[list(i.layer_ids) for i in program.instructions if len(i.layer_ids) > 1],
-        metrics=[Metric(stage="compile", metric="top1", value=acc, n_samples=len(ctx.evaluation))],
+        metrics=metrics,
     )
 
 

@@ -213,16 +213,25 @@ class Compiler:
             return False
         if op is Op.CONV:
             return attrs.get("group", 1) == 1
-        if op is Op.ADD:  # per-channel multipliers must be [C, 1, 1] or scalars, and a
-            # constant operand (swin's relative position bias) a scalar: it is not packed
-            return all(
-                self.inits[c].size == 1 or self.inits[c].ndim == 3 for c in node.input[2:4]
-            ) and all(self.inits[c].size == 1 for c in node.input[:2] if c in self.inits)
+        if op is Op.ADD:  # per-channel multipliers must be [C, 1, 1] or scalars, a
+            # constant operand (swin's relative position bias) a scalar: it is not packed,
+            # and no operand broadcast over channels (x + x[:, :1]): padded channels hold 0
+            return (
+                all(self.inits[c].size == 1 or self.inits[c].ndim == 3 for c in node.input[2:4])
+                and all(self.inits[c].size == 1 for c in node.input[:2] if c in self.inits)
+                and all(self._full_channels(i, node.output[0]) for i in node.input[:2])
+            )
         if op in (Op.CLIP, Op.REQUANT) and self.layouts.get(node.input[0], Layout()).kind != "nhwc":
             return False  # elementwise on a plain buffer: converting would only add work
         return op in (Op.CLIP, Op.MAXPOOL) or (
             op is Op.REQUANT and all(self.inits[c].size == 1 for c in node.input[1:3])
         )
+
+    def _full_channels(self, buf: str, out: str) -> bool:
+        """``buf`` (a constant: checked apart) is 4-D with ``out``'s channels (broadcast
+        over H and W is fine NHWC)."""
+        shape = self.shapes.get(buf, ())
+        return buf in self.inits or (len(shape) == 4 and shape[1] == self.shapes[out][1])
 
     def _channels(self, node) -> int:
         w = self.inits.get(node.input[1]) if len(node.input) > 1 else None

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from schemas.fileio import sha256_bytes
@@ -14,6 +16,9 @@ from schemas.store import Run
 from simulator.program.march import check_dtypes
 from stages.convert.graph import ConvertSettings
 from stages.data import Split, load_splits
+from stages.data_check import check_with_model, forward_inputs
+from stages.evaluate import collect
+from stages.loader import import_object
 from stages.modelio import build_float, model_digest
 from stages.quantizer import QuantPolicy
 
@@ -111,9 +116,13 @@ class RunContext:
 
     @cached_property
     def splits(self) -> dict[str, Split]:
-        """calibration, evaluation and train splits (see stages.data.load_splits)."""
-        d = self.spec.data
-        return load_splits(d.dataset, d.calibration_samples, d.evaluation_samples)
+        """calibration, evaluation and train splits (see stages.data.load_splits), checked
+        against the float model (stages.data_check) before any stage uses them."""
+        d, model = self.spec.data, self.float_model
+        names = forward_inputs(model)
+        splits = load_splits(d.dataset, d.calibration_samples, d.evaluation_samples, names)
+        check_with_model(splits, model)
+        return splits
 
     @property
     def calibration(self) -> Split:
@@ -128,6 +137,18 @@ class RunContext:
         """The spec's float model (factory + kwargs + weights), built once per run."""
         m = self.spec.model
         return build_float(m.factory, m.weights, m.kwargs)
+
+    @cached_property
+    def reference(self) -> dict[str, np.ndarray]:
+        """The float model's outputs on the evaluation split, by output id: what every
+        stage's agreement metrics are measured against (stages.evaluate)."""
+        return collect(self.float_model, self.evaluation, self.spec.data.batch_size, "float")
+
+    @cached_property
+    def task_metric(self) -> Callable | None:
+        """The spec's ``data.metric`` function, imported (None: no task metric)."""
+        ref = self.spec.data.metric
+        return import_object(ref, field="data.metric") if ref else None
 
     @cached_property
     def float_digest(self) -> str:

@@ -1,13 +1,39 @@
-"""Dataset-level judgement of a stage model: top-1 over the evaluation split, streamed."""
+"""Dataset-level judgement of a stage model, streamed over the evaluation split.
+
+Every stage records, per model output (id ``output`` for a single-tensor output; ``f`` the
+float model's values, ``s`` the stage's, over all evaluation samples together):
+
+- cosine = <f, s> / (|f| |s|)
+- sqnr_db = 10 log10(sum f^2 / sum (s - f)^2), at most 300 dB (identical outputs)
+- l1 = mean |s - f|
+- top1_agreement = share of samples whose arg-max equals the float model's ((N, C) outputs)
+- top1 = share of samples whose arg-max equals the label (only when the dataset has labels)
+
+A task metric (``data.metric: module:function``: mAP, mIoU...) is called with the stage's
+outputs, the float model's outputs and the labels (or None) and returns ``{name: float}``;
+its rows carry no output id. ``compare.primary`` (:func:`primary_metric`) names the metric
+localization, sweeps, ``show`` and the report judge by. Non-finite output values read as 0.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
+from schemas.artifacts import Metric
+from schemas.errors import SpecError, StageError
 from stages.data import Split
 from stages.progress import tick
+
+OUTPUT = "output"
+"""The id of a model's output when it is one tensor."""
+SQNR_CAP_DB = 300.0
+"""SQNR of identical outputs (no noise): a finite number, so artifacts stay valid JSON."""
+LOWER_IS_BETTER = frozenset({"l1"})
+"""Metrics that get worse as they rise (localization judges their rise)."""
 
 
 def first_output(out) -> torch.Tensor:
@@ -17,14 +43,114 @@ def first_output(out) -> torch.Tensor:
     return out
 
 
+def output_arrays(out) -> dict[str, np.ndarray]:
+    """A model's outputs keyed by output id (one tensor: ``output``)."""
+    return {OUTPUT: np.asarray(first_output(out).detach().numpy())}
+
+
 @torch.no_grad()
-def top1(
-    model: Callable[[torch.Tensor], object], split: Split, batch_size: int, task: str = "top-1"
-) -> float:
-    """Share of samples whose arg-max output equals the label (progress ticks per batch)."""
-    correct = done = 0
-    for _, x, y in split.batches(batch_size):
-        correct += int((first_output(model(x)).argmax(1) == y).sum())
-        done += len(y)
+def collect(model: Callable, split: Split, batch_size: int, task: str) -> dict[str, np.ndarray]:
+    """Every output of ``model`` over ``split`` (progress ticks per batch)."""
+    parts: dict[str, list[np.ndarray]] = {}
+    done = 0
+    for _, x, _ in split.batches(batch_size):
+        for oid, value in output_arrays(model(x)).items():
+            parts.setdefault(oid, []).append(value)
+        done += len(x)
         tick(task, done, len(split))
-    return correct / len(split)
+    return {oid: np.concatenate(values) for oid, values in parts.items()}
+
+
+def _finite(a: np.ndarray) -> np.ndarray:
+    """NaN and Inf read as 0 (as analysis.metrics does): the metrics stay finite numbers."""
+    return np.where(np.isfinite(a), a, 0.0)
+
+
+def agreement(out: np.ndarray, ref: np.ndarray) -> dict[str, float]:
+    """cosine, sqnr_db, l1 (and top1_agreement for (N, C) outputs) of ``out`` against the
+    float model's ``ref`` (module docstring; cosine 1 when both are all zero)."""
+    f, s = (_finite(np.ravel(a).astype(np.float64)) for a in (ref, out))
+    d2, ff, ss = float(np.dot(s - f, s - f)), float(np.dot(f, f)), float(np.dot(s, s))
+    norm = math.sqrt(ff * ss)
+    cosine = float(np.dot(f, s)) / norm if norm > 0 else float(ff == ss)
+    sqnr = SQNR_CAP_DB if d2 == 0 else 10 * math.log10(ff / d2) if ff > 0 else -SQNR_CAP_DB
+    got = {
+        "cosine": min(max(cosine, -1.0), 1.0),
+        "sqnr_db": min(sqnr, SQNR_CAP_DB),
+        "l1": float(np.abs(s - f).mean()) if f.size else 0.0,
+    }
+    if ref.ndim == 2:
+        got["top1_agreement"] = float((out.argmax(1) == ref.argmax(1)).mean())
+    return got
+
+
+def measure(
+    stage: str,
+    outputs: dict[str, np.ndarray],
+    reference: dict[str, np.ndarray],
+    labels: np.ndarray | None,
+    task: Callable | None = None,
+) -> list[Metric]:
+    """The metrics of one stage's ``outputs`` (module docstring)."""
+    n = len(next(iter(reference.values())))
+    rows = []
+    for oid, out in outputs.items():
+        values = agreement(out, reference[oid])
+        if labels is not None and out.ndim == 2:
+            values = {"top1": float((out.argmax(1) == labels).mean()), **values}
+        rows += [Metric(stage=stage, metric=k, value=v, n_samples=n, output=oid)
+                 for k, v in values.items()]  # fmt: skip
+    if task is not None:
+        rows += [Metric(stage=stage, metric=k, value=v, n_samples=n)
+                 for k, v in task_values(task, outputs, reference, labels).items()]  # fmt: skip
+    return rows
+
+
+def task_values(task: Callable, outputs: dict, reference: dict, labels) -> dict[str, float]:
+    """Call the task metric (one output: arrays, else dicts by output id); check its result."""
+    single = list(outputs) == [OUTPUT]
+    args = (outputs[OUTPUT], reference[OUTPUT]) if single else (outputs, reference)
+    try:
+        got = task(*args, labels)
+    except Exception as e:  # user code
+        raise StageError(
+            f"the task metric raised {type(e).__name__}: {e}",
+            where="data.metric",
+            hint="call it on the float model's outputs on its own to debug it",
+        ) from e
+    ok = isinstance(got, dict) and all(
+        isinstance(k, str) and isinstance(v, int | float) and math.isfinite(v)
+        for k, v in got.items()
+    )
+    if not ok or not got:
+        raise StageError(
+            f"the task metric returned {str(got)[:80]}",
+            where="data.metric",
+            hint="return a non-empty {name: finite float} dict",
+        )
+    return {k: float(v) for k, v in got.items()}
+
+
+def primary_metric(named: str | None, recorded: set[str]) -> str:
+    """The metric judged by localization, sweeps, ``show`` and the report: ``named``
+    (compare.primary), else top1 when recorded (labels), else cosine."""
+    primary = named or ("top1" if "top1" in recorded else "cosine")
+    if recorded and primary not in recorded:
+        raise SpecError(
+            f"compare.primary: {primary!r} is not among the metrics the run records "
+            f"({', '.join(sorted(recorded))})",
+            where="compare.primary",
+            hint="name one of those (top1 needs labels in the dataset)",
+        )
+    return primary
+
+
+def stage_metrics(ctx, stage: str, model: Callable, split: Split | None = None) -> list[Metric]:
+    """Run ``model`` over the evaluation split (or ``split``: the same samples as the
+    board's camera sees them) and measure it against the float model (``ctx``: a
+    RunContext); the spec's primary metric must be among the results."""
+    split = split or ctx.evaluation
+    outputs = collect(model, split, ctx.spec.data.batch_size, stage)
+    rows = measure(stage, outputs, ctx.reference, ctx.evaluation.labels, ctx.task_metric)
+    primary_metric(ctx.spec.compare.primary, {m.metric for m in rows})
+    return rows

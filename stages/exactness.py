@@ -68,7 +68,7 @@ def check_exact(
     an :class:`Exactness`, or a StageError (``where`` = ``stage``) naming the first layer
     or output that differs and the path that produced it."""
     ref_outs, ref = run_integer(run_root, quantized, x)
-    _check_known(program, ref, stage)
+    _check_known(program, ref, stage, set(getattr(quantized, "float_ops", ())))
     if len(ref_outs) != len(program.outputs):
         raise StageError(f"the program has {len(program.outputs)} outputs, quantized.onnx "
                          f"{len(ref_outs)}", where=stage, hint=HINT)  # fmt: skip
@@ -84,12 +84,14 @@ def check_exact(
     )
 
 
-def _check_known(program: Program, ref: dict, stage: str) -> None:
+def _check_known(program: Program, ref: dict, stage: str, islands: set[str] = frozenset()) -> None:
     """Every layer the program names (captures, debug map) is one quantized.onnx has. A
     multi-output instruction (a Split: shufflenet's chunk) names a layer that has no one
-    tensor of its own; its outputs' layers are what layers.json holds."""
+    tensor of its own; its outputs' layers are what layers.json holds. A float island
+    (quantized.onnx's ``float_ops``: an op with no integer form, or a layout op on the
+    float model input) has no integer tensor either: its instructions compute floats."""
     single = [i for i in program.instructions if len(i.outputs) == 1]
-    named = {*program.captures, *(lid for i in single for lid in i.layer_ids)}
+    named = {*program.captures, *(lid for i in single for lid in i.layer_ids if lid not in islands)}
     unknown = sorted(named - set(ref))
     if unknown:
         raise StageError(

@@ -13,10 +13,10 @@ import copy
 
 import torch
 
-from schemas.artifacts import Metric, QatExportModel, QatOnnxModel
+from schemas.artifacts import QatExportModel, QatOnnxModel
 from stages.context import RunContext
 from stages.deploy import deploy_graph
-from stages.evaluate import top1
+from stages.evaluate import stage_metrics
 from stages.layers import ID_KEY
 from stages.modelio import load_qat
 from stages.onnx_export import export_onnx, render_graph_text
@@ -38,11 +38,7 @@ def export(upstream: QatExportModel, ctx: RunContext, call: StageCall) -> QatOnn
     result = export_onnx(deploy, ctx.example, path)
     ctx.write_debug("qat_onnx.txt", render_graph_text(result.model))
     runner = OnnxRunner(path)
-    acc = top1(
-        lambda x: torch.from_numpy(runner.run(x.numpy())[0]),
-        ctx.evaluation,
-        ctx.spec.data.batch_size,
-    )
+    metrics = stage_metrics(ctx, "export", lambda x: torch.from_numpy(runner.run(x.numpy())[0]))
     return call.make(
         QatOnnxModel,
         ctx.run,
@@ -51,5 +47,5 @@ def export(upstream: QatExportModel, ctx: RunContext, call: StageCall) -> QatOnn
         layer_ids=list(result.layer_ids),
         unmapped={**train_only, **result.unmapped},
         backend=runner.backend,
-        metrics=[Metric(stage="export", metric="top1", value=acc, n_samples=len(ctx.evaluation))],
+        metrics=metrics,
     )

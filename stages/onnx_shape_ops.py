@@ -59,8 +59,9 @@ def _pool(op: str):
     return rule
 
 
-def _adaptive(op: str, global_op: str):
-    """Global pooling for a 1x1 output; an exact AveragePool/MaxPool when sizes divide."""
+def _adaptive(op: str, global_op: str, uneven_pool):
+    """Global pooling for a 1x1 output; an exact AveragePool/MaxPool when sizes divide;
+    else per-window pools joined (:func:`stages.onnx_ops_more.uneven_pool`)."""
 
     def rule(b, node):
         a = b.args(node)
@@ -71,11 +72,11 @@ def _adaptive(op: str, global_op: str):
         elif all(isinstance(s, int) and o and s % o == 0 for s, o in zip(size, out, strict=True)):
             k = [s // o for s, o in zip(size, out, strict=True)]
             y = b.emit(op, [x], kernel_shape=k, strides=k)
+        elif all(isinstance(s, int) for s in size):
+            y = uneven_pool(b, x, op, list(size), out)
         else:
-            raise b.fail(
-                f"adaptive pooling from {list(size)} to {out} has uneven windows",
-                hint="use an output size that divides the input size, or 1x1",
-            )
+            raise b.fail(f"adaptive pooling of a dynamic size {list(size)}",
+                         hint="pool inputs of a static spatial size")  # fmt: skip
         return b.first_of(node, y)
 
     return rule

@@ -14,12 +14,12 @@ import json
 import numpy as np
 import safetensors.numpy
 
-from schemas.artifacts import Metric, QatExportModel, QatModelArtifact
+from schemas.artifacts import QatExportModel, QatModelArtifact
 from schemas.errors import ArtifactError
 from schemas.fileio import atomic_save
 from simulator.arith.lut import LutTable, max_error
 from stages.context import RunContext
-from stages.evaluate import top1
+from stages.evaluate import stage_metrics
 from stages.faults import inject_pre_export
 from stages.fixed_ops import FixedPointOp
 from stages.modelio import load_qat, save_state
@@ -47,7 +47,7 @@ def pre_export(upstream: QatModelArtifact, ctx: RunContext, call: StageCall) -> 
     ctx.write_debug("lut_tables.txt", render_tables(candidates, built, skipped))
     save_tables(ctx, {lid: op for lid, (op, _) in built.items()})
     rewrite(gm, {lid: op for lid, (op, _) in built.items()})
-    acc = top1(gm, ctx.evaluation, ctx.spec.data.batch_size)
+    metrics = stage_metrics(ctx, "pre_export", gm)
     files = [
         f"artifacts/pre_export/{f}"
         for f in ("qat.safetensors", "tables.json", "tables.safetensors")
@@ -64,9 +64,7 @@ def pre_export(upstream: QatModelArtifact, ctx: RunContext, call: StageCall) -> 
         tables_file=files[1],
         fixed_point=sorted(built),
         float_ops=skipped,
-        metrics=[
-            Metric(stage="pre_export", metric="top1", value=acc, n_samples=len(ctx.evaluation))
-        ],
+        metrics=metrics,
     )
 
 

@@ -1,8 +1,9 @@
 """prepare: float model -> QAT model (BN folded, fake quant inserted per the policy).
 
 Writes debug/fx_graph.txt and debug/model_check_result.txt; an unsupported op stops the
-stage after the report is written. Records float top-1 and the prepared model's top-1 with
-every quantizer in FLOAT state (which must equal float: only BN folding happened).
+stage after the report is written. Records the float model's metrics and the prepared
+model's with every quantizer in FLOAT state (which must equal float: only BN folding
+happened; stages.evaluate).
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 import copy
 import json
 
-from schemas.artifacts import Metric, PreparedModel
+from schemas.artifacts import PreparedModel
 from stages.context import RunContext, toolchain_settings
-from stages.evaluate import top1
+from stages.evaluate import measure, stage_metrics
 from stages.fake_quant import QuantState, set_model_state
 from stages.model_check import folded_layers, render_check, render_fx_graph
 from stages.modelio import UnsupportedOps, prepare_qat, save_state
@@ -21,8 +22,8 @@ from stages.registry_types import StageCall
 
 def prepare(upstream: None, ctx: RunContext, call: StageCall) -> PreparedModel:
     """Build the QAT model of the spec's float model and report what was found."""
-    model, n = ctx.float_model, len(ctx.evaluation)
-    float_top1 = top1(model, ctx.evaluation, ctx.spec.data.batch_size)
+    model, ev = ctx.float_model, ctx.evaluation
+    float_metrics = measure("float", ctx.reference, ctx.reference, ev.labels, ctx.task_metric)
     try:
         gm, infos, roles = prepare_qat(copy.deepcopy(model), ctx.example, ctx.policy)
     except UnsupportedOps as e:
@@ -31,7 +32,7 @@ def prepare(upstream: None, ctx: RunContext, call: StageCall) -> PreparedModel:
     ctx.write_debug("fx_graph.txt", render_fx_graph(gm))
     ctx.write_debug("model_check_result.txt", render_check(infos, gm, roles))
     set_model_state(gm, QuantState.FLOAT)
-    prepared_top1 = top1(gm, ctx.evaluation, ctx.spec.data.batch_size)
+    prepared_metrics = stage_metrics(ctx, "prepare", gm)
     out = ctx.artifact_dir("prepare")
     save_state(model, out / "float.safetensors")
     save_state(gm, out / "qat.safetensors")
@@ -49,10 +50,7 @@ def prepare(upstream: None, ctx: RunContext, call: StageCall) -> PreparedModel:
         settings=toolchain_settings(ctx.spec),
         quant_state="float",
         state_file="artifacts/prepare/qat.safetensors",
-        metrics=[
-            Metric(stage="float", metric="top1", value=float_top1, n_samples=n),
-            Metric(stage="prepare", metric="top1", value=prepared_top1, n_samples=n),
-        ],
+        metrics=[*float_metrics, *prepared_metrics],
     )
 
 

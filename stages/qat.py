@@ -3,6 +3,8 @@
 During training every quantizer is in QAT state (observer on, fake quant on, straight-
 through gradients) and the exported graph is switched to train mode with torchao's helper
 (``.train()`` on an exported model raises); afterwards eval mode and VALIDATION state.
+The loss is cross-entropy against the labels, or, for a dataset without labels, the mean
+squared distance to the float model's outputs.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from torchao.quantization.pt2e import move_exported_model_to_eval, move_exported
 from schemas.artifacts import QatModelArtifact, QatTunedModel
 from stages.calibrate import save_qat
 from stages.context import RunContext
-from stages.evaluate import first_output, top1
+from stages.evaluate import first_output, stage_metrics
 from stages.fake_quant import QuantState, freeze_model, set_model_state
 from stages.modelio import load_qat
 from stages.registry_types import StageCall
@@ -34,13 +36,21 @@ def qat(upstream: QatModelArtifact, ctx: RunContext, call: StageCall) -> QatTune
     opt = torch.optim.Adam([p for p in gm.parameters() if p.requires_grad], lr=cfg.lr)
     for _ in range(cfg.steps):
         idx = rng.choice(len(train), size=min(cfg.batch_size, len(train)), replace=False)
-        x, y = torch.from_numpy(train.x[idx]), torch.from_numpy(train.y[idx])
-        loss = torch.nn.functional.cross_entropy(first_output(gm(x)), y)
+        loss = _loss(ctx, first_output(gm(torch.from_numpy(train.x[idx]))), train, idx)
         opt.zero_grad()
         loss.backward()
         opt.step()
     move_exported_model_to_eval(gm)
     freeze_model(gm)
     set_model_state(gm, QuantState.VALIDATION)
-    acc = top1(gm, ctx.evaluation, ctx.spec.data.batch_size)
-    return save_qat(gm, ctx, call, QatTunedModel, upstream, acc)
+    return save_qat(gm, ctx, call, QatTunedModel, upstream, stage_metrics(ctx, "qat", gm))
+
+
+def _loss(ctx: RunContext, out: torch.Tensor, train, idx: np.ndarray) -> torch.Tensor:
+    """Cross-entropy against the labels; without labels, the mean squared distance to the
+    float model's outputs (fine-tuning towards agreement, as the metrics judge it)."""
+    if train.labels is not None:
+        return torch.nn.functional.cross_entropy(out, torch.from_numpy(train.labels[idx]))
+    with torch.no_grad():
+        target = first_output(ctx.float_model(torch.from_numpy(train.x[idx])))
+    return torch.nn.functional.mse_loss(out, target)

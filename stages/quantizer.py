@@ -150,14 +150,16 @@ class NashQuantizer(Quantizer):
             quantized.add(node)
 
     def _fuses(self, node: torch.fx.Node, outputs) -> bool:
-        """fuse_requantize: a conv/linear whose only user is an add/sub is requantized once,
-        after the add, so QAT has no quantizer between them either."""
+        """fuse_requantize: a conv/linear whose only user is an add/sub of two tensors is
+        requantized once, after the add, so QAT has no quantizer between them either (an
+        add of a constant has no integer form on an int32 accumulator: not fused)."""
         users = list(node.users)
         return (
             self.policy.fuse_requantize
             and node not in outputs
             and len(users) == 1
             and classify(users[0])[0] in ACCUMULATOR_USERS
+            and all(isinstance(a, torch.fx.Node) for a in users[0].args[:2])
         )
 
     def _check_overrides(self, model: torch.fx.GraphModule) -> None:

@@ -79,6 +79,12 @@ def data() -> dict:
     return _labelled_by(tiny())
 
 
+def unlabelled_data() -> dict:
+    """The tiny net's inputs in the v2 split form, without labels (judged by agreement)."""
+    d = data()
+    return {k: {"inputs": {"x": x}, "labels": None} for k, (x, _) in d.items()}
+
+
 def aux_data() -> dict:
     """Random inputs labelled by the aux-branch net's deploy (eval) branch."""
     return _labelled_by(aux_branch())

@@ -57,7 +57,8 @@ def build_direct_table(op, values, in_scale, out_scale, out_dtype, rounding) -> 
 
     FORMULA: ``entries = clamp(round_by(values / out_scale), out qrange)``, computed by
     :func:`simulator.arith.fixedpoint.quantize`, i.e. in the dtype of ``values`` (float32 values
-    divide in float32), exactly like torch fake quant of the same float values.
+    divide in float32), exactly like torch fake quant of the same float values. An input
+    outside the function's domain (NaN: sqrt, rsqrt or log of a negative) gets entry 0.
     """
     values = values.detach().cpu().numpy() if fp._is_torch(values) else np.asarray(values)
     if values.shape != (256,):
@@ -66,7 +67,7 @@ def build_direct_table(op, values, in_scale, out_scale, out_dtype, rounding) -> 
             where=f"lut {op}",
             hint="evaluate the function at the 256 int8 inputs (-128..127) * in_scale",
         )
-    entries = fp.quantize(values, out_scale, out_dtype, rounding)
+    entries = fp.quantize(np.where(np.isnan(values), 0, values), out_scale, out_dtype, rounding)
     return LutTable(op, "int8", out_dtype, float(in_scale), float(out_scale), "direct",
                     entries, _EMPTY, _EMPTY, _EMPTY, 0, rounding)  # fmt: skip
 

@@ -200,6 +200,8 @@ def _rescale(c: Converter, a: QTensor, ratio: float, spec) -> bool:
 
 
 def reduce_mean(c: Converter, k: int, node: onnx.NodeProto) -> bool:
+    """ReduceMean / GlobalAveragePool -> QReduceMean, ReduceSum -> QReduceSum (the same
+    requantize ``s_in / s_out``; the mean also divides by the element count)."""
     a, spec = c.qt.get(node.input[0]), _out(c, k, node)
     if a is None or spec is None or a.scale.size != 1:
         return False
@@ -214,7 +216,7 @@ def reduce_mean(c: Converter, k: int, node: onnx.NodeProto) -> bool:
     return _into_quantizer(
         c,
         spec,
-        "QReduceMean",
+        "QReduceSum" if node.op_type == "ReduceSum" else "QReduceMean",
         [a.name, mult, shift],
         axes=list(axes),
         keepdims=int(keep),
@@ -241,8 +243,10 @@ def avg_pool(c: Converter, k: int, node: onnx.NodeProto) -> bool:
 
 def concat(c: Converter, k: int, node: onnx.NodeProto) -> bool:
     ins, spec = [c.qt.get(n) for n in node.input], _out(c, k, node)
-    if spec is None or any(q is None or q.scale.size != 1 for q in ins):
+    if any(q is None or q.scale.size != 1 for q in ins):
         return False
+    if spec is None:
+        return _concat_as_is(c, node, ins)
     names = []
     for q in ins:
         if float(q.scale) == float(spec[0]) and q.dtype == spec[1]:
@@ -252,3 +256,14 @@ def concat(c: Converter, k: int, node: onnx.NodeProto) -> bool:
         names.append(f"{q.name}#to_{spec[2].output[0]}")
         c.emit("QRequant", [q.name, m, s], [names[-1]], domain=DOMAIN, **_req(c, out_dtype=spec[1]))
     return _into_quantizer(c, spec, "Concat", names, domain="", axis=_attr(node, "axis"))
+
+
+def _concat_as_is(c: Converter, node: onnx.NodeProto, ins: list[QTensor]) -> bool:
+    """No output quantizer (the windows of an uneven adaptive max pool): the integers
+    joined as they are when every input has one scale and dtype, else a float island."""
+    if any(float(q.scale) != float(ins[0].scale) or q.dtype != ins[0].dtype for q in ins):
+        return False
+    out = f"{node.output[0]}#q"
+    c.emit("Concat", [q.name for q in ins], [out], axis=_attr(node, "axis"))
+    c.qt[node.output[0]] = QTensor(out, ins[0].scale, ins[0].dtype)
+    return True

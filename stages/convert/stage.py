@@ -3,7 +3,7 @@
 The arithmetic (multiplier width, requantize rounding, conv+add fusion) comes from the
 consistency level and ``stages.convert``, and is recorded in the artifact. The integer
 graph is run by the reference executor (numpy kernels of simulator/ behind onnx's reference
-evaluator); its top-1 goes to the metrics, and layers whose outputs mostly sit at the
+evaluator); its metrics (stages.evaluate) are recorded, and layers whose outputs mostly sit at the
 integer limits on the calibration samples are listed in debug/convert_advisor.txt.
 """
 
@@ -22,7 +22,7 @@ from schemas.fileio import atomic_save
 from simulator.arith import fixedpoint as fp
 from stages.context import RunContext, convert_settings
 from stages.convert.graph import Converter, QTensor
-from stages.evaluate import top1
+from stages.evaluate import stage_metrics
 from stages.faults import inject_convert
 from stages.onnx_export import render_graph_text
 from stages.onnx_fold import fold_constant_nodes
@@ -50,11 +50,7 @@ def convert(upstream: QatOnnxModel, ctx: RunContext, call: StageCall) -> Quantiz
     runner = OnnxRunner(out / "quantized.onnx")
     warnings = saturation_warnings(runner, layers, ctx)
     ctx.write_debug("convert_advisor.txt", "\n".join(warnings or ["no warnings"]) + "\n")
-    acc = top1(
-        lambda x: torch.from_numpy(runner.run(x.numpy())[0]),
-        ctx.evaluation,
-        ctx.spec.data.batch_size,
-    )
+    metrics = stage_metrics(ctx, "convert", lambda x: torch.from_numpy(runner.run(x.numpy())[0]))
     islands = sorted(converter.islands)
     _report_islands(ctx, islands)
     files = ["artifacts/convert/quantized.onnx", "artifacts/convert/layers.json"]
@@ -70,7 +66,7 @@ def convert(upstream: QatOnnxModel, ctx: RunContext, call: StageCall) -> Quantiz
         folded_constants=folded,
         warnings=warnings,
         metrics=[
-            Metric(stage="convert", metric="top1", value=acc, n_samples=n),
+            *metrics,
             Metric(stage="convert", metric="float_islands", value=len(islands), n_samples=n),
         ],
     )

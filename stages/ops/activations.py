@@ -9,7 +9,7 @@ import torch
 
 from simulator.program.isa import Op
 from stages.convert.rules import table
-from stages.onnx_ops import _gelu, _rsqrt, _silu, _unary
+from stages.onnx_ops import _gelu, _leaky_relu, _rsqrt, _silu, _unary
 from stages.ops.entry import Category, OpEntry
 
 aten = torch.ops.aten
@@ -46,6 +46,9 @@ ENTRIES = (
     lut("gelu", (aten.gelu.default,), _gelu, ("Gelu",), "erf and tanh forms"),
     lut("silu", (aten.silu.default,), _silu, ("Mul", "Sigmoid"), "float form x * sigmoid(x)"),
     lut("hardswish", (aten.hardswish.default,), _unary("HardSwish"), ("HardSwish",)),
+    lut("leaky_relu", (aten.leaky_relu.default,), _leaky_relu, ("LeakyRelu",)),
+    lut("abs", (aten.abs.default,), _unary("Abs"), ("Abs",)),
+    lut("neg", (aten.neg.default,), _unary("Neg"), ("Neg",)),
     lut(
         "hardsigmoid",
         (aten.hardsigmoid.default,),

@@ -8,6 +8,7 @@ import torch
 from simulator.program.isa import Op
 from stages.convert.rules import table
 from stages.onnx_ops import _attention, _batch_norm, _layer_norm, _softmax
+from stages.onnx_ops_more import _einsum, _group_norm, _log_softmax
 from stages.ops.entry import Category, OpEntry
 
 aten = torch.ops.aten
@@ -56,5 +57,35 @@ ENTRIES = (
         (Op.CPU,),
         activation_inputs=1,
         doc="folded into the conv before it at prepare; alone: a float island",
+    ),
+    OpEntry(
+        "log_softmax",
+        Category.COMPUTE,
+        (aten.log_softmax.int, aten._log_softmax.default),
+        _log_softmax,
+        ("LogSoftmax",),
+        (),
+        (Op.CPU,),
+        doc="any dim; no integer form at convert",
+    ),
+    OpEntry(
+        "group_norm",
+        Category.COMPUTE,
+        (aten.group_norm.default,),
+        _group_norm,
+        ("Reshape", "InstanceNormalization", "Mul", "Add"),
+        (),
+        (Op.CPU,),
+        activation_inputs=1,
+        doc="InstanceNormalization over [N, G, -1] and the per-channel affine",
+    ),
+    OpEntry(
+        "einsum",
+        Category.COMPUTE,
+        (aten.einsum.default,),
+        _einsum,
+        ("Einsum",),
+        (),
+        (Op.CPU,),
     ),
 )

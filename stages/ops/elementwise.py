@@ -8,12 +8,12 @@ import torch
 from simulator.program.isa import Op
 from stages.convert.compute import add, matmul, mul
 from stages.convert.rules import clip
-from stages.onnx_ops import _binary, _clip, _leaky_relu, _prelu, _unary, _unary_n
+from stages.onnx_ops import _binary, _clip, _prelu, _unary, _unary_n
+from stages.onnx_ops_more import _max_min, _pow
 from stages.ops.entry import Category, OpEntry, per_target
 
 aten = torch.ops.aten
 C = Category.COMPUTE
-_NO_RULE = "no ONNX rule yet: export refuses it"
 
 ENTRIES = (
     OpEntry(
@@ -68,11 +68,6 @@ ENTRIES = (
         (Op.REQUANT,),
         doc="by a positive constant: a requantize; else a float island",
     ),
-    OpEntry("abs", C, (aten.abs.default,), None, (), (), (Op.CPU,), doc=_NO_RULE),
-    OpEntry("neg", C, (aten.neg.default,), None, (), (), (Op.CPU,), doc=_NO_RULE),
-    OpEntry(
-        "leaky_relu", C, (aten.leaky_relu.default,), _leaky_relu, ("LeakyRelu",), (), (Op.CPU,)
-    ),
     OpEntry(
         "prelu",
         C,
@@ -82,6 +77,18 @@ ENTRIES = (
         (),
         (Op.CPU,),
         activation_inputs=1,
+    ),
+    OpEntry("maximum", C, (aten.maximum.default,), _max_min("Max"), ("Max",), (), (Op.CPU,)),
+    OpEntry("minimum", C, (aten.minimum.default,), _max_min("Min"), ("Min",), (), (Op.CPU,)),
+    OpEntry(
+        "pow",
+        C,
+        (aten.pow.Tensor_Scalar,),
+        _pow,
+        ("Mul", "Pow"),
+        (),
+        (Op.MUL, Op.CPU),
+        doc="x ** 2: Mul(x, x), an integer QMul; other exponents Pow, a float island",
     ),
 )
 

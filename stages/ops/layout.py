@@ -10,6 +10,7 @@ import torch
 from simulator.program.isa import Op
 from stages.convert.compute import concat
 from stages.convert.rules import passthrough
+from stages.onnx_ops_more import _pixel_shuffle, _repeat, _stack
 from stages.onnx_shape_ops import (
     _cat,
     _expand,
@@ -123,5 +124,34 @@ ENTRIES = (
         (("Identity", passthrough),),
         (Op.LAYOUT,),
         doc="folded away at export",
+    ),
+    OpEntry(
+        "stack",
+        Category.COMPUTE,
+        (aten.stack.default,),
+        _stack,
+        ("Unsqueeze", "Concat"),
+        (("Concat", concat),),
+        (Op.LAYOUT, Op.REQUANT),
+        doc="Unsqueeze each input, then Concat (each requantized to the output's scale)",
+    ),
+    OpEntry(
+        "repeat",
+        P,
+        (aten.repeat.default,),
+        _repeat,
+        ("Unsqueeze", "Expand", "Reshape", "Identity"),
+        conv_rules(passthrough, "Unsqueeze", "Expand", "Reshape", "Identity"),
+        (Op.LAYOUT,),
+        doc="per repeated dim: Unsqueeze, Expand, Reshape",
+    ),
+    OpEntry(
+        "pixel_shuffle",
+        P,
+        (aten.pixel_shuffle.default,),
+        _pixel_shuffle,
+        ("Reshape", "Transpose"),
+        conv_rules(passthrough, "Reshape", "Transpose"),
+        (Op.LAYOUT,),
     ),
 )

@@ -7,6 +7,7 @@ import torch
 from simulator.program.isa import Op
 from stages.convert.compute import avg_pool, reduce_mean
 from stages.convert.rules import max_pool
+from stages.onnx_ops_more import uneven_pool
 from stages.onnx_shape_ops import _adaptive, _pool, _reduce
 from stages.ops.entry import Category, OpEntry, per_target
 
@@ -14,12 +15,15 @@ aten = torch.ops.aten
 
 _AVG, _AVG_RULES = per_target(
     ((aten.avg_pool2d.default,), _pool("AveragePool")),
-    ((aten.adaptive_avg_pool2d.default,), _adaptive("AveragePool", "GlobalAveragePool")),
+    (
+        (aten.adaptive_avg_pool2d.default,),
+        _adaptive("AveragePool", "GlobalAveragePool", uneven_pool),
+    ),
     ((aten.avg_pool1d.default,), _pool("AveragePool")),
 )
 _MAX, _MAX_RULES = per_target(
     ((aten.max_pool2d.default, aten.max_pool1d.default), _pool("MaxPool")),
-    ((aten.adaptive_max_pool2d.default,), _adaptive("MaxPool", "GlobalMaxPool")),
+    ((aten.adaptive_max_pool2d.default,), _adaptive("MaxPool", "GlobalMaxPool", uneven_pool)),
 )
 
 ENTRIES = (
@@ -28,10 +32,10 @@ ENTRIES = (
         Category.COMPUTE,
         _AVG,
         _AVG_RULES,
-        ("AveragePool", "GlobalAveragePool"),
+        ("AveragePool", "GlobalAveragePool", "Slice", "Concat"),
         (("AveragePool", avg_pool), ("GlobalAveragePool", reduce_mean)),
-        (Op.AVGPOOL, Op.REDUCE_MEAN),
-        doc="ceil mode: a float island",
+        (Op.AVGPOOL, Op.REDUCE_MEAN, Op.CPU),
+        doc="ceil mode, uneven adaptive windows (Slice + pool + Concat): a float island",
     ),
     OpEntry(
         "mean",
@@ -48,18 +52,17 @@ ENTRIES = (
         (aten.sum.dim_IntList,),
         _reduce("ReduceSum"),
         ("ReduceSum",),
-        (),
-        (Op.CPU,),
-        doc="no integer form at convert yet (QReduceSum exists): a float island",
+        (("ReduceSum", reduce_mean),),
+        (Op.REDUCE_SUM,),
     ),
     OpEntry(
         "max_pool",
         Category.PASSTHROUGH,
         _MAX,
         _MAX_RULES,
-        ("MaxPool", "GlobalMaxPool"),
+        ("MaxPool", "GlobalMaxPool", "Slice", "Concat"),
         (("MaxPool", max_pool),),
-        (Op.MAXPOOL,),
-        doc="exact on integers",
+        (Op.MAXPOOL, Op.LAYOUT),
+        doc="exact on integers; uneven adaptive windows: Slice + MaxPool + Concat",
     ),
 )

@@ -7,7 +7,8 @@ import torch
 from simulator.program.isa import Op
 from stages.convert.rules import passthrough
 from stages.onnx_ops import _embedding, _grid_sample, _resize
-from stages.ops.entry import Category, OpEntry
+from stages.onnx_ops_more import nearest
+from stages.ops.entry import Category, OpEntry, conv_rules
 
 aten = torch.ops.aten
 
@@ -46,9 +47,10 @@ ENTRIES = (
         "upsample_nearest",
         Category.PASSTHROUGH,
         (aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default),
-        _resize("nearest"),
-        ("Resize",),
-        (),
-        (Op.CPU,),
+        nearest(_resize("nearest")),
+        ("Reshape", "Expand", "Resize"),
+        conv_rules(passthrough, "Reshape", "Expand"),
+        (Op.LAYOUT, Op.CPU),
+        doc="whole factors: Reshape/Expand/Reshape on integers; other ratios a Resize island",
     ),
 )

@@ -26,7 +26,7 @@ from stages.exactness import check_exact
 from stages.onnx_export import render_graph_text
 from stages.onnx_runner import OnnxRunner
 from stages.ptq import calibrate_onnx as cal
-from stages.ptq import equivalence, original, ptq
+from stages.ptq import equivalence, original, ptq, shapes
 from stages.ptq.context import PtqContext, PtqModel
 from stages.ptq.graph import layer_of, save_model
 from stages.ptq.optimize import optimize
@@ -39,9 +39,9 @@ def _save(ctx: PtqContext, stage: str, model: onnx.ModelProto) -> str:
     return rel
 
 
-def _onnx_top1(ctx: PtqContext, stage: str, rel: str) -> Metric:
+def _onnx_metrics(ctx: PtqContext, stage: str, rel: str) -> list[Metric]:
     runner = OnnxRunner(ctx.run.path(rel))
-    return ctx.top1(stage, lambda x: runner.run(x)[0])
+    return ctx.measure(stage, lambda x: runner.run(x)[0])
 
 
 def _load(ctx: PtqContext, art: PtqModel) -> onnx.ModelProto:
@@ -49,16 +49,22 @@ def _load(ctx: PtqContext, art: PtqModel) -> onnx.ModelProto:
 
 
 def original_stage(_: None, ctx: PtqContext, call: StageCall) -> PtqModel:
-    """Load, check, assign layer ids; refuse unsupported ops after writing the report."""
-    model = original.check_model(original.load_model(ctx.source), ctx.source)
+    """Load, fix the input shapes, check, fold the size computations, assign layer ids;
+    refuse unsupported ops after writing the report."""
+    model = original.load_model(ctx.source)
+    shapes.fix_input_shapes(model, ctx.input_shapes, ctx.source)
+    model, folded = shapes.fold_shapes(original.check_model(model, ctx.source))
     original.assign_layer_ids(model)
     bad = original.unsupported(model)
-    ctx.write_debug("model_check_result.txt", original.render_check(model, ctx.source, bad))
+    report = original.render_check(model, ctx.source, bad)
+    ctx.write_debug(
+        "model_check_result.txt", report + "\n".join(shapes.render_folded(folded)) + "\n"
+    )
     if bad:
         raise original.refuse(bad, ctx.source)
     rel = _save(ctx, "original", model)
-    metric = _onnx_top1(ctx, "original", rel)
-    return call.make(PtqModel, ctx.run, [rel], onnx_file=rel, metrics=[metric])
+    metrics = _onnx_metrics(ctx, "original", rel)
+    return call.make(PtqModel, ctx.run, [rel], onnx_file=rel, metrics=metrics)
 
 
 def optimized_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
@@ -73,7 +79,7 @@ def optimized_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
     ctx.append_check(["", "## optimized: layers removed or folded"]
                      + ([f"{k}: {v}" for k, v in removed.items()] or ["none"]))  # fmt: skip
     metrics = [
-        _onnx_top1(ctx, "optimized", rel),
+        *_onnx_metrics(ctx, "optimized", rel),
         Metric(stage="optimized", metric="min_layer_cosine", value=worst, n_samples=len(x)),
     ]
     return call.make(PtqModel, ctx.run, [rel], onnx_file=rel, removed=removed, metrics=metrics)
@@ -92,7 +98,7 @@ def calibrated_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel
     ctx.write_debug("ptq_quantizers.txt", cal.render_quantizers(table))
     ctx.write_debug("calibrated_onnx.txt", render_graph_text(model))
     return call.make(PtqModel, ctx.run, [rel], onnx_file=rel,
-                     metrics=[_onnx_top1(ctx, "calibrated", rel)])  # fmt: skip
+                     metrics=_onnx_metrics(ctx, "calibrated", rel))  # fmt: skip
 
 
 def ptq_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
@@ -102,7 +108,7 @@ def ptq_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
     ctx.append_check(ptq.render_tables(fixed, islands))
     ctx.write_debug("ptq_onnx.txt", render_graph_text(model))
     return call.make(PtqModel, ctx.run, [rel], onnx_file=rel, fixed_point=fixed,
-                     float_ops=islands, metrics=[_onnx_top1(ctx, "ptq", rel)])  # fmt: skip
+                     float_ops=islands, metrics=_onnx_metrics(ctx, "ptq", rel))  # fmt: skip
 
 
 def quantized_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
@@ -117,7 +123,7 @@ def quantized_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
     ctx.write_debug("quantized_onnx.txt", render_graph_text(model))
     islands = {lid: "float island in the integer graph" for lid in sorted(converter.islands)}
     return call.make(PtqModel, ctx.run, [rel, layers_rel], onnx_file=rel, layers_file=layers_rel,
-                     float_ops=islands, metrics=[_onnx_top1(ctx, "quantized", rel)])  # fmt: skip
+                     float_ops=islands, metrics=_onnx_metrics(ctx, "quantized", rel))  # fmt: skip
 
 
 def hbm_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
@@ -137,7 +143,7 @@ def hbm_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
     ctx.write_debug("bit_exact.txt", exact.render())
     executor, name = Executor(program), next(iter(program.inputs))
     metrics = [
-        ctx.top1("hbm", lambda x: next(iter(executor.run({name: x})[0].values()))),
+        *ctx.measure("hbm", lambda x: next(iter(executor.run({name: x})[0].values()))),
         Metric(stage="hbm", metric="bit_exact_layers", value=len(exact.layers), n_samples=len(x)),
     ]
     return call.make(PtqModel, ctx.run, [rel], hbm_file=rel, layers_file=up.layers_file,
@@ -148,8 +154,8 @@ def board_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
     """The .hbm loaded fresh and run by the simulated BPU on the evaluation inputs."""
     executor = Executor(hbm.load(ctx.run.path(up.hbm_file)))
     name = next(iter(executor.program.inputs))
-    metric = ctx.top1("board", lambda x: next(iter(executor.run({name: x})[0].values())))
-    return call.make(PtqModel, ctx.run, [], hbm_file=up.hbm_file, metrics=[metric])
+    metrics = ctx.measure("board", lambda x: next(iter(executor.run({name: x})[0].values())))
+    return call.make(PtqModel, ctx.run, [], hbm_file=up.hbm_file, metrics=metrics)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@ artifact every PTQ stage hands to the next."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -14,7 +15,8 @@ from schemas.artifacts import Artifact, Metric
 from schemas.store import Run
 from simulator.program.march import March
 from stages.data import Split
-from stages.evaluate import top1
+from stages.evaluate import collect, measure
+from stages.onnx_runner import OnnxRunner
 from stages.ptq.calibrate_onnx import QuantConfig
 
 VENDOR_FILES = {
@@ -61,6 +63,8 @@ class PtqContext:
     batch_size: int = 100
     probe_samples: int = 4
     cosine: float = 0.999
+    input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    """model.input_shapes: input name -> dims fixed at ``original``."""
 
     def file(self, stage: str) -> str:
         """Run-relative path of the stage's vendor-named file."""
@@ -83,12 +87,19 @@ class PtqContext:
     def calibration(self) -> Split:
         return self.splits["calibration"]
 
-    def top1(self, stage: str, fn) -> Metric:
-        """top-1 of ``fn`` (numpy batch -> logits) on the evaluation split."""
-        acc = top1(
-            lambda x: torch.from_numpy(np.asarray(fn(x.numpy()))),
-            self.evaluation,
-            self.batch_size,
-            task=f"{stage} top-1",
-        )
-        return Metric(stage=stage, metric="top1", value=acc, n_samples=len(self.evaluation))
+    def _outputs(self, stage: str, fn) -> dict[str, np.ndarray]:
+        model = lambda x: torch.from_numpy(np.asarray(fn(x.numpy())))  # noqa: E731
+        return collect(model, self.evaluation, self.batch_size, f"{stage} metrics")
+
+    @cached_property
+    def reference(self) -> dict[str, np.ndarray]:
+        """The original float model's outputs on the evaluation split (what every stage's
+        agreement is measured against)."""
+        runner = OnnxRunner(self.run.path(self.file("original")))
+        return self._outputs("original", lambda x: runner.run(x)[0])
+
+    def measure(self, stage: str, fn) -> list[Metric]:
+        """The metrics of ``fn`` (numpy batch -> outputs) on the evaluation split
+        (stages.evaluate): agreement with the original model, top1 with labels."""
+        outputs = self._outputs(stage, fn)
+        return measure(stage, outputs, self.reference, self.evaluation.labels)

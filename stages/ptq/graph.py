@@ -24,8 +24,11 @@ PASSTHROUGH_OPS = frozenset(
      "Squeeze", "Gather", "Split", "Pad", "Identity", "Expand"}
 )  # fmt: skip
 """Ops that run on the integers and keep the input's scale (no quantizer of their own)."""
-TABLE_OPS = frozenset({"Sigmoid", "Tanh", "Exp"})
-"""Ops that become one lookup table at the ptq stage."""
+TABLE_OPS = frozenset(
+    {"Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Reciprocal", "Erf", "Softplus", "HardSigmoid",
+     "HardSwish", "Gelu", "LeakyRelu", "Elu", "Softmax"}
+)  # fmt: skip
+"""Ops that become one lookup table (Softmax: the composite of two) at the ptq stage."""
 REMOVED_OPS = frozenset({"BatchNormalization", "Dropout", "Constant", "Cast"})
 """Ops the optimized stage folds, fuses or removes (Cast only float -> float)."""
 SUPPORTED_OPS = COMPUTE_OPS | PASSTHROUGH_OPS | TABLE_OPS | REMOVED_OPS

@@ -10,6 +10,7 @@ from analysis.compare import OUTPUT, PairResult
 from analysis.layer_graph import Layer
 from analysis.localize import PairVerdict, judge_pair, triage
 from analysis.own_error import OwnErrors
+from analysis.primary import Primary
 from pipelines.flow import run_chain
 from schemas.errors import SpecError
 from schemas.spec import parse_spec
@@ -185,7 +186,7 @@ def test_sensitive_ops_rank_layers_of_any_dtype_in_int8_steps(make_ctx):
         "compile": _fixed({"conv": 0.02, "head": 40 * 1.3e-5}, 1.0, substitutable=False),
     }
     dtypes = {"conv": "int8", "head": "int32"}
-    v = judge_pair(make_ctx(), models, result, {}, np.arange(3), dtypes)
+    v = judge_pair(make_ctx(), models, result, _top1({}), np.arange(3), dtypes)
     assert v.first_layer == "conv"
     assert [lid for lid, *_ in v.sensitive] == ["conv", "head"]
 
@@ -209,7 +210,7 @@ def test_sensitive_ops_from_total_errors_rank_where_the_error_enters(make_ctx):
         "head": Layer("head", "linear", 3, ("relu",)),
     }
     dtypes = dict.fromkeys(ids, "int8")
-    v = judge_pair(make_ctx(), models, result, {}, np.arange(3), dtypes, layers)
+    v = judge_pair(make_ctx(), models, result, _top1({}), np.arange(3), dtypes, layers)
     assert v.first_layer == "conv"
     assert [lid for lid, *_ in v.sensitive][:2] == ["conv", "head"]
 
@@ -247,13 +248,20 @@ FLOAT = {
 STEPS = {"conv": 0.03, "head": 0.03}
 
 
+def _top1(values: dict) -> Primary:
+    """top-1 per stage as the primary metric, at the tiny spec's threshold."""
+    return Primary("top1", values, 0.05)
+
+
 def test_the_float_pair_allows_the_noise_of_quantization(make_ctx):
     """Every layer adds a few steps of its own (weights rounded): expected, not a
     divergence; nor is the output cosine, which sums every layer's noise."""
     calibrated = _noisy(FLOAT, {"conv": _rounding(0.03, 3), "head": _rounding(0.03, -2)})
     models = {"prepare": _noisy(FLOAT, {}), "calibrate": calibrated}
     result = _result("prepare", "calibrate", FLOAT, STEPS, {"conv": 3, "head": 2}, cosine=0.99)
-    v = judge_pair(make_ctx(), models, result, {"prepare": 1.0, "calibrate": 1.0}, np.arange(3), {})
+    v = judge_pair(
+        make_ctx(), models, result, _top1({"prepare": 1.0, "calibrate": 1.0}), np.arange(3), {}
+    )
     assert v.reasons == [] and v.own.steps["conv"] > 2.5
 
 
@@ -261,7 +269,7 @@ def test_the_float_pair_diverges_on_a_top1_drop_or_a_clipping_layer(make_ctx):
     clipped = dict(FLOAT, conv=np.clip(FLOAT["conv"], -0.2, 0.2))
     models = {"prepare": _noisy(FLOAT, {}), "calibrate": _noisy(clipped, {})}
     result = _result("prepare", "calibrate", FLOAT, STEPS, {"conv": 60})
-    top1 = {"prepare": 1.0, "calibrate": 0.75}
+    top1 = _top1({"prepare": 1.0, "calibrate": 0.75})
     v = judge_pair(make_ctx(), models, result, top1, np.arange(3), {})
     assert v.reasons[0] == "top-1 drops 0.2500 (> 0.05)" and v.first_layer == "conv"
     assert "lose more than cosine" in v.reasons[1] and "problem at conv" in v.triage
@@ -273,7 +281,7 @@ def test_own_errors_are_judged_on_the_probe_samples_too(make_ctx):
     shifted["conv"][:4] += 2 * STEPS["conv"]
     models = {"calibrate": _noisy(FLOAT, {}), "pre_export": _noisy(shifted, {})}
     result = _result("calibrate", "pre_export", FLOAT, STEPS, {"conv": 2})
-    v = judge_pair(make_ctx(), models, result, {}, np.arange(10, 20), {"conv": "int8"})
+    v = judge_pair(make_ctx(), models, result, _top1({}), np.arange(10, 20), {"conv": "int8"})
     assert v.first_layer == "conv" and "add more than 1 step" in v.reasons[0]
     assert v.samples == list(range(10, 20))  # the bad cases stay what they were
 
@@ -310,14 +318,14 @@ def test_a_clean_camera_run_is_judged_against_its_modelled_rounding(make_ctx):
     int32 head by thousands of its steps."""
     models, result = _board(1.0)
     dtypes = {"input:x": "int8", "conv": "int8", "head": "int32"}
-    v = judge_pair(_camera(make_ctx), models, result, {}, np.arange(3), dtypes)
+    v = judge_pair(_camera(make_ctx), models, result, _top1({}), np.arange(3), dtypes)
     assert v.reasons == [] and v.input_limit == 1.0 and max(v.own.steps.values()) == 0.0
 
 
 def test_a_camera_preprocessing_mistake_diverges_at_the_input(make_ctx):
     models, result = _board(12.0)
     dtypes = {"input:x": "int8", "conv": "int8", "head": "int32"}
-    v = judge_pair(_camera(make_ctx), models, result, {}, np.arange(3), dtypes)
+    v = judge_pair(_camera(make_ctx), models, result, _top1({}), np.arange(3), dtypes)
     assert v.reasons == ["camera input input:x off by 12 steps (> 1, the camera path's "
                          "modelled rounding)"]  # fmt: skip
     assert v.first_layer == "input:x" and "check the input data or preprocessing" in v.triage

@@ -12,7 +12,7 @@ from schemas.errors import QueryError
 from schemas.store import RunStore
 from schemas.store_layout import StoreWarning
 from schemas.table_schemas import SCHEMAS
-from schemas.tables import write_rows
+from schemas.tables import read_run_table, write_rows
 
 
 def _loc(run_id, kind, rank, stage=None, base=None, layer=None, op=None, metric=None, value=None):
@@ -48,7 +48,7 @@ def _run(store, started, model, settings, **extra):
 def _metric(run, stage, value):
     write_rows(
         run, "metrics", [{"run_id": run.run_id, "stage": stage, "metric": "top1",
-                          "value": value, "n_samples": 100}], stage,
+                          "value": value, "n_samples": 100, "output": "output"}], stage,
     )  # fmt: skip
 
 
@@ -123,8 +123,10 @@ def test_old_files_without_a_new_column_read_as_null(store):
     old = pa.table({"run_id": [r1], "stage": ["x"], "metric": ["top1"], "value": [1.0]})
     run = RunStore(root).open(r1)  # written as an older qparity did: recorded, no n_samples
     write_part(run, "tables/metrics/old.parquet", lambda path: pq.write_table(old, path))
-    rows = run_sql(root, "SELECT n_samples FROM metrics WHERE stage = 'x'").to_pylist()
-    assert rows == [{"n_samples": None}]
+    rows = run_sql(root, "SELECT n_samples, output FROM metrics WHERE stage = 'x'").to_pylist()
+    assert rows == [{"n_samples": None, "output": None}]
+    old_rows = [r for r in read_run_table(run, "metrics") if r["stage"] == "x"]
+    assert old_rows[0]["output"] is None  # and the product's reader agrees
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ from schemas.store import RunStore
 from tests.catalog import (
     cases_analysis,
     cases_cli,
+    cases_contract,
     cases_data,
     cases_files,
     cases_hostile,
@@ -114,6 +115,7 @@ def all_cases() -> dict:
     return {
         **spec_cases(),
         **cases_data.cases(),
+        **cases_contract.cases(),
         **cases_files.cases(),
         **cases_cli.cases(),
         **cases_inputs.cases(),

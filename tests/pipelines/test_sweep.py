@@ -154,7 +154,8 @@ def _check(result, store: Path) -> None:
     assert bad.status == "failed" and "featuremap-trained model" in bad.error
     assert bad.run_id and RunStore(store).open(bad.run_id).manifest().status == "failed"
     for r in by_label.values():
-        assert r.status == "complete" and r.last_stage == "board_sim" and 0 <= r.top1 <= 1
+        assert r.status == "complete" and r.last_stage == "board_sim" and 0 <= r.value <= 1
+        assert r.metric == "top1"  # the sweep's dataset has labels
         m = RunStore(store).open(r.run_id).manifest()
         assert m.tags["sweep"] == result.sweep_id and m.status == "complete"
 
@@ -234,3 +235,24 @@ def test_a_sweep_runs_on_a_two_worker_dask_cluster(prefect_api, store):
     pids = {r.where.rsplit(":", 1)[1] for r in result.runs}
     assert str(os.getpid()) not in pids and 1 <= len(pids) <= 2  # on the workers
     assert _flow_run_state(result.sweep_id) == "Completed"
+
+
+def test_a_run_without_labels_is_summarized_by_its_primary_metric():
+    from types import SimpleNamespace
+
+    from pipelines.sweep_flow import _last_primary
+    from schemas.artifacts import Metric
+    from schemas.spec import parse_spec
+
+    spec = parse_spec(tiny_spec_dict(), "t")
+    rows = [Metric(stage="board_sim", metric=k, value=v, n_samples=64, output="output")
+            for k, v in (("cosine", 0.999), ("l1", 0.01))]  # fmt: skip
+    outcomes = {"board_sim": SimpleNamespace(artifact=SimpleNamespace(metrics=rows))}
+    assert _last_primary(spec, outcomes) == ("board_sim", ("cosine", 0.999))
+    labelled = [*rows, Metric(stage="board_sim", metric="top1", value=0.9, n_samples=64)]
+    outcomes["board_sim"].artifact.metrics = labelled
+    assert _last_primary(spec, outcomes) == ("board_sim", ("top1", 0.9))
+    from pipelines.sweep import RunRecord
+
+    record = RunRecord("a", "r-1", "complete", 0.999, "board_sim", None, 1.0, metric="cosine")
+    assert "cosine 0.9990 (board_sim)" in record.line()

@@ -212,3 +212,19 @@ def test_load_spec_can_start_from_a_named_pipeline(tmp_path):
     with pytest.raises(SpecError, match="unknown named pipeline 'nope'") as e:
         load_spec(path, pipeline="nope")
     assert "analysis_only" in str(e.value) and str(path) in str(e.value)
+
+
+def test_a_task_metric_enters_every_stage_digest_and_names_a_primary():
+    base = minimal()
+    task = with_overrides(base, ["data.metric=seg.metrics:miou", "compare.primary=miou"])
+    for stage in ("prepare", "convert", "board_sim"):
+        assert stage_config_digest(task, stage) != stage_config_digest(base, stage)
+    assert with_overrides(base, ["compare.primary=sqnr_db"]).compare.primary == "sqnr_db"
+
+
+def test_a_primary_no_stage_records_is_refused_naming_the_field():
+    with pytest.raises(SpecError, match="compare.primary: 'miou' is not a metric") as e:
+        with_overrides(minimal(), ["compare.primary=miou"])
+    assert "data.metric" in e.value.hint
+    with pytest.raises(SpecError, match="compare.primary"):
+        with_overrides(minimal(), ["compare.primary=top 1"])

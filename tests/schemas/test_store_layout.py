@@ -13,7 +13,14 @@ from schemas.tables import read_run_table, write_rows
 
 
 def _metric(run, stage: str) -> None:
-    row = {"run_id": run.run_id, "stage": stage, "metric": "top1", "value": 0.5, "n_samples": 1}
+    row = {
+        "run_id": run.run_id,
+        "stage": stage,
+        "metric": "top1",
+        "value": 0.5,
+        "n_samples": 1,
+        "output": None,
+    }
     write_rows(run, "metrics", [row], part=stage)
 
 

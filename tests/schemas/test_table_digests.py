@@ -21,7 +21,7 @@ PART = "tables/metrics/calibrate.parquet"
 
 def _rows(run_id: str, value: float = 0.5) -> list[dict]:
     return [{"run_id": run_id, "stage": "calibrate", "metric": "top1", "value": value,
-             "n_samples": 10}]  # fmt: skip
+             "n_samples": 10, "output": None}]  # fmt: skip
 
 
 @pytest.fixture

@@ -19,7 +19,14 @@ def new_run(store: RunStore):
 
 def metric_rows(run_id: str, n: int = 3) -> list[dict]:
     return [
-        {"run_id": run_id, "stage": "calibrate", "metric": f"m{i}", "value": i / 2, "n_samples": 10}
+        {
+            "run_id": run_id,
+            "stage": "calibrate",
+            "metric": f"m{i}",
+            "value": i / 2,
+            "n_samples": 10,
+            "output": "output",
+        }
         for i in range(n)
     ]
 
@@ -48,7 +55,7 @@ def test_schemas_have_the_design_columns():
         "artifact_digest",
         "cache_hit",
     ]
-    assert METRICS.names == ["run_id", "stage", "metric", "value", "n_samples"]
+    assert METRICS.names == ["run_id", "stage", "metric", "value", "n_samples", "output"]
     assert RUNS.field("started_at").type == pa.timestamp("us", tz="UTC")
     assert {"runs", "stages", "metrics", "layer_stats", "layer_tensors"} <= SCHEMAS.keys()
     assert {"badcases", "sensitivity", "localization", "faults"} <= SCHEMAS.keys()

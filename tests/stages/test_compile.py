@@ -215,6 +215,21 @@ def test_a_split_names_a_layer_without_a_tensor_of_its_own(compiled):
         _check_known(dataclasses.replace(program, instructions=[one]), ref, "compile")
 
 
+def test_a_float_island_names_a_layer_without_integers(compiled):
+    """A CPU instruction of a float island (convert's float_ops: sdpa, MHA) names a layer
+    layers.json has no integers for: not an unknown layer."""
+    from stages.exactness import _check_known
+
+    ctx, arts = compiled
+    program = hbm.load(ctx.run.path(arts["compile"].hbm_file))
+    island = dataclasses.replace(program.instructions[0], op=Op.CPU, layer_ids=("attention",))
+    ref = {lid: None for lid in program.captures}
+    with_island = dataclasses.replace(program, instructions=[island])
+    _check_known(with_island, ref, "compile", {"attention"})
+    with pytest.raises(StageError, match="attention"):
+        _check_known(with_island, ref, "compile")
+
+
 def test_tampered_hbm_is_refused(compiled):
     ctx, arts = compiled
     path = ctx.run.path(arts["compile"].hbm_file)

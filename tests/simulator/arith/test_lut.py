@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from fractions import Fraction
 
 import numpy as np
@@ -211,3 +212,16 @@ def test_bad_tables_raise():
         lut.build_segmented_table("x", np.exp, 1e-3, 1.0, "int16", "half_even", dividing="x")
     with pytest.raises(SimulatorError, match="rounding"):
         intmath.round_div(np.array([1]), 2, "up")
+
+
+def test_a_direct_table_maps_inputs_outside_the_functions_domain_to_zero():
+    """rsqrt(mean(x**2) + eps) builds its table over all 256 int8 inputs, negatives too:
+    their NaN values become 0, not whatever casting NaN to an integer gives."""
+    grid = np.arange(-128, 128, dtype=np.float32) / 16
+    with np.errstate(invalid="ignore", divide="ignore"):
+        values = 1 / np.sqrt(grid)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t = lut.build_direct_table("rsqrt", values, 1 / 16, 1 / 32, "int8", "half_even")
+    assert np.all(t.entries[:128] == 0)
+    assert t.entries[128] == 127 and t.entries[-1] == round(32 / np.sqrt(127 / 16))

@@ -127,3 +127,17 @@ def test_int16_and_per_node_overrides(tiny_onnx, tmp_path):
     got = _dtypes(RunStore(tmp_path).open(run_id))
     assert got["conv[output]"] == got["Mul[output]"] == "int16"
     assert got["Sigmoid[output]"] == got["input:x[input]"] == "int8"
+
+
+def test_a_dataset_without_labels_is_judged_by_agreement_with_the_original(tiny_onnx, tmp_path):
+    s = spec()
+    s = s.model_copy(update={"data": s.data.model_copy(
+        update={"dataset": "tests.models:unlabelled_data"})})  # fmt: skip
+    run = RunStore(tmp_path).open(run_ptq(tiny_onnx, s, tmp_path))
+    rows = read_run_table(run, "metrics")
+    cosine = {m["stage"]: m["value"] for m in rows if m["metric"] == "cosine"}
+    assert set(cosine) == {st.name for st in STAGES} and not [
+        m for m in rows if m["metric"] == "top1"
+    ]
+    assert cosine["original"] == 1.0 and cosine["board"] > 0.99
+    assert cosine["board"] == cosine["quantized"]  # hbm and board are bit-exact

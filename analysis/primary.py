@@ -1,0 +1,72 @@
+"""The metric a run is judged by (``compare.primary``) and its value at every stage.
+
+Localization, sweeps and the report read it from the metrics table: the spec's
+``compare.primary``, else top1 when the dataset had labels, else the output cosine against
+the float model (stages.evaluate.primary_metric). A stage pair worsens by the drop of the
+metric (its rise for l1); the largest acceptable worsening is ``thresholds.top1_drop`` for
+top1 and ``thresholds.primary_drop`` (null: top1_drop) for any other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+
+from schemas.errors import SpecError
+from schemas.spec import PipelineSpec, load_spec
+from schemas.spec_sections import CompareSpec
+from schemas.store import Run
+from schemas.tables import read_run_table
+from stages.evaluate import LOWER_IS_BETTER, OUTPUT, primary_metric
+
+
+@dataclass(frozen=True)
+class Primary:
+    """The primary metric's name, its value per stage, and the worsening allowed."""
+
+    name: str
+    values: dict[str, float]
+    limit: float
+    samples: dict[str, int] = field(default_factory=dict)
+    """How many samples each stage's value was measured on."""
+
+    @property
+    def label(self) -> str:
+        return "top-1" if self.name == "top1" else self.name
+
+    def worsening(self, base: str, analysis: str) -> float:
+        """How much worse ``analysis`` is than ``base`` (NaN when either was not measured)."""
+        a, b = self.values.get(base, np.nan), self.values.get(analysis, np.nan)
+        return b - a if self.name in LOWER_IS_BETTER else a - b
+
+    def reason(self, base: str, analysis: str) -> str | None:
+        """Why the pair diverges by this metric, or None when it stays within the limit."""
+        worse = self.worsening(base, analysis)
+        if not worse > self.limit:
+            return None
+        verb = "rises" if self.name in LOWER_IS_BETTER else "drops"
+        return f"{self.label} {verb} {worse:.4f} (> {self.limit})"
+
+
+def read_primary(spec: PipelineSpec, rows: list[dict]) -> Primary:
+    """The primary metric of a run from its metrics rows (one output: ``output``; rows
+    written before outputs were recorded carry none); ``spec``: anything with a
+    ``compare`` section (a PTQ run's analysis passes the defaults)."""
+    name = primary_metric(spec.compare.primary, {r["metric"] for r in rows})
+    mine = [r for r in rows if r["metric"] == name and r.get("output") in (None, OUTPUT)]
+    th = spec.compare.thresholds
+    limit = th.top1_drop if name == "top1" or th.primary_drop is None else th.primary_drop
+    samples = {r["stage"]: r.get("n_samples") for r in mine}
+    return Primary(name, {r["stage"]: r["value"] for r in mine}, limit, samples)
+
+
+def run_primary(run: Run) -> Primary:
+    """The primary metric of a stored run, by its spec.yaml (a PTQ spec, which has no
+    compare section, or a spec the current code refuses: the defaults)."""
+    try:
+        spec = load_spec(run.path("spec.yaml"))
+    except SpecError:
+        spec = SimpleNamespace(compare=CompareSpec())
+    return read_primary(spec, read_run_table(run, "metrics"))

@@ -1,0 +1,48 @@
+"""The primary metric: top1 with labels, cosine without, or the spec's compare.primary."""
+
+from __future__ import annotations
+
+import pytest
+
+from analysis.primary import read_primary
+from schemas.errors import SpecError
+from schemas.spec import parse_spec
+from tests.conftest import tiny_spec_dict
+
+
+def _rows(metric: str, values: dict, output: str | None = "output") -> list[dict]:
+    return [{"stage": s, "metric": metric, "value": v, "output": output} for s, v in values.items()]
+
+
+def _spec(**compare):
+    data = {**tiny_spec_dict()["data"], "metric": "tests.stages.test_evaluate:miou"}
+    return parse_spec(tiny_spec_dict(data=data, compare=compare), "t")
+
+
+COSINE = _rows("cosine", {"calibrate": 0.999, "convert": 0.95})
+
+
+def test_top1_when_labels_were_recorded_else_cosine():
+    spec = parse_spec(tiny_spec_dict(), "t")
+    assert read_primary(spec, [*COSINE, *_rows("top1", {"convert": 0.5})]).name == "top1"
+    p = read_primary(spec, COSINE)
+    assert (p.name, p.limit) == ("cosine", 0.05)  # the tiny spec's top1_drop
+    assert p.reason("calibrate", "convert") is None  # 0.049 is within 0.05
+
+
+def test_the_named_metric_and_its_own_limit_judge_a_pair():
+    rows = [*COSINE, *_rows("l1", {"calibrate": 0.01, "convert": 0.2})]
+    p = read_primary(_spec(primary="l1", thresholds={"primary_drop": 0.1}), rows)
+    assert p.reason("calibrate", "convert") == "l1 rises 0.1900 (> 0.1)"
+    p = read_primary(_spec(primary="cosine", thresholds={"primary_drop": 0.01}), rows)
+    assert p.reason("calibrate", "convert") == "cosine drops 0.0490 (> 0.01)"
+    assert p.reason("calibrate", "board_sim") is None  # not measured: not judged
+
+
+def test_a_task_metric_can_be_primary_and_a_missing_one_is_named():
+    rows = [*COSINE, *_rows("miou", {"calibrate": 0.9, "convert": 0.5}, None)]
+    assert read_primary(_spec(primary="miou"), rows).values == {"calibrate": 0.9, "convert": 0.5}
+    with pytest.raises(SpecError, match="compare.primary.*'map' is not among"):
+        read_primary(_spec(primary="map"), rows)
+    with pytest.raises(SpecError, match="'top1' is not among"):
+        read_primary(parse_spec(tiny_spec_dict(compare={"primary": "top1"}), "t"), COSINE)

@@ -1,0 +1,78 @@
+"""The dataset contract: the (x, y) form and the v2 form with named inputs and optional
+labels, each input validated with errors naming the split, the input and the sample."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from schemas.errors import StageError
+from stages.data import load_splits
+from tests.models import data as tiny_data
+
+HERE = "tests.stages.test_data"
+X = np.zeros((8, 3), np.float64)
+
+
+def v2_ints() -> dict:
+    """Token ids and a bool mask, no labels: any numeric dtype is an input."""
+    ids, mask = np.arange(24).reshape(8, 3), np.ones((8, 3), bool)
+    split = {"inputs": {"mask": mask, "ids": ids}, "labels": None}
+    return {"train": split, "evaluation": split}
+
+
+def pairs() -> dict:
+    return {"train": (X, np.zeros(8, np.int32)), "evaluation": (X, np.arange(8))}
+
+
+def ragged() -> dict:
+    samples = [np.zeros(3, np.float32)] * 5 + [np.zeros(4, np.float32)] + [np.zeros(3)] * 2
+    return {"train": (X, None), "evaluation": {"inputs": {"x": samples}, "labels": None}}
+
+
+def strings() -> dict:
+    return {"train": (X, None), "evaluation": {"inputs": {"x": np.array(["a"] * 8)}}}
+
+
+def extra_key() -> dict:
+    return {"train": (X, None), "evaluation": {"inputs": {"x": X}, "label": np.arange(8)}}
+
+
+def test_v2_inputs_keep_integers_follow_the_parameter_order_and_may_have_no_labels():
+    s = load_splits(f"{HERE}:v2_ints", 4, 4, ["ids", "mask"])["evaluation"]
+    assert list(s.inputs) == ["ids", "mask"] and s.labels is None and len(s) == 4
+    assert s.inputs["ids"].dtype == np.int64 and s.inputs["mask"].dtype == np.int64
+    assert [y for _, _, y in s.batches(2)] == [None, None]
+
+
+def test_the_pair_form_names_its_input_after_the_forward_parameter():
+    s = load_splits(f"{HERE}:pairs", 8, 8, ["image"])
+    assert list(s["evaluation"].inputs) == ["image"] and s["evaluation"].x.dtype == np.float32
+    assert s["calibration"].labels.dtype == np.int64
+
+
+def test_the_pair_form_digest_is_unchanged():
+    """Cache keys of existing datasets stay valid: x then y, as before the v2 form."""
+    x, y = tiny_data()["evaluation"]
+    s = load_splits("tests.models:data", 64, 64)["evaluation"]
+    h = hashlib.sha256()
+    for a in (x.astype(np.float32), y.astype(np.int64)):
+        h.update(str((a.dtype, a.shape)).encode())
+        h.update(a.tobytes())
+    assert s.digest == h.hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("fn", "names", "where", "says"),
+    [("v2_ints", ["ids"], "data.train.inputs", "an input 'mask'"),
+     ("v2_ints", ["ids", "mask", "pos"], "data.train.inputs", "no input 'pos'"),
+     ("ragged", None, "data.evaluation.inputs.x[5]", "sample 5 of input 'x'"),
+     ("strings", None, "data.evaluation.inputs.x", "<U1, not numeric"),
+     ("extra_key", None, "data.evaluation", "'label' is not one")],
+)  # fmt: skip
+def test_bad_inputs_name_the_split_the_input_and_the_sample(fn, names, where, says):
+    with pytest.raises(StageError) as e:
+        load_splits(f"{HERE}:{fn}", 4, 4, names)
+    assert e.value.where == where and says in e.value.message
