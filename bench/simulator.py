@@ -5,7 +5,7 @@ For each model (examples/digits, examples/transformer, a ResNet-18-shaped net at
 then times, side by side in this one process on the same batch of frames:
 
 - sim:   ``Executor(hbm.load(model.hbm)).run({input: x})``, the bit-exact integer program
-         (with the compiled kernels of ``simulator.native`` when they build here: the
+         (with the compiled kernels of ``simulator.runtime.native`` when they build here: the
          header line says; ``QPARITY_NATIVE=0`` measures the torch kernels alone);
 - torch: the float model in float32 eager under ``torch.inference_mode()``;
 - ORT:   qat.onnx through ``stages.onnx_runner.OnnxRunner`` (onnxruntime, BASIC graph
@@ -148,8 +148,8 @@ def engines(name: str, store: Path, run_id: str, batch: int):
     """(x, {engine: fn() -> logits}, timed sim executor, labels, notes) for one model."""
     from schemas.artifacts import HbmModel, QatOnnxModel
     from schemas.store import RunStore
-    from simulator import hbm
-    from simulator.executor import Executor
+    from simulator.program import hbm
+    from simulator.runtime.executor import Executor
     from stages.data import load_splits
     from stages.modelio import build_float
     from stages.onnx_runner import DOMAIN, OnnxRunner
@@ -253,7 +253,7 @@ def main() -> None:
         return
     rounds = max(args.rounds, 5)
     store = Path(args.store or tempfile.mkdtemp(prefix="qparity-bench-sim-"))
-    from simulator import native
+    from simulator.runtime import native
 
     print(f"# run store {store}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{os.cpu_count()} cores; at least {rounds} timed rounds after 1 warm-up (fast models "

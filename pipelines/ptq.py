@@ -30,7 +30,7 @@ from schemas.spec import NAMED_PIPELINES, with_pipeline
 from schemas.spec_sections import Dtype, Factory, PosInt, Section
 from schemas.store import Run, RunStore
 from schemas.tables import write_rows
-from simulator.march import MARCHES
+from simulator.program.march import MARCHES
 from stages.data import load_splits
 from stages.loader import import_object
 from stages.ptq.calibrate_onnx import QuantConfig

@@ -3,10 +3,10 @@
 Both chains call :func:`check_exact` once the program is written: compile (QAT chain) and
 hbm (PTQ chain). It runs quantized.onnx's reference evaluator (``run_integer``) once on the
 probe samples, then feeds the same samples five times to one fresh
-:class:`~simulator.executor.Executor`, exactly as the evaluation feeds its batches
+:class:`~simulator.runtime.executor.Executor`, exactly as the evaluation feeds its batches
 (:data:`RUNS`): the first runs execute each instruction's kernel while the replays learn
-(:mod:`simulator.replay`), the third is served by the replays, the fourth is recorded and
-the fifth is the frozen plan (:mod:`simulator.frozen`), the path that gives compile's,
+(:mod:`simulator.runtime.replay`), the third is served by the replays, the fourth is recorded and
+the fifth is the frozen plan (:mod:`simulator.runtime.frozen`), the path that gives compile's,
 hbm's and board_sim's top-1. Each run's model outputs must equal quantized.onnx's outputs,
 and on the three capture runs every layer the program holds (``program.captures``) must
 equal quantized.onnx's integers. A fresh Executor: the evaluation's own Executor then
@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from schemas.errors import StageError
-from simulator.executor import Executor
-from simulator.isa import Program
-from stages.convert import run_integer
+from simulator.program.isa import Program
+from simulator.runtime.executor import Executor
+from stages.convert.stage import run_integer
 
 RUNS = (True, True, True, False, False)
 """Capture flag of each run: kernels (replays learn), kernels (replays checked and

@@ -7,7 +7,7 @@ domain, version 1): torch.onnx loses module paths and cannot write int16 per-cha
 - QFakeQuantize with fake quant on: ``QuantizeLinear`` -> ``DequantizeLinear`` (``bpu_round``:
   ``qparity::QuantizeLinear``, since ONNX rounds half to even); fake quant off: nothing.
 - FixedPointOp: ``QuantizeLinear(in_scale)`` -> ``qparity::<onnx_op>`` -> ``DequantizeLinear``.
-- aten ops: the rules of :mod:`stages.onnx_ops`.
+- aten ops: the export rules of the op table (:func:`stages.ops.onnx_rules`).
 
 Naming contract: every ONNX node is named after its layer (``conv``, ``conv/1`` for the
 2nd node of a translation, ``conv[output]/q`` and ``/dq`` for quantizers) and carries
@@ -41,7 +41,7 @@ from stages.onnx_builder import (
     GraphBuilder,
     trace_shapes,
 )
-from stages.onnx_ops import rules
+from stages.ops import onnx_rules
 
 __all__ = [
     "DOMAIN",
@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 OPSET = 21
-_RULES = rules()
+_RULES = onnx_rules()
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""ONNX rules of the ops #18 item 3 added (same contract as :mod:`stages.onnx_ops`).
+"""ONNX rules of the ops #18 item 3 added (same contract as :mod:`stages.onnx_ops`; the
+op table :mod:`stages.ops` names them).
 
 Each is written with ONNX ops the later stages already know where that is exact (layout
 ops run on integers); the others (GroupNormalization as InstanceNormalization, ...) have
@@ -155,21 +156,3 @@ def uneven_pool(b, x: str, op: str, size: list[int], out: list[int]) -> str:
             parts.append(b.emit(op, [part], kernel_shape=list(kernel)))
         x = b.emit("Concat", parts, axis=axis)
     return x
-
-
-def more_rules() -> dict:
-    """aten target -> rule, for the ops of this module."""
-    return {
-        aten.group_norm.default: _group_norm,
-        aten.stack.default: _stack,
-        aten.repeat.default: _repeat,
-        aten.einsum.default: _einsum,
-        aten.pow.Tensor_Scalar: _pow,
-        aten.maximum.default: _max_min("Max"),
-        aten.minimum.default: _max_min("Min"),
-        aten.log_softmax.int: _log_softmax,
-        aten._log_softmax.default: _log_softmax,
-        aten.pixel_shuffle.default: _pixel_shuffle,
-        aten.conv_transpose2d.input: _conv_transpose,
-        aten.conv_transpose1d.default: _conv_transpose,
-    }

@@ -7,8 +7,6 @@ any scale) or pool / reduce them, and read the traced shapes to match torch's si
 
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 import torch
 
@@ -280,32 +278,3 @@ def _getitem(b, node):
     """Pick one output of a multi-output op; an Identity so the item has its own node."""
     src, idx = node.args
     return b.emit("Identity", [b.item(src, idx)])
-
-
-def shape_rules() -> dict:
-    """aten target -> rule, for the shape, layout, pooling and reduction ops."""
-    from stages.onnx_ops_more import uneven_pool  # it imports this module's helpers
-
-    max_pool, avg_pool = _pool("MaxPool"), _pool("AveragePool")
-    reshape = [aten.view.default, aten.reshape.default, aten.unflatten.int]
-    identity = [aten.contiguous.default, aten.clone.default, aten.dropout.default]
-    identity += [aten.detach_.default, aten.alias.default]
-    splits = [aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default]
-    permutes = [aten.permute.default, aten.transpose.int, aten.t.default]
-    table = {t: _reshape for t in reshape} | {t: _identity for t in identity}
-    table |= {t: _split for t in splits} | {t: _permute for t in permutes}
-    return table | {
-        aten.flatten.using_ints: _flatten, aten.expand.default: _expand,
-        aten.squeeze.dim: _squeeze, aten.squeeze.dims: _squeeze,
-        aten.unsqueeze.default: _unsqueeze, aten.select.int: _select,
-        aten.slice.Tensor: _slice, aten.narrow.default: _slice,
-        aten.cat.default: _cat, aten.concat.default: _cat,
-        aten.pad.default: _pad, aten.constant_pad_nd.default: _pad,
-        operator.getitem: _getitem, aten.roll.default: _roll, aten.index.Tensor: _index,
-        aten.max_pool2d.default: max_pool, aten.max_pool1d.default: max_pool,
-        aten.avg_pool2d.default: avg_pool, aten.avg_pool1d.default: avg_pool,
-        aten.adaptive_avg_pool2d.default: _adaptive("AveragePool", "GlobalAveragePool", uneven_pool),
-        aten.adaptive_max_pool2d.default: _adaptive("MaxPool", "GlobalMaxPool", uneven_pool),
-        aten.mean.dim: _reduce("ReduceMean"), aten.mean.default: _reduce("ReduceMean"),
-        aten.sum.dim_IntList: _reduce("ReduceSum"),
-    }  # fmt: skip

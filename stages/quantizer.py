@@ -29,11 +29,10 @@ from torchao.quantization.pt2e.quantizer import (
 from schemas.errors import SpecError
 from stages.fake_quant import QFakeQuantize
 from stages.layers import ID_KEY, Category, classify, is_tensor_node
+from stages.ops import ACCUMULATOR_USERS, PARAM_OPS
 
 TORCH_DTYPES = {"int8": torch.int8, "int16": torch.int16}
 # Ops whose trailing tensor inputs are parameters: how many leading inputs are activations.
-PARAM_OPS = {"layer_norm": 1, "batch_norm": 1, "prelu": 1, "embedding": 0, "group_norm": 1,
-             "conv_transpose": 1}  # fmt: skip
 QRANGES = {"int8": (-128, 127), "int16": (-32768, 32767)}
 
 
@@ -159,7 +158,7 @@ class NashQuantizer(Quantizer):
             self.policy.fuse_requantize
             and node not in outputs
             and len(users) == 1
-            and classify(users[0])[0] in ("add", "sub")
+            and classify(users[0])[0] in ACCUMULATOR_USERS
             and all(isinstance(a, torch.fx.Node) for a in users[0].args[:2])
         )
 

@@ -15,7 +15,7 @@ layer is named exactly the layer id (convert's layer table and the runners rely 
 
 Calibration (minmax, symmetric): the optimized model runs on the calibration samples with
 every observed tensor captured; ``amax = max |x|`` over all samples, and
-``scale = max(2 * amax / (qmax - qmin), 2**-24)`` (:func:`simulator.fixedpoint.symmetric_scale`;
+``scale = max(2 * amax / (qmax - qmin), 2**-24)`` (:func:`simulator.arith.fixedpoint.symmetric_scale`;
 int8: ``2 * amax / 255``). Weights: the same per output channel, int8.
 """
 
@@ -28,7 +28,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from schemas.errors import StageError
-from simulator import fixedpoint as fp
+from simulator.arith import fixedpoint as fp
 from stages.onnx_builder import INT_DTYPES, QUANTIZER_KEY
 from stages.onnx_runner import OnnxRunner
 from stages.ptq.graph import (

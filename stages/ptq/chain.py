@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import onnx
 
 from schemas.artifacts import Metric
-from simulator import hbm
-from simulator.executor import Executor
+from simulator.program import hbm
+from simulator.runtime.executor import Executor
 from stages.compile import tensor_shapes
 from stages.compile_graph import Compiler
-from stages.convert import ISLANDS, layer_json
-from stages.convert_graph import Converter, ConvertSettings
+from stages.convert.graph import Converter, ConvertSettings
+from stages.convert.stage import ISLANDS, layer_json
 from stages.exactness import check_exact
 from stages.onnx_export import render_graph_text
 from stages.onnx_runner import OnnxRunner

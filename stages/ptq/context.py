@@ -13,7 +13,7 @@ import torch
 
 from schemas.artifacts import Artifact, Metric
 from schemas.store import Run
-from simulator.march import March
+from simulator.program.march import March
 from stages.data import Split
 from stages.evaluate import collect, measure
 from stages.onnx_runner import OnnxRunner

@@ -9,7 +9,7 @@ op::
     QuantizeLinear(in_scale) [<layer>/q] -> qparity::Lut [<layer>] -> DequantizeLinear(out_scale)
     [<layer>/dq, writing <layer>/raw] -> the layer's output quantizer (unchanged)
 
-Tables (:mod:`simulator.lut`, evaluated by :mod:`simulator.custom_ops`):
+Tables (:mod:`simulator.arith.lut`, evaluated by :mod:`simulator.arith.custom_ops`):
 - int8 input: one direct 256-entry table,
   ``entries[q + 128] = clamp(round_half_even(f(float32(q * in_scale)) / out_scale))`` with
   ``f`` the float32 torch op, so the table reproduces the calibrated model's fake quant;
@@ -26,11 +26,11 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
-from simulator import fixedpoint as fp
-from simulator.composite import build_softmax
-from simulator.custom_ops import CUSTOM_OPS
-from simulator.lut import build_direct_table, build_segmented_table
-from simulator.march import March
+from simulator.arith import fixedpoint as fp
+from simulator.arith.composite import build_softmax
+from simulator.arith.custom_ops import CUSTOM_OPS
+from simulator.arith.lut import build_direct_table, build_segmented_table
+from simulator.program.march import March
 from stages.onnx_builder import DOMAIN, INT_DTYPES
 from stages.ptq.graph import PASSTHROUGH_OPS, TABLE_OPS, layer_of, set_layer, users
 
@@ -68,7 +68,7 @@ TABLE_FNS = {
     "Elu": lambda n: lambda x: torch.nn.functional.elu(x, _attr(n, "alpha", 1.0)),
 }
 """node -> the float function of its table op, ONNX attributes applied (the op's lower-case
-name labels the table in simulator.lut)."""
+name labels the table in simulator.arith.lut)."""
 
 
 def grids(model: onnx.ModelProto) -> dict[str, tuple[float, str]]:

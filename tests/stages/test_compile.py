@@ -7,13 +7,15 @@ import pytest
 
 from schemas.artifacts import HbmModel
 from schemas.errors import ArtifactError, StageError
-from simulator import exec_ops, hbm, native
-from simulator.executor import Executor
-from simulator.frozen import Frozen
-from simulator.isa import Op
-from simulator.replay import Replays
+from simulator.kernels import exec_ops
+from simulator.program import hbm
+from simulator.program.isa import Op
+from simulator.runtime import native
+from simulator.runtime.executor import Executor
+from simulator.runtime.frozen import Frozen
+from simulator.runtime.replay import Replays
 from stages.compile import compile_model
-from stages.convert import run_integer
+from stages.convert.stage import run_integer
 from stages.exactness import check_exact
 from stages.registry_types import StageCall
 from tests.stages.helpers import H, break_frozen_plan, run_stages
@@ -64,7 +66,7 @@ def test_hbm_gives_identical_integers_and_outputs(compiled):
 
 def test_replayed_and_frozen_runs_give_the_same_integers(compiled):
     """Batches after an executor's first runs come from replays and then from the frozen
-    plan (simulator.replay, simulator.frozen): the outputs stay quantized.onnx's."""
+    plan (simulator.runtime.replay, simulator.runtime.frozen): the outputs stay quantized.onnx's."""
     ctx, arts = compiled
     ex = Executor(hbm.load(ctx.run.path(arts["compile"].hbm_file)))
     x, rng = ctx.evaluation.x, np.random.default_rng(0)

@@ -11,7 +11,7 @@ import pytest
 
 from schemas.spec import parse_spec
 from schemas.store import RunStore
-from simulator import hbm
+from simulator.program import hbm
 from stages.context import RunContext
 from stages.registry import code_version
 from stages.stage_models import open_stage_model

@@ -72,7 +72,7 @@ def test_table_op_off_the_grid_stays_float_and_is_said():
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
-    from simulator.march import MARCHES
+    from simulator.program.march import MARCHES
     from stages.ptq.ptq import fix_tables
 
     inits = [numpy_helper.from_array(np.float32(1 / 127), "s"),
