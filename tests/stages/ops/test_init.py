@@ -44,7 +44,7 @@ def test_entries_sharing_a_convert_key_share_its_rule():
 
 def test_quantizer_placement_views():
     params = {"layer_norm": 1, "batch_norm": 1, "prelu": 1, "embedding": 0, "group_norm": 1}
-    assert ops.PARAM_OPS == params | {"conv_transpose": 1}
+    assert params | {"conv_transpose": 1} == ops.PARAM_OPS
     assert {"add", "sub"} == ops.ACCUMULATOR_USERS
     assert {n for n, t in ops.TABLE_OPS.items() if t != "Lut"} == {"softmax", "layer_norm"}
     lut = {e.name for e in ops.ENTRIES if e.category is ops.Category.LUT}
