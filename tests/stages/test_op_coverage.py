@@ -6,9 +6,13 @@ and runs on the board's CPU side."""
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
+from rich.console import Console
 
+from qparity.views import show_run
 from schemas.spec import parse_spec
 from schemas.store import RunStore
 from simulator import hbm
@@ -76,11 +80,17 @@ def test_convert_agrees_with_the_fake_quant_model(family):
 
 
 def test_float_islands_are_listed(family):
+    """In debug/model_check_result.txt and in the run's summary (qparity show / run)."""
     name, ctx, arts = family
     assert arts["convert"].float_ops == ISLANDS[name]
     report = ctx.run.path("debug/model_check_result.txt").read_text()
     listed = report.split("on the board's CPU side)\n")[1].split()
     assert listed == (ISLANDS[name] or ["none"])
+    buf = io.StringIO()
+    show_run(Console(file=buf, width=300), ctx.run.root.parent, ctx.run.run_id)
+    shown = [ln for ln in buf.getvalue().splitlines() if ln.startswith("float islands")]
+    want = ", ".join(ISLANDS[name])
+    assert shown == ([f"float islands (run on the board's CPU side): {want}"] if want else [])
 
 
 @pytest.mark.parametrize("family", ["combine"], indirect=True)
