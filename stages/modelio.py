@@ -25,6 +25,7 @@ from schemas.errors import ArtifactError, SpecError, StageError
 from schemas.fileio import atomic_save
 from schemas.paths import checked_file
 from stages.constant_fold import fold_constants
+from stages.decompose import decompose_attention
 from stages.fake_quant import QFakeQuantize, quantizers
 from stages.functionalize import (
     TRAINING_ONLY_KEY,
@@ -115,6 +116,7 @@ def export_graph(
     fold_constants(gm)
     out_of_place(gm)
     unbind_to_select(gm)
+    decompose_attention(gm)
     return gm
 
 

@@ -33,8 +33,7 @@ ISLANDS = {name: [] for name in FAMILIES} | {
     "resample": ["resize", "resize_1"],  # bilinear Resize
     "combine": ["div_2"],  # a division by a tensor (no integer Div)
     "math": ["maximum", "minimum"],  # Max / Min
-    # sdpa and MHA (no quantizers inside), Einsum, the layout ops on the float model input
-    "attention": ["attention", "einsum", "mha.attention", "permute", "reshape"],
+    "attention": ["einsum", "permute", "reshape"],  # the layout ops on the float input
 }
 """The float islands each family is expected to leave (listed at convert, run on the CPU)."""
 
