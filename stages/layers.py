@@ -120,6 +120,8 @@ def _table() -> dict[object, tuple[str, Category]]:
                 aten.squeeze.dims,
                 aten.unsqueeze.default,
                 aten.expand.default,
+                aten.view_as.default,
+                aten.reshape_as.default,
             ],
             "permute": [aten.permute.default, aten.transpose.int, aten.t.default],
             "repeat": [aten.repeat.default],

@@ -279,6 +279,7 @@ def shape_rules() -> dict:
 
     max_pool, avg_pool = _pool("MaxPool"), _pool("AveragePool")
     reshape = [aten.view.default, aten.reshape.default, aten.unflatten.int]
+    reshape += [aten.view_as.default, aten.reshape_as.default]
     identity = [aten.contiguous.default, aten.clone.default, aten.dropout.default]
     identity += [aten.detach_.default, aten.alias.default]
     splits = [aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default]

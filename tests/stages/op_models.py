@@ -87,6 +87,7 @@ class Convs(nn.Module):
         self.strided = nn.Conv2d(8, 8, 3, stride=2, padding=(1, 0))
         self.reflect = nn.Conv2d(8, 8, 3, padding=1, padding_mode="reflect")
         self.same = nn.Conv2d(8, 8, (1, 3), padding="same")
+        self.edge = nn.Conv1d(8, 8, 3, padding=1, padding_mode="replicate")
         self.up = nn.ConvTranspose2d(8, 8, 4, stride=2, padding=1)
         self.up_grouped = nn.ConvTranspose2d(8, 8, 3, stride=2, padding=1, output_padding=1,
                                              groups=4)  # fmt: skip
@@ -95,6 +96,7 @@ class Convs(nn.Module):
     def forward(self, x):
         y = torch.relu(self.depthwise(self.grouped(x)))
         y = self.same(self.reflect(self.strided(y)))  # 8 x 4 x 3
+        y = self.edge(y.flatten(2)).view_as(y)  # conv1d over the 12 positions
         y = self.up(F.pad(y, (0, 1)))  # 8 x 8 x 8
         y = y + self.up_grouped(y[:, :, ::2, ::2])
         return self.fc(y.flatten(1))
