@@ -86,7 +86,7 @@ class Convs(nn.Module):
         self.depthwise = nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=8)
         self.strided = nn.Conv2d(8, 8, 3, stride=2, padding=(1, 0))
         self.reflect = nn.Conv2d(8, 8, 3, padding=1, padding_mode="reflect")
-        self.same = nn.Conv2d(8, 8, (1, 3), padding="same")
+        self.same = nn.Conv2d(8, 8, (1, 3), padding="same", padding_mode="circular")
         self.edge = nn.Conv1d(8, 8, 3, padding=1, padding_mode="replicate")
         self.up = nn.ConvTranspose2d(8, 8, 4, stride=2, padding=1)
         self.up_grouped = nn.ConvTranspose2d(8, 8, 3, stride=2, padding=1, output_padding=1,
