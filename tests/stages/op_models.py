@@ -40,7 +40,9 @@ class Gates(Head):
         a = self.hswish(y.clone()) * F.hardsigmoid(y)
         b = F.hardtanh(self.relu6(y.clone() * 2.0), -0.5, 0.5)
         c = self.prelu(y) + self.leaky(y.clone())
-        return a + b + c
+        c += a  # in place, as residual code writes it
+        c.mul_(0.5).add_(b)
+        return F.relu(c, inplace=True)
 
 
 class Smooth(Head):
