@@ -32,7 +32,7 @@ ISLANDS = {name: [] for name in FAMILIES} | {
     "pools": ["avg_pool"],  # adaptive avg pool with uneven windows (pooled per window)
     "resample": ["resize", "resize_1"],  # bilinear Resize
     "combine": ["div_2"],  # a division by a tensor (no integer Div)
-    "math": ["einsum", "maximum", "minimum"],  # Einsum (no matrix product), Max / Min
+    "math": ["einsum"],  # an Einsum that is no matrix product
     "attention": ["permute", "reshape"],  # the layout ops on the float input
 }
 """The float islands each family is expected to leave (listed at convert, run on the CPU)."""
