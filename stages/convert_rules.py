@@ -194,7 +194,7 @@ def _const_input(c: Converter, node: onnx.NodeProto, i: int) -> float | None:
 def rules() -> dict:
     """(domain, op_type) -> rule; compute rules live in convert_compute."""
     from stages.convert_compute import COMPUTE
-    from stages.convert_max import MAX_MIN
+    from stages.convert_more import MORE
 
     table_ops = {(DOMAIN, op): table for op in ("Lut", "Softmax", "LayerNorm")}
     return {
@@ -207,5 +207,5 @@ def rules() -> dict:
         **{("", op): passthrough for op in PASSTHROUGH},
         **table_ops,
         **COMPUTE,
-        **MAX_MIN,
+        **MORE,
     }

@@ -34,7 +34,7 @@ class Gates(Head):
         self.leaky = nn.LeakyReLU(0.1, inplace=True)
         self.prelu = nn.PReLU(8, init=0.2)  # per-channel weights
         with torch.no_grad():
-            self.prelu.weight.copy_(torch.linspace(0.05, 0.4, 8))
+            self.prelu.weight.copy_(torch.tensor([-0.3, -0.2, 0.0, 0.05, 0.1, 0.2, 0.3, 0.4]))
 
     def body(self, y):
         a = self.hswish(y.clone()) * F.hardsigmoid(y)

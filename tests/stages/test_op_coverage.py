@@ -25,7 +25,6 @@ from tests.stages.op_models import FAMILIES
 
 CHAIN = ("prepare", "calibrate", "pre_export", "export", "convert", "compile", "board_sim")
 ISLANDS = {name: [] for name in FAMILIES} | {
-    "gates": ["prelu"],  # no integer PRelu (per-channel slopes) at convert
     # an unfolded batch norm; group_norm (InstanceNormalization), LogSoftmax
     "norms": ["bn", "gn", "log_softmax"],
     "convs": ["up", "up_grouped"],  # ConvTranspose

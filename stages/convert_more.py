@@ -1,10 +1,15 @@
-"""maximum / minimum on integers, from instructions the BPU has (convert_rules formulas).
+"""Integer forms of ops #18 item 3 added, from instructions the BPU already has
+(formulas as in convert_rules).
 
-Both inputs are requantized to the output quantizer's scale (the rounding is monotonic, so
+maximum / minimum: both inputs are requantized to the output quantizer's scale (the rounding is monotonic, so
 ``max(round(a), round(b)) == round(max(a, b))`` on the requantized values), then
 ``max(a, b) = a + relu(b - a)`` and ``min(a, b) = a - relu(a - b)``: the difference one
 width up (int8 -> int16, int16 -> int32: it never overflows), the relu a QClip, the sum a
 QAdd into the output dtype (the result is one of the inputs, so it never saturates).
+
+prelu (per-channel slopes w_c): ``y = relu(x) * s_x / s_y + min(x, 0) * w_c * s_x / s_y``,
+the two parts QClips of x and the sum one QAdd whose second multiplier is per channel
+(both on one shift, ``intmath.aligned_multipliers``; a negative slope keeps its sign).
 """
 
 from __future__ import annotations
@@ -12,9 +17,11 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from simulator import fixedpoint as fp
+from simulator.intmath import aligned_multipliers
 from stages.convert_compute import _into_quantizer, _out
 from stages.convert_graph import Converter, QTensor
-from stages.convert_rules import _mult, _req
+from stages.convert_rules import _bits, _mult, _req, check_ratio
 from stages.onnx_builder import DOMAIN
 
 
@@ -48,4 +55,26 @@ def _at_scale(c: Converter, q: QTensor, scale: float, dtype: str) -> str:
     return out
 
 
-MAX_MIN = {("", "Max"): max_min, ("", "Min"): max_min}
+def prelu(c: Converter, k: int, node: onnx.NodeProto) -> bool:
+    """PRelu of an integer tensor with a constant slope and an output quantizer."""
+    x, spec = c.qt.get(node.input[0]), _out(c, k, node)
+    slope = c.inits.get(node.input[1])
+    if x is None or spec is None or slope is None or x.scale.size != 1:
+        return False
+    r_pos = float(x.scale) / float(spec[0])
+    r_neg = r_pos * slope.astype(np.float64)
+    check_ratio(c, np.abs(r_neg), "prelu")
+    (m_pos, m_neg), shift = aligned_multipliers(
+        [r_pos, np.where(r_neg == 0, 1.0, np.abs(r_neg))], _bits(c), c.settings.rounding
+    )
+    m_neg = np.sign(r_neg).astype(np.int64) * m_neg
+    qmin, qmax = fp.qrange(x.dtype)
+    pos, neg = f"{node.output[0]}#pos", f"{node.output[0]}#neg"
+    c.emit("QClip", [x.name], [pos], domain=DOMAIN, lo=0, hi=qmax)
+    c.emit("QClip", [x.name], [neg], domain=DOMAIN, lo=qmin, hi=0)
+    ins = [pos, neg, c.const("ma", np.atleast_1d(m_pos)), c.const("mb", m_neg),
+           c.const("shift", np.atleast_1d(shift).astype(np.int64))]  # fmt: skip
+    return _into_quantizer(c, spec, "QAdd", ins, **_req(c, out_dtype=spec[1]), relu=0)
+
+
+MORE = {("", "Max"): max_min, ("", "Min"): max_min, ("", "PRelu"): prelu}
