@@ -111,8 +111,16 @@ def _concat(xs, cs, attrs, n):
     return [torch.cat([*xs, *(c for c in cs if c is not None)], dim=int(attrs["axis"]))]
 
 
+_PAD_INDEX = {
+    "edge": lambda idx, dim: idx.clamp(0, dim - 1),
+    "reflect": lambda idx, dim: dim - 1 - (dim - 1 - idx.abs()).abs(),
+    "wrap": lambda idx, dim: idx % dim,
+}
+"""Source position of each padded position along one axis, per non-constant mode."""
+
+
 def _pad(xs, cs, attrs, n):
-    """ONNX Pad: modes constant (negative pads crop), edge, reflect."""
+    """ONNX Pad: modes constant (negative pads crop), edge, reflect, wrap (circular)."""
     x, pads = xs[0], _arg(cs, 0, attrs, "pads")
     value = cs[1].item() if len(cs) > 1 and cs[1] is not None and cs[1].numel() else 0
     axes = [a % x.ndim for a in (_ints(cs[2]) if len(cs) > 2 and cs[2] is not None
@@ -124,12 +132,11 @@ def _pad(xs, cs, attrs, n):
             j = 2 * (x.ndim - 1 - a)
             widths[j], widths[j + 1] = pads[i], pads[nd + i]
         return [F.pad(x, widths, value=value)]
-    if mode not in ("edge", "reflect"):
+    if mode not in _PAD_INDEX:
         raise SimulatorError(f"Pad mode {mode!r} is not supported")
     for i, a in enumerate(axes):
         idx, dim = torch.arange(-pads[i], x.shape[a] + pads[nd + i]), x.shape[a]
-        idx = idx.clamp(0, dim - 1) if mode == "edge" else dim - 1 - (dim - 1 - idx.abs()).abs()
-        x = x.index_select(a, idx)
+        x = x.index_select(a, _PAD_INDEX[mode](idx, dim))
     return [x]
 
 

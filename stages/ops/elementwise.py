@@ -7,6 +7,7 @@ import torch
 
 from simulator.program.isa import Op
 from stages.convert.compute import add, matmul, mul
+from stages.convert.more import max_min, prelu
 from stages.convert.rules import clip
 from stages.onnx_ops import _binary, _clip, _prelu, _unary, _unary_n
 from stages.onnx_ops_more import _max_min, _pow
@@ -74,12 +75,31 @@ ENTRIES = (
         (aten.prelu.default,),
         _prelu,
         ("PRelu", "Reshape"),
-        (),
-        (Op.CPU,),
+        (("PRelu", prelu),),
+        (Op.CLIP, Op.ADD),
         activation_inputs=1,
+        doc="relu(x) and min(x, 0) as QClips, summed by one QAdd with per-channel slopes",
     ),
-    OpEntry("maximum", C, (aten.maximum.default,), _max_min("Max"), ("Max",), (), (Op.CPU,)),
-    OpEntry("minimum", C, (aten.minimum.default,), _max_min("Min"), ("Min",), (), (Op.CPU,)),
+    OpEntry(
+        "maximum",
+        C,
+        (aten.maximum.default,),
+        _max_min("Max"),
+        ("Max",),
+        (("Max", max_min),),
+        (Op.ADD, Op.CLIP),
+        doc="both inputs at the output scale, then a + relu(b - a)",
+    ),
+    OpEntry(
+        "minimum",
+        C,
+        (aten.minimum.default,),
+        _max_min("Min"),
+        ("Min",),
+        (("Min", max_min),),
+        (Op.ADD, Op.CLIP),
+        doc="both inputs at the output scale, then a - relu(a - b)",
+    ),
     OpEntry(
         "pow",
         C,

@@ -34,7 +34,10 @@ aten = torch.ops.aten
 P = Category.PASSTHROUGH
 
 _RESHAPE, _RESHAPE_RULES = per_target(
-    ((aten.view.default, aten.reshape.default), _reshape),
+    (
+        (aten.view.default, aten.reshape.default, aten.view_as.default, aten.reshape_as.default),
+        _reshape,
+    ),  # fmt: skip
     ((aten.flatten.using_ints,), _flatten),
     ((aten.unflatten.int,), _reshape),
     ((aten.squeeze.dim, aten.squeeze.dims), _squeeze),

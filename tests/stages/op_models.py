@@ -34,13 +34,15 @@ class Gates(Head):
         self.leaky = nn.LeakyReLU(0.1, inplace=True)
         self.prelu = nn.PReLU(8, init=0.2)  # per-channel weights
         with torch.no_grad():
-            self.prelu.weight.copy_(torch.linspace(0.05, 0.4, 8))
+            self.prelu.weight.copy_(torch.tensor([-0.3, -0.2, 0.0, 0.05, 0.1, 0.2, 0.3, 0.4]))
 
     def body(self, y):
         a = self.hswish(y.clone()) * F.hardsigmoid(y)
         b = F.hardtanh(self.relu6(y.clone() * 2.0), -0.5, 0.5)
         c = self.prelu(y) + self.leaky(y.clone())
-        return a + b + c
+        c += a  # in place, as residual code writes it
+        c.mul_(0.5).add_(b)
+        return F.relu(c, inplace=True)
 
 
 class Smooth(Head):
@@ -86,7 +88,8 @@ class Convs(nn.Module):
         self.depthwise = nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=8)
         self.strided = nn.Conv2d(8, 8, 3, stride=2, padding=(1, 0))
         self.reflect = nn.Conv2d(8, 8, 3, padding=1, padding_mode="reflect")
-        self.same = nn.Conv2d(8, 8, (1, 3), padding="same")
+        self.same = nn.Conv2d(8, 8, (1, 3), padding="same", padding_mode="circular")
+        self.edge = nn.Conv1d(8, 8, 3, padding=1, padding_mode="replicate")
         self.up = nn.ConvTranspose2d(8, 8, 4, stride=2, padding=1)
         self.up_grouped = nn.ConvTranspose2d(8, 8, 3, stride=2, padding=1, output_padding=1,
                                              groups=4)  # fmt: skip
@@ -95,6 +98,7 @@ class Convs(nn.Module):
     def forward(self, x):
         y = torch.relu(self.depthwise(self.grouped(x)))
         y = self.same(self.reflect(self.strided(y)))  # 8 x 4 x 3
+        y = self.edge(y.flatten(2)).view_as(y)  # conv1d over the 12 positions
         y = self.up(F.pad(y, (0, 1)))  # 8 x 8 x 8
         y = y + self.up_grouped(y[:, :, ::2, ::2])
         return self.fc(y.flatten(1))
@@ -169,7 +173,8 @@ class Combine(Head):
 
 
 class Math(Head):
-    """clamp, maximum/minimum, abs, pow 2, sqrt/rsqrt (an RMS norm)."""
+    """clamp, maximum/minimum, abs, pow 2, sqrt/rsqrt (an RMS norm), an einsum that is no
+    matrix product."""
 
     def __init__(self):
         super().__init__(8 * 8 * 8)
@@ -179,7 +184,7 @@ class Math(Head):
         a = torch.maximum(y, y * 0.5) + torch.minimum(y, y.mean(1, keepdim=True))
         b = y.clamp(-1.0, 2.0).abs() - y.clamp(min=0.2)
         rms = torch.rsqrt(y.pow(2).mean(1, keepdim=True) + 1e-5)
-        c = y * rms + torch.sqrt(y * y + 1.0)
+        c = y * rms + torch.sqrt(y * y + 1.0) - torch.einsum("nchw,nchw->nhw", y, y)[:, None]
         return a + b + c
 
 

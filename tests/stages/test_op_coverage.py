@@ -6,9 +6,13 @@ and runs on the board's CPU side."""
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
+from rich.console import Console
 
+from qparity.views import show_run
 from schemas.spec import parse_spec
 from schemas.store import RunStore
 from simulator.program import hbm
@@ -21,16 +25,14 @@ from tests.stages.op_models import FAMILIES
 
 CHAIN = ("prepare", "calibrate", "pre_export", "export", "convert", "compile", "board_sim")
 ISLANDS = {name: [] for name in FAMILIES} | {
-    "gates": ["prelu"],  # no integer PRelu (per-channel slopes) at convert
     # an unfolded batch norm; group_norm (InstanceNormalization), LogSoftmax
     "norms": ["bn", "gn", "log_softmax"],
     "convs": ["up", "up_grouped"],  # ConvTranspose
     "pools": ["avg_pool"],  # adaptive avg pool with uneven windows (pooled per window)
     "resample": ["resize", "resize_1"],  # bilinear Resize
     "combine": ["div_2"],  # a division by a tensor (no integer Div)
-    "math": ["maximum", "minimum"],  # Max / Min
-    # sdpa and MHA (no quantizers inside), Einsum, the layout ops on the float model input
-    "attention": ["attention", "einsum", "mha.attention", "permute", "reshape"],
+    "math": ["einsum"],  # an Einsum that is no matrix product
+    "attention": ["permute", "reshape"],  # the layout ops on the float input
 }
 """The float islands each family is expected to leave (listed at convert, run on the CPU)."""
 
@@ -76,11 +78,17 @@ def test_convert_agrees_with_the_fake_quant_model(family):
 
 
 def test_float_islands_are_listed(family):
+    """In debug/model_check_result.txt and in the run's summary (qparity show / run)."""
     name, ctx, arts = family
     assert arts["convert"].float_ops == ISLANDS[name]
     report = ctx.run.path("debug/model_check_result.txt").read_text()
     listed = report.split("on the board's CPU side)\n")[1].split()
     assert listed == (ISLANDS[name] or ["none"])
+    buf = io.StringIO()
+    show_run(Console(file=buf, width=300), ctx.run.root.parent, ctx.run.run_id)
+    shown = [ln for ln in buf.getvalue().splitlines() if ln.startswith("float islands")]
+    want = ", ".join(ISLANDS[name])
+    assert shown == ([f"float islands (run on the board's CPU side): {want}"] if want else [])
 
 
 @pytest.mark.parametrize("family", ["combine"], indirect=True)

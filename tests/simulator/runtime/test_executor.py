@@ -212,6 +212,7 @@ LAYOUT_CASES = [
     ("Pad", [np.array([0, 1, 1, 0, 2, 1]), np.array(-3, np.int8)], {"mode": "constant"}),
     ("Pad", [np.array([0, 2, 1, 0, 1, 3])], {"mode": "reflect"}),
     ("Pad", [np.array([1, 0, 2, 0, 3, 0])], {"mode": "edge"}),
+    ("Pad", [np.array([0, 2, 1, 0, 1, 3])], {"mode": "wrap"}),  # conv padding_mode="circular"
     ("Expand", [np.array([3, 1, 1, 6])], {}),
     ("Identity", [], {}),
 ]
