@@ -48,6 +48,7 @@ def spec_for(name: str, small: bool, frames: int, ptq: bool, store: Path) -> dic
                  "input_shapes": INPUT_SHAPES.get(name, {})}  # fmt: skip
         data = {"dataset": f"examples.onnx_zoo.data:{name}", "evaluation_samples": 32}
         return {"model": model, "data": {**data, "calibration_samples": 64, "batch_size": 16}}
+    if ptq:
         model = {"file": str(store / f"{attr}.onnx"), "export": f"examples.zoo.onnx_export:{attr}"}
         return {"model": model, "data": {**data, "calibration_samples": 64, "batch_size": 16},
                 "quant": {"march": "nash-e"}, "tags": {"example": "zoo"}}  # fmt: skip
