@@ -11,10 +11,9 @@ from rich.table import Table
 from analysis.primary import run_primary
 from schemas.artifacts import QuantizedModel
 from schemas.owner import as_shown
-from schemas.spec import load_spec, with_overrides
+from schemas.spec import STAGE_NAMES, load_spec, with_overrides
 from schemas.store import RunStore
 from schemas.tables import read_run_table
-from stages.registry import CHAIN
 
 
 def run_spec(
@@ -123,7 +122,7 @@ def stage_table(store_root: str | Path, run_id: str) -> Table:
 
 def _in_chain_order(stages: dict) -> list:
     """A manifest's (stage, record) pairs in chain order; PTQ stages after, by start time."""
-    order = {name: i for i, name in enumerate(CHAIN)}
+    order = {name: i for i, name in enumerate(STAGE_NAMES)}
     return sorted(stages.items(), key=lambda kv: (order.get(kv[0], 99), kv[1].started_at))
 
 
