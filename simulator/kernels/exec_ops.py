@@ -220,6 +220,9 @@ def k_add(instr, bufs, consts):
     (:func:`exec_epilogue.add_epilogue`) when the dtype bounds prove it exact, in one pass
     of the compiled row kernel when it applies (:func:`exec_native_rows.add`)."""
     a, b, ma, mb, shift = operands(instr, bufs, consts, 5)
+    if a.shape != b.shape:  # a broadcast operand (either side): the sum has the full shape
+        shape = torch.broadcast_shapes(a.shape, b.shape)
+        a, b = a.expand(shape), b.expand(shape)
     ma, mb = _channel_const(ma, instr), _channel_const(mb, instr)
     key = ("add", instr.outputs[0], a.dtype, b.dtype)
     epi = consts.cached(key, lambda: add_epilogue(instr.attrs, a.dtype, b.dtype, ma, mb, shift))
