@@ -15,12 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from analysis import badcases, vendor_files
+from analysis.advice import Advice, advise, render_trials
 from analysis.compare import PairResult, compare_stages
 from analysis.flops import layer_flops
 from analysis.layer_graph import Layer, load_layers
 from analysis.localize import FLOAT_STAGE, PairVerdict, first_divergence, judge_pair
 from analysis.primary import read_primary
-from analysis.records import localization_rows, sensitivity_rows, write_tensors
+from analysis.records import localization_rows, sensitivity_rows, trial_rows, write_tensors
 from schemas.errors import QueryError
 from schemas.spec import STAGE_NAMES
 from schemas.tables import read_run_table, write_rows
@@ -98,9 +99,11 @@ def analyze_models(ctx, chain: list[str], models: dict, layers: dict, integer: d
     ctx.write_debug("badcase.txt", badcases.render(bad_rows))
     rows = localization_rows(ctx.run.run_id, verdicts, first, layers)
     write_rows(ctx.run, "localization", rows, "all")
-    write_rows(ctx.run, "sensitivity", sensitivity_rows(ctx.run.run_id, verdicts, layers), "all")
+    advice = advise(ctx, chain, models, layers, verdicts, primary.name)
+    sens = sensitivity_rows(ctx.run.run_id, verdicts, layers)
+    write_rows(ctx.run, "sensitivity", sens + trial_rows(ctx.run.run_id, advice, layers), "all")
     write_tensors(ctx, models, results, first, layers)
-    files = _write_files(ctx, results, verdicts, first, layers, dtypes)
+    files = _write_files(ctx, results, verdicts, first, layers, dtypes, advice)
     return Analysis(ctx.run.run_id, chain, verdicts, first, files)
 
 
@@ -162,8 +165,10 @@ def _write_files(
     first: PairVerdict | None,
     layers: dict[str, Layer],
     dtypes: dict,
+    advice: Advice | None,
 ) -> list[str]:
-    """The vendor-style files; the first divergent pair's (else the last pair's) at top."""
+    """The vendor-style files; the first divergent pair's (else the last pair's) at top;
+    the int16 trials in calibrate's sensitivity file (made for them if the pair passed)."""
     files = []
     for v in verdicts:
         rows = vendor_files.compare_rows(results[(v.base, v.analysis)], layers, dtypes, v)
@@ -174,13 +179,15 @@ def _write_files(
         if v is (first or verdicts[-1]):
             ctx.write_debug("compare_per_layer_out.txt", txt)
             ctx.write_debug("compare_per_layer_out.csv", csv_text)
-        if v.sensitive:
-            name = f"output_{v.analysis}_l1_sensitive_ops.txt"
+        name = f"output_{v.analysis}_l1_sensitive_ops.txt"
+        trials = render_trials(advice) if advice and v.analysis == "calibrate" else ""
+        if v.sensitive or trials:
             flops = layer_flops(ctx.run, results[(v.base, v.analysis)].shapes)
-            ctx.write_debug(name, vendor_files.render_sensitive(v, layers, dtypes, flops))
+            text = vendor_files.render_sensitive(v, layers, dtypes, flops) if v.sensitive else ""
+            ctx.write_debug(name, text + ("\n" if text and trials else "") + trials)
             files.append(f"debug/{name}")
     top = first or verdicts[-1]
-    advisor = vendor_files.advisor(results[(top.base, top.analysis)], layers, dtypes, top)
+    advisor = vendor_files.advisor(results[(top.base, top.analysis)], layers, dtypes, advice)
     ctx.write_debug("abnormal_layer_advisor.txt", advisor)
     files += [
         f"debug/{n}"

@@ -88,6 +88,22 @@ def sensitivity_rows(
     return out
 
 
+def trial_rows(run_id: str, advice, layers: dict[str, Layer]) -> list[dict]:
+    """Sensitivity rows of the int16 trials (analysis.advice; target ``int16``, layer_id:
+    the overrides tried, ``improvement``: the gain, positive when it restores)."""
+    out = []
+    for rank, t in enumerate(advice.trials if advice else [], start=1):
+        layer = layers.get(t.target)
+        out.append({
+            "run_id": run_id, "base_stage": "prepare", "analysis_stage": "calibrate",
+            "metric": t.metric, "target": "int16", "layer_id": ",".join(t.keys),
+            "op_type": layer.op_type if layer else "group",
+            "topo_index": layer.topo_index if layer else -1, "rank": rank,
+            "before": t.before, "after": t.after, "improvement": t.gain,
+        })  # fmt: skip
+    return out
+
+
 def write_tensors(
     ctx: RunContext,
     models: dict[str, StageModel],

@@ -7,7 +7,8 @@
 - output_<stage>_l1_sensitive_ops.txt: op_name, sensitive_type, op_type, L1 after reverting
   the op, L1 before, quant_dtype, flops (analysis.flops, ``N(x.xx%)``), most sensitive
   first (:func:`sensitive_type` says how the type is judged);
-- abnormal_layer_advisor.txt: mod_name, op_type, abnormal_info, advice (:func:`_rules`).
+- abnormal_layer_advisor.txt: mod_name, op_type, abnormal_info, advice (:func:`_rules`,
+  then analysis.advice's measured range flags and recommended overrides).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import csv
 import io
 import math
 
+from analysis.advice import Advice, advisor_lines
 from analysis.compare import OUTPUT, PairResult
 from analysis.flops import render_flops
 from analysis.layer_graph import Layer
@@ -37,13 +39,11 @@ SOURCE = {
 }  # fmt: skip
 WEIGHTED = ("conv", "linear")
 """Op types with weights of their own."""
-INT16_STEPS = 4.0
-"""Own error (int8 steps) past which an int8 layer is advised int16."""
 INPUT_RANGE = 128.0
 """An int8 input whose values span this much (e.g. raw 0..255 pixels) gets a step >= 1."""
 BULK_STEPS = 4.0
-"""A layer's spread (standard deviation) must cover this many steps of its dtype: fewer,
-and a few outliers set the scale while the bulk of the values share a few levels."""
+"""A layer's spread (standard deviation) must cover this many int16 steps: fewer, and no
+quantization carries its range."""
 
 
 def compare_rows(
@@ -115,33 +115,34 @@ def sensitive_type(v: PairVerdict, lid: str, op: str, dtype: str | None) -> str:
 
 
 def advisor(
-    result: PairResult, layers: dict[str, Layer], dtypes: dict, verdict: PairVerdict | None = None
+    result: PairResult, layers: dict[str, Layer], dtypes: dict, advice: Advice | None = None
 ) -> str:
-    """abnormal_layer_advisor.txt: the vendor's rules (:func:`_rules`) over a pair's
-    aggregate layer stats and, from ``verdict``, its layers' own errors."""
-    own = verdict.own.steps if verdict and verdict.own and verdict.own.exact else {}
+    """abnormal_layer_advisor.txt: the vendor's sanity rules (:func:`_rules`) over a pair's
+    aggregate layer stats, then the ranges int8 cannot carry, ranked by what an int16
+    override measurably restores (analysis.advice; none without ``advice``)."""
     lines = ["mod_name | op_type | abnormal_info | advice"]
     for lid in [*result.layer_ids, OUTPUT]:
         agg, op = result.aggregates[lid], layers[lid].op_type if lid in layers else lid
-        for info, advice in _rules(lid, agg, dtypes.get(lid), result.steps[lid], own.get(lid)):
-            lines.append(f"{lid} | {op} | {info} | {advice}")
+        for info, hint in _rules(lid, agg, dtypes.get(lid), result.steps[lid]):
+            lines.append(f"{lid} | {op} | {info} | {hint}")
+    if advice is not None:
+        lines += advisor_lines(advice)
     if len(lines) == 1:
         lines.append("no abnormal layer found")
     return "\n".join(lines) + "\n"
 
 
-def _rules(
-    lid: str, agg: dict, dtype: str | None, step: float, own: float | None
-) -> list[tuple[str, str]]:
-    """The vendor's rules, one (abnormal_info, advice) per hit:
+def _rules(lid: str, agg: dict, dtype: str | None, step: float) -> list[tuple[str, str]]:
+    """The vendor's sanity rules, one (abnormal_info, advice) per hit:
 
     - inf/nan values; an input not symmetric about 0;
     - an int8 input whose values span >= ``INPUT_RANGE`` -> consider int16;
-    - range rules (:func:`_range_rules`): too large for int8, for any quantization, or a
-      scale that does not cover the data;
-    - an int8 layer adding more than ``INT16_STEPS`` steps *of its own* -> consider int16
-      (never on a total error alone: an inherited error is not this layer's to fix);
+    - range rules (:func:`_range_rules`): too large for any quantization, or a scale that
+      does not cover the data;
     - a model output that is not high precision.
+
+    Int16 for other layers is advised from measured trials only (analysis.advice): a rule
+    on every layer's spread or error named nearly every layer of a transformer.
     """
     out = []
     if agg.get("base_nan_count", 0) or not all(
@@ -154,8 +155,6 @@ def _rules(
     if lid.startswith("input:") and dtype == "int8" and span >= INPUT_RANGE:
         out.append((f"input range {span:.4g} >= {INPUT_RANGE:g} in int8", "consider int16"))
     out += _range_rules(agg, dtype, step)
-    if dtype == "int8" and own is not None and own > INT16_STEPS:
-        out.append((f"adds {own:.3g} int8 steps of its own", "consider int16 for this layer"))
     if lid == OUTPUT and dtype in ("int8", "int16"):
         out.append(("model output is not high precision", "make the output high precision"))
     return out
@@ -166,11 +165,9 @@ def _range_rules(agg: dict, dtype: str | None, step: float) -> list[tuple[str, s
     largest |value| ``top`` and spread (standard deviation ``std`` > 0; a constant tensor
     is exact), all of the base side:
 
-    - too large for int8: the spread covers fewer than ``BULK_STEPS`` steps of an int8
-      grid over the range (``std < BULK_STEPS * span / 127``: a few outliers set the
-      scale, the bulk of the values shares a few levels) -> int16;
-    - too large for any quantization: the same even at int16 (``span / 32767``) -> change
-      the model (bound the values, e.g. a clamp or a norm);
+    - too large for any quantization: the spread covers fewer than ``BULK_STEPS`` steps of
+      an int16 grid over the range (``std < BULK_STEPS * span / 32767``) -> change the
+      model (bound the values, e.g. a clamp or a norm);
     - the scale does not cover the data: ``top > 1.01 * step * qmax`` -> check fake quant.
     """
     if dtype not in ("int8", "int16"):
@@ -182,9 +179,6 @@ def _range_rules(agg: dict, dtype: str | None, step: float) -> list[tuple[str, s
     if 0 < std < BULK_STEPS * span / 32767:
         info = f"data range too large for any quantization (range {span:.4g}, std {std:.3g})"
         out.append((info, "change the model to bound these values"))
-    elif dtype == "int8" and 0 < std < BULK_STEPS * span / 127:
-        info = f"data range too large for int8 (range {span:.4g}, std {std:.3g})"
-        out.append((info, "consider int16 for this layer"))
     if top > 1.01 * step * (127 if dtype == "int8" else 32767):
         out.append(("scale does not cover the data range", "check fake quant is enabled"))
     return out

@@ -144,7 +144,9 @@ SENSITIVITY = _fields(
     ("after", pa.float64()),
     ("improvement", pa.float64()),
 )
-"""Reverting one layer (target: layer | activation | weight) to the base stage: output metric before/after."""
+"""Reverting one layer (target: layer | activation | weight) to the base stage, or an int16
+override tried on calibrate's model (target: int16; analysis.advice): output metric
+before/after, improvement positive when it restores."""
 
 LOCALIZATION = _fields(
     ("run_id", pa.string()),
