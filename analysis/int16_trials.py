@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from simulator import fixedpoint
+from simulator.arith import fixedpoint
 from stages.evaluate import LOWER_IS_BETTER, agreement, first_output
 from stages.fake_quant import QAT_OBSERVERS, QFakeQuantize, QuantState, set_model_state
 from stages.modelio import load_qat, name_quantizers
