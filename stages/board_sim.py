@@ -10,7 +10,6 @@ divergence: it shows here as a metric difference against compile.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from schemas.artifacts import BoardRun, HbmModel
 from schemas.errors import StageError
@@ -42,8 +41,9 @@ def board_sim(upstream: HbmModel, ctx: RunContext, call: StageCall) -> BoardRun:
     metrics = stage_metrics(
         ctx,
         "board_sim",
-        lambda x: torch.from_numpy(_board_out(executor, x.numpy(), cfg, ctx)),
+        lambda x: _board_out(executor, x.numpy(), cfg, ctx),
         split,
+        graph=True,
     )
     return call.make(
         BoardRun,
@@ -55,9 +55,9 @@ def board_sim(upstream: HbmModel, ctx: RunContext, call: StageCall) -> BoardRun:
     )
 
 
-def _board_out(executor: Executor, x: np.ndarray, cfg, ctx: RunContext) -> np.ndarray:
-    """The board's (first) output for one batch of inputs or camera frames."""
-    return next(iter(executor.run(_feed(executor, x, cfg, ctx))[0].values()))
+def _board_out(executor: Executor, x: np.ndarray, cfg, ctx: RunContext) -> list[np.ndarray]:
+    """The board's outputs (program order) for one batch of inputs or camera frames."""
+    return list(executor.run(_feed(executor, x, cfg, ctx))[0].values())
 
 
 def _feed(executor: Executor, x: np.ndarray, cfg, ctx: RunContext) -> dict[str, np.ndarray]:

@@ -17,7 +17,6 @@ import json
 
 import numpy as np
 import onnx
-import torch
 
 from schemas.artifacts import HbmModel, QuantizedModel
 from simulator import cost, hbm, hbm_render
@@ -52,7 +51,7 @@ def compile_model(upstream: QuantizedModel, ctx: RunContext, call: StageCall) ->
     ctx.write_debug("latency.txt", render_latency(program, executor, ctx, march))
     name = next(iter(program.inputs))
     metrics = stage_metrics(
-        ctx, "compile", lambda x: torch.from_numpy(_first(executor.run({name: x.numpy()})[0]))
+        ctx, "compile", lambda x: list(executor.run({name: x.numpy()})[0].values()), graph=True
     )
     files = ["artifacts/compile/model.hbm"]
     if ctx.spec.stages.board_sim.runtime_format != "featuremap":
@@ -69,10 +68,6 @@ def compile_model(upstream: QuantizedModel, ctx: RunContext, call: StageCall) ->
         fused=[list(i.layer_ids) for i in program.instructions if len(i.layer_ids) > 1],
         metrics=metrics,
     )
-
-
-def _first(outputs: dict) -> np.ndarray:
-    return next(iter(outputs.values()))
 
 
 def tensor_shapes(path, model: onnx.ModelProto, x: np.ndarray) -> dict[str, tuple]:

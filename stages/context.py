@@ -121,7 +121,7 @@ class RunContext:
         d, model = self.spec.data, self.float_model
         names = forward_inputs(model)
         splits = load_splits(d.dataset, d.calibration_samples, d.evaluation_samples, names)
-        check_with_model(splits, model)
+        check_with_model(splits, model, self.spec.compare.output)
         return splits
 
     @property

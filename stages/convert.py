@@ -14,7 +14,6 @@ from dataclasses import asdict
 
 import numpy as np
 import onnx
-import torch
 
 from schemas.artifacts import Metric, QatOnnxModel, QuantizedModel
 from schemas.errors import StageError
@@ -50,7 +49,7 @@ def convert(upstream: QatOnnxModel, ctx: RunContext, call: StageCall) -> Quantiz
     runner = OnnxRunner(out / "quantized.onnx")
     warnings = saturation_warnings(runner, layers, ctx)
     ctx.write_debug("convert_advisor.txt", "\n".join(warnings or ["no warnings"]) + "\n")
-    metrics = stage_metrics(ctx, "convert", lambda x: torch.from_numpy(runner.run(x.numpy())[0]))
+    metrics = stage_metrics(ctx, "convert", lambda x: runner.run(x.numpy()), graph=True)
     islands = sorted(converter.islands)
     _report_islands(ctx, islands)
     files = ["artifacts/convert/quantized.onnx", "artifacts/convert/layers.json"]

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import copy
 
-import torch
-
 from schemas.artifacts import QatExportModel, QatOnnxModel
 from stages.context import RunContext
 from stages.deploy import deploy_graph
@@ -38,7 +36,7 @@ def export(upstream: QatExportModel, ctx: RunContext, call: StageCall) -> QatOnn
     result = export_onnx(deploy, ctx.example, path)
     ctx.write_debug("qat_onnx.txt", render_graph_text(result.model))
     runner = OnnxRunner(path)
-    metrics = stage_metrics(ctx, "export", lambda x: torch.from_numpy(runner.run(x.numpy())[0]))
+    metrics = stage_metrics(ctx, "export", lambda x: runner.run(x.numpy()), graph=True)
     return call.make(
         QatOnnxModel,
         ctx.run,

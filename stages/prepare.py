@@ -23,7 +23,10 @@ from stages.registry_types import StageCall
 def prepare(upstream: None, ctx: RunContext, call: StageCall) -> PreparedModel:
     """Build the QAT model of the spec's float model and report what was found."""
     model, ev = ctx.float_model, ctx.evaluation
-    float_metrics = measure("float", ctx.reference, ctx.reference, ev.labels, ctx.task_metric)
+    judged = ctx.spec.compare.output
+    float_metrics = measure(
+        "float", ctx.reference, ctx.reference, ev.labels, ctx.task_metric, judged
+    )
     try:
         gm, infos, roles = prepare_qat(copy.deepcopy(model), ctx.example, ctx.policy)
     except UnsupportedOps as e:

@@ -282,3 +282,59 @@ def class_token() -> nn.Module:
 def class_token_data() -> dict:
     """Random inputs labelled by the class-token net."""
     return _labelled_by(class_token())
+
+
+class TwoHeadNet(nn.Module):
+    """A shared conv trunk and two heads returned as a tuple: class scores (10) and a box
+    regression (4), the box head first as a detector writes it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.act = nn.PReLU(4)
+        self.box = nn.Linear(4 * 8 * 8, 4)
+        self.cls = nn.Linear(4 * 8 * 8, 10)
+
+    def forward(self, x):
+        y = self.act(self.conv(x)).flatten(1)
+        return self.box(y), self.cls(y)
+
+
+class DictHeadNet(TwoHeadNet):
+    """The two heads returned as a dict, the class scores nested in a tuple."""
+
+    def forward(self, x):
+        box, cls = super().forward(x)
+        return {"boxes": box, "scores": (cls,)}
+
+
+class BadLeafNet(TwoHeadNet):
+    """Returns a string next to a tensor: not an output qparity can carry."""
+
+    def forward(self, x):
+        box, _ = super().forward(x)
+        return {"boxes": box, "name": "face"}
+
+
+def two_heads() -> nn.Module:
+    torch.manual_seed(0)
+    return TwoHeadNet().eval()
+
+
+def dict_heads() -> nn.Module:
+    torch.manual_seed(0)
+    return DictHeadNet().eval()
+
+
+def bad_leaf() -> nn.Module:
+    torch.manual_seed(0)
+    return BadLeafNet().eval()
+
+
+def two_head_data() -> dict:
+    """Random 1x8x8 inputs labelled by the two-head net's class scores."""
+    x = np.random.default_rng(0).uniform(-1, 1, size=(160, 1, 8, 8)).astype(np.float32)
+    with torch.no_grad():
+        y = two_heads()(torch.from_numpy(x))[1].argmax(1).numpy()
+    return {k: {"inputs": {"x": x[s]}, "labels": y[s]}
+            for k, s in (("train", slice(0, 96)), ("evaluation", slice(96, None)))}  # fmt: skip
