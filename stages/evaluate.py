@@ -48,8 +48,8 @@ def collect(
     the program), named by the float model's ``ids``; else a torch model (any structure)."""
     parts: dict[str, list[np.ndarray]] = {}
     done = 0
-    for _, x, _ in split.batches(batch_size):
-        out = model(x)
+    for start, x, _ in split.batches(batch_size):
+        out = model(*split.tensors(start, start + len(x)))
         got = output_arrays(out) if ids is None else positional(ids, out, task)
         for oid, value in got.items():
             parts.setdefault(oid, []).append(value)

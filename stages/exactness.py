@@ -26,11 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from schemas.errors import StageError
 from simulator.executor import Executor
 from simulator.isa import Program
 from stages.convert import run_integer
+from stages.convert_graph import _layer_id
 
 RUNS = (True, True, True, False, False)
 """Capture flag of each run: kernels (replays learn), kernels (replays checked and
@@ -61,36 +63,47 @@ class Exactness:
 
 
 def check_exact(
-    program: Program, run_root: Path, quantized, x: np.ndarray, stage: str
+    program: Program, run_root: Path, quantized, x: np.ndarray | tuple, stage: str
 ) -> Exactness:
     """Prove ``program`` equals quantized.onnx (``quantized``: an artifact with
     ``onnx_file`` and ``layers_file``) on the samples ``x`` through every execution path;
     an :class:`Exactness`, or a StageError (``where`` = ``stage``) naming the first layer
     or output that differs and the path that produced it."""
     ref_outs, ref = run_integer(run_root, quantized, x)
-    _check_known(program, ref, stage)
+    _check_known(program, ref, stage, _unquantized(run_root / quantized.onnx_file, ref))
     if len(ref_outs) != len(program.outputs):
         raise StageError(f"the program has {len(program.outputs)} outputs, quantized.onnx "
                          f"{len(ref_outs)}", where=stage, hint=HINT)  # fmt: skip
     want = dict(zip(program.outputs, ref_outs, strict=True))
-    executor, feed = Executor(program), {next(iter(program.inputs)): x}
+    xs = x if isinstance(x, tuple) else (x,)
+    executor, feed = Executor(program), dict(zip(program.inputs, xs, strict=True))
     paths = tuple(_run(executor, feed, capture, want, ref, stage) for capture in RUNS)
     return Exactness(
         layers=tuple(program.captures),
         outputs=tuple(want),
         not_held=tuple(lid for lid in ref if lid not in program.captures),
         paths=paths,
-        samples=len(x),
+        samples=len(xs[0]),
     )
 
 
-def _check_known(program: Program, ref: dict, stage: str) -> None:
-    """Every layer the program names (captures, debug map) is one quantized.onnx has. A
-    multi-output instruction (a Split: shufflenet's chunk) names a layer that has no one
-    tensor of its own; its outputs' layers are what layers.json holds."""
+def _unquantized(path: Path, ref: dict) -> set[str]:
+    """Layers of quantized.onnx computing on integers that are no quantized tensor (token
+    ids, a mask's sum: exact as they are, so not in layers.json); float islands included."""
+    model = onnx.load(str(path), load_external_data=False)
+    return {_layer_id(n) for n in model.graph.node} - set(ref)
+
+
+def _check_known(
+    program: Program, ref: dict, stage: str, unquantized: frozenset[str] | set[str] = frozenset()
+) -> None:
+    """Every layer the program names (captures, debug map) is one quantized.onnx has (in
+    layers.json, or ``unquantized``; captures only of layers.json). A multi-output
+    instruction (a Split: shufflenet's chunk) names a layer that has no one tensor of its
+    own; its outputs' layers are what layers.json holds."""
     single = [i for i in program.instructions if len(i.outputs) == 1]
-    named = {*program.captures, *(lid for i in single for lid in i.layer_ids)}
-    unknown = sorted(named - set(ref))
+    named = {lid for i in single for lid in i.layer_ids} - unquantized
+    unknown = sorted({*program.captures, *named} - set(ref))
     if unknown:
         raise StageError(
             f"the program names layers quantized.onnx's layers.json lacks: {unknown[:8]}",

@@ -101,3 +101,9 @@ def judged_output(
             f"compare: {{output: {scores[-1]}}}",
         )
     return scores[0] if scores else next(iter(outputs))
+
+
+def numpy_fed(run):
+    """A graph runner fed a tuple of numpy inputs, callable as stage_metrics calls a model:
+    one torch tensor per input, in the model's parameter order."""
+    return lambda *xs: run(tuple(t.numpy() for t in xs))

@@ -49,7 +49,7 @@ def prepare(upstream: None, ctx: RunContext, call: StageCall) -> PreparedModel:
             "artifacts/prepare/layers.json",
         ],
         factory=ctx.spec.model.factory,
-        example_shape=list(ctx.example.shape),
+        example_shape=list(ctx.evaluation.x[:2].shape),
         settings=toolchain_settings(ctx.spec),
         quant_state="float",
         state_file="artifacts/prepare/qat.safetensors",

@@ -37,7 +37,7 @@ def qat(upstream: QatModelArtifact, ctx: RunContext, call: StageCall) -> QatTune
     opt = torch.optim.Adam([p for p in gm.parameters() if p.requires_grad], lr=cfg.lr)
     for _ in range(cfg.steps):
         idx = rng.choice(len(train), size=min(cfg.batch_size, len(train)), replace=False)
-        loss = _loss(ctx, flat_outputs(gm(torch.from_numpy(train.x[idx]))), train, idx)
+        loss = _loss(ctx, flat_outputs(gm(*_inputs(train, idx))), train, idx)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -55,5 +55,10 @@ def _loss(ctx: RunContext, outs: dict[str, torch.Tensor], train, idx: np.ndarray
         out = outs[judged_output(outs, ctx.spec.compare.output, True)]
         return torch.nn.functional.cross_entropy(out, torch.from_numpy(train.labels[idx]))
     with torch.no_grad():
-        target = flat_outputs(ctx.float_model(torch.from_numpy(train.x[idx])))
+        target = flat_outputs(ctx.float_model(*_inputs(train, idx)))
     return sum(torch.nn.functional.mse_loss(outs[k], target[k]) for k in target)
+
+
+def _inputs(split, idx: np.ndarray) -> tuple[torch.Tensor, ...]:
+    """The samples ``idx`` of every input of ``split``, in the model's parameter order."""
+    return tuple(torch.from_numpy(a[idx]) for a in split.inputs.values())

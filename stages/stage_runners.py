@@ -59,7 +59,8 @@ def torch_model(ctx: RunContext, art: Artifact) -> StageModel:
     judged = judged_output(ctx.reference, ctx.spec.compare.output, _labelled(ctx))
 
     def run(idx, replace):
-        x = as_torch_input(ctx.evaluation.x[idx])
+        xs = tuple(as_torch_input(a[idx]) for a in ctx.evaluation.inputs.values())
+        x = xs[0] if len(xs) == 1 else xs
         subs = {k: torch.from_numpy(np.asarray(v)) for k, v in (replace or {}).items()}
         out, values = capture(gm, x, subs)
         return flat_outputs(out)[judged].detach().numpy(), {
@@ -109,9 +110,9 @@ def _labelled(ctx: RunContext) -> bool:
     return ctx.evaluation.labels is not None
 
 
-def _evaluation(ctx: RunContext) -> Callable[[np.ndarray], np.ndarray]:
-    """The evaluation samples ``idx`` (read when the model runs)."""
-    return lambda idx: ctx.evaluation.x[idx]
+def _evaluation(ctx: RunContext) -> Callable[[np.ndarray], tuple[np.ndarray, ...]]:
+    """The evaluation samples ``idx`` of every input, in order (read when the model runs)."""
+    return lambda idx: tuple(a[idx] for a in ctx.evaluation.inputs.values())
 
 
 def float_graph(
@@ -149,17 +150,17 @@ def program(
     stage: str, path, feed, layers: dict, feedable: bool = False, at: int = 0
 ) -> StageModel:
     """A .hbm on the simulator (outputs and captured layers, dequantized); ``feed(idx)``
-    gives the program's inputs, an array for its only input or a dict by name. A program
+    gives the program's inputs, a tuple in the program's input order or a dict by name. A program
     fed evaluation featuremaps (its only input) is ``feedable``: ``replace={"input:<name>":
     x}`` feeds it the dequantized ``x`` instead, e.g. the input the camera path made. Its
     output ``at`` is compared."""
     executor = Executor(hbm.load(path))
-    name = next(iter(executor.program.inputs))
 
     def run(idx, replace):
         fed = [v for k, v in (replace or {}).items() if k.startswith("input:")]
-        got = np.asarray(fed[0], np.float32) if fed and feedable else feed(idx)
-        outs, values = executor.run(got if isinstance(got, dict) else {name: got}, capture=True)
+        got = (np.asarray(fed[0], np.float32),) if fed and feedable else feed(idx)
+        got = got if isinstance(got, dict) else dict(zip(executor.program.inputs, got, strict=True))
+        outs, values = executor.run(got, capture=True)
         out = np.asarray(list(outs.values())[at], dtype=np.float32)
         return out, {lid: dequantize(v, layers[lid]) for lid, v in values.items() if lid in layers}
 
