@@ -141,7 +141,7 @@ class NashQuantizer(Quantizer):
             cat is Category.WEIGHTED and node in outputs and self.policy.high_precision_output
         )
         fused = cat is Category.WEIGHTED and self._fuses(node, outputs)
-        integer = not _is_float_tensor(node)  # on integer inputs (a mask's sum): exact as is
+        integer = _is_integer_tensor(node)  # on integer inputs (a mask's sum): exact as is
         node.meta["quantization_annotation"] = QuantizationAnnotation(
             input_qspec_map=inputs,
             output_qspec=None if high_precision or fused or integer else act,
@@ -188,6 +188,12 @@ def _flat_args(node: torch.fx.Node) -> list:
 def _is_float_tensor(node: torch.fx.Node) -> bool:
     val = node.meta.get("val")
     return isinstance(val, torch.Tensor) and val.is_floating_point()
+
+
+def _is_integer_tensor(node: torch.fx.Node) -> bool:
+    """A traced integer (or bool) tensor; a node without a traced value is not one."""
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and not val.is_floating_point()
 
 
 def _is_quantized(node, quantized: set) -> bool:
