@@ -83,7 +83,11 @@ def quantize(c: Converter, k: int, node: onnx.NodeProto) -> bool:
     if x in c.inits:
         ch = axis if scale.size > 1 else None
         q = fp.quantize(
-            c.inits[x], scale.reshape(-1) if ch is not None else float(scale), dtype, rounding, ch
+            c.inits[x],
+            scale.reshape(-1) if ch is not None else float(scale.reshape(-1)[0]),
+            dtype,
+            rounding,
+            ch,
         )
         c.produce(node, QTensor(c.const("w", np.asarray(q).astype(ZP[dtype])), scale, dtype, axis))
         return True

@@ -51,3 +51,19 @@ def test_integer_inputs_stay_integers_and_the_embedding_is_an_instruction(tokens
     assert [v["dtype"] for v in program.inputs.values()] == ["int64", "int64"]
     (gather,) = [i for i in program.instructions if i.attrs.get("op_type") == "Gather"]
     assert gather.op is Op.LAYOUT and gather.attrs["table"] == 1
+
+
+def test_the_attention_mask_path_runs_as_the_pre_export_error_advises(tmp_path):
+    """(1 - mask) * -1e4 added to the scores before a softmax: with the int16 override
+    pre_export names (tests/stages/test_table_ops.py), all seven stages agree with float;
+    the one-output score Linear converts (its per-channel scale has one entry)."""
+    data = tiny_spec_dict(
+        model={"factory": "tests.models:tokens"},
+        data={**tiny_spec_dict()["data"], "dataset": "tests.models:tokens_data"},
+        quant={"overrides": {"add_1": "int16", "softmax": "int16"}},
+        compare={**tiny_spec_dict()["compare"], "enabled": False},
+    )
+    result = run_chain(parse_spec(data, "t"), yaml.safe_dump(data), tmp_path, use_prefect=False)
+    rows = read_run_table(RunStore(tmp_path).open(result.run_id), "metrics")
+    cosine = {r["stage"]: r["value"] for r in rows if r["metric"] == "cosine"}
+    assert set(SEVEN) <= set(cosine) and min(cosine[s] for s in SEVEN) > 0.99
