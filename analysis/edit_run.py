@@ -21,7 +21,7 @@ from schemas.errors import SpecError, StageError
 from schemas.spec import load_spec
 from schemas.store import RunStore
 from stages.context import RunContext, convert_settings
-from stages.convert_graph import Converter
+from stages.convert.graph import Converter
 from stages.faults import faults_of, reapply_convert
 from stages.onnx_runner import OnnxRunner
 

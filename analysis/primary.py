@@ -17,11 +17,11 @@ from types import SimpleNamespace
 import numpy as np
 
 from schemas.errors import SpecError
+from schemas.metric_names import LOWER_IS_BETTER, OUTPUT, primary_metric
 from schemas.spec import PipelineSpec, load_spec
 from schemas.spec_sections import CompareSpec
 from schemas.store import Run
 from schemas.tables import read_run_table
-from stages.evaluate import LOWER_IS_BETTER, OUTPUT, primary_metric
 
 
 @dataclass(frozen=True)

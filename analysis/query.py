@@ -24,6 +24,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from analysis.query_limits import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
 from analysis.sql_views import connect
 from schemas.errors import QueryError
 from schemas.table_schemas import SCHEMAS
@@ -41,10 +42,6 @@ __all__ = [
     "run_sql",
 ]
 
-DEFAULT_TIMEOUT_S = 60.0
-"""Time limit of one user query, in seconds (``qparity sql --timeout``)."""
-TIMEOUT_ENV = "QPARITY_SQL_TIMEOUT"
-"""Environment variable that sets the time limit of ``qparity sql``."""
 SQL_DIR = Path(__file__).resolve().parent / "sql"
 """Where the named queries live."""
 

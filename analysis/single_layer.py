@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from simulator.custom_ops import CUSTOM_OPS, DOMAIN
+from simulator.arith.custom_ops import CUSTOM_OPS, DOMAIN
 from stages.stage_models import quantize_like
 
 

@@ -4,8 +4,8 @@ Every table of :data:`schemas.table_schemas.SCHEMAS` is a view named like the ta
 all runs' ``<root>/<run_id>/tables/<table>/**/*.parquet`` files, read as one Arrow
 dataset with the table's schema: columns a file lacks (older runs) read as NULL, and a
 table no run has written yet is an empty view with the right columns and types, so a query
-never fails on a young store. ``chain`` is one more view: ``(stage, position)`` of every
-stage in chain order, for ``ORDER BY`` and "the stage before" questions. Each file of
+never fails on a young store. ``chain`` is one more view: ``(stage, position, step)`` of every
+stage in chain order (a PTQ stage at its QAT step's position), for ``ORDER BY`` and "the stage before" questions. Each file of
 ``analysis/sql/views/`` is one more view over those, named after the file
 (``first_divergences``: the first divergent stage and layer of each localized run). A run
 whose process died unmarked reads as ``interrupted`` in ``runs`` (:mod:`schemas.owner`).
@@ -96,11 +96,26 @@ def _show_interrupted(data: ds.Dataset | pa.Table, root: str | Path) -> ds.Datas
     return rows.set_column(rows.schema.get_field_index("status"), "status", status)
 
 
+PTQ_STEPS = {
+    "original": "float", "optimized": "prepare", "calibrated": "calibrate",
+    "ptq": "pre_export", "quantized": "convert", "hbm": "compile", "board": "board_sim",
+}  # fmt: skip
+"""PTQ stage -> the QAT chain's stage at the same step (the float model, the model ready for
+quantization, fake quant, fixed-point tables, the integer graph, the program, the board),
+so a QAT run and a PTQ run of one architecture line up (``qparity diff``)."""
+
+
 def _chain() -> pa.Table:
+    """``(stage, position, step)``: the QAT stages in order, then each PTQ stage at the
+    position of its QAT step (the float model before the first: -1)."""
+    qat = {name: i for i, name in enumerate(STAGE_NAMES)}
+    rows = [(n, i, n) for n, i in qat.items()]
+    rows += [(n, qat.get(step, -1), step) for n, step in PTQ_STEPS.items()]
     return pa.table(
         {
-            "stage": pa.array(STAGE_NAMES, pa.string()),
-            "position": pa.array(range(len(STAGE_NAMES)), pa.int32()),
+            "stage": pa.array([r[0] for r in rows], pa.string()),
+            "position": pa.array([r[1] for r in rows], pa.int32()),
+            "step": pa.array([r[2] for r in rows], pa.string()),
         }
     )
 

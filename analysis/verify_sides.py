@@ -42,8 +42,8 @@ def _onnx(path: Path) -> Side:
 
 
 def _hbm(path: Path) -> Side:
-    from simulator import hbm
-    from simulator.executor import Executor
+    from simulator.program import hbm
+    from simulator.runtime.executor import Executor
 
     executor = Executor(hbm.load(path))
     inputs = list(executor.program.inputs)

@@ -40,7 +40,7 @@ from schemas.spec import load_spec, with_overrides  # noqa: E402
 from schemas.store import RunStore  # noqa: E402
 from stages.capture import capture  # noqa: E402
 from stages.context import RunContext  # noqa: E402
-from stages.convert import run_integer  # noqa: E402
+from stages.convert.stage import run_integer  # noqa: E402
 from stages.pre_export import load_qat_export  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

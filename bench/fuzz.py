@@ -26,10 +26,10 @@ import yaml  # noqa: E402
 
 from pipelines.flow import run_chain  # noqa: E402
 from schemas.spec import parse_spec  # noqa: E402
-from simulator import hbm  # noqa: E402
+from simulator.program import hbm  # noqa: E402
 from tests.conftest import tiny_spec_dict  # noqa: E402
 from tests.fuzz import targets  # noqa: E402
-from tests.simulator.test_hbm import small_program  # noqa: E402
+from tests.simulator.program.test_hbm import small_program  # noqa: E402
 
 
 def tiny_qat_onnx() -> onnx.ModelProto:

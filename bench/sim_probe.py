@@ -49,12 +49,12 @@ def wait_quiet(max_wait: float, limit: float = 0.25) -> float:
 
 
 def conv_anatomy(sim_exec, x, repeats: int = 3) -> dict[str, float] | None:
-    """Seconds of all blocked NHWC CONV instructions (simulator.exec_conv) split into
+    """Seconds of all blocked NHWC CONV instructions (simulator.kernels.exec_conv) split into
     pad + im2col, the int8 GEMM and the fused float64 epilogue, plus the rest of the
     instruction (block bookkeeping, output writes), re-running exec_conv's own steps; convs
     on the compiled kernel split into its input copy and the kernel. None when the executor
     internals differ from what this expects."""
-    from simulator.isa import Op
+    from simulator.program.isa import Op
 
     ex, in_name = sim_exec
     parts: dict[str, float] = {}
@@ -80,9 +80,9 @@ NATIVE_STEPS = ("compiled kernel: pad + uint8 offset copy",
 
 
 def _conv_steps(ex, ins, bufs, repeats: int) -> dict[str, float]:
-    from simulator import exec_conv, exec_native
-    from simulator import exec_kernels as ek
-    from simulator.executor import KERNELS
+    from simulator.kernels import exec_conv, exec_native
+    from simulator.kernels import exec_kernels as ek
+    from simulator.runtime.executor import KERNELS
 
     x = bufs[ins.inputs[0]]
     b = bufs[ins.inputs[1]] if len(ins.inputs) > 1 else None

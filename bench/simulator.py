@@ -5,9 +5,12 @@ For each model (examples/digits, examples/transformer, a ResNet-18-shaped net at
 then times, side by side in this one process on the same batch of frames:
 
 - sim:   ``Executor(hbm.load(model.hbm)).run({input: x})``, the bit-exact integer program
-         (with the compiled kernels of ``simulator.native`` when they build here: the
+         (with the compiled kernels of ``simulator.runtime.native`` when they build here: the
          header line says; ``QPARITY_NATIVE=0`` measures the torch kernels alone);
 - torch: the float model in float32 eager under ``torch.inference_mode()``;
+- ORT int8: the float model through onnxruntime's ``quantize_static`` (QOperator,
+         per-channel int8, ORT_ENABLE_ALL, 2 threads; :mod:`bench.ort_int8`): the int8
+         runtime a user would pick, the anchor of the 1.5x target;
 - ORT:   qat.onnx through ``stages.onnx_runner.OnnxRunner`` (onnxruntime, BASIC graph
          optimization, 2 threads: what the chain uses) when the graph has only standard
          ops; with ``qparity`` custom ops (tables, softmax, LayerNorm) onnxruntime cannot
@@ -43,6 +46,7 @@ os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from bench import ort_int8  # noqa: E402
 from bench.sim_probe import CpuWatch, conv_anatomy, wait_quiet  # noqa: E402
 from schemas.spec import PipelineSpec, load_spec, with_overrides  # noqa: E402
 
@@ -60,7 +64,8 @@ MODELS = {
                   "compare.probe_samples=2", "tags={example: resnet18}"]),
 }  # fmt: skip
 TARGETS = (("sim >= 2x torch fp32 eager", "sim/torch", 2.0),
-           ("sim >= 0.5x ORT", "sim/ORT", 0.5))  # fmt: skip
+           ("sim >= 0.5x ORT", "sim/ORT", 0.5),
+           ("sim >= 1.5x ORT int8", "sim/ORT int8", 1.5))  # fmt: skip
 
 
 def bench_spec(name: str) -> PipelineSpec:
@@ -148,8 +153,8 @@ def engines(name: str, store: Path, run_id: str, batch: int):
     """(x, {engine: fn() -> logits}, timed sim executor, labels, notes) for one model."""
     from schemas.artifacts import HbmModel, QatOnnxModel
     from schemas.store import RunStore
-    from simulator import hbm
-    from simulator.executor import Executor
+    from simulator.program import hbm
+    from simulator.runtime.executor import Executor
     from stages.data import load_splits
     from stages.modelio import build_float
     from stages.onnx_runner import DOMAIN, OnnxRunner
@@ -175,6 +180,11 @@ def engines(name: str, store: Path, run_id: str, batch: int):
     fns = {"sim": lambda: next(iter(executor.run({in_name: x})[0].values())),
            "torch": torch_fp32}  # fmt: skip
     notes = []
+    calib = load_splits(d.dataset, d.calibration_samples, 1)["calibration"].x
+    int8, ops = ort_int8.session(model, np.ascontiguousarray(calib), store)
+    fns["ORT int8"] = lambda: int8(x)
+    notes.append("ORT int8: the float model through quantize_static (QOperator, u8 activations, per-channel s8 weights, "
+                 f"ORT_ENABLE_ALL, 2 threads): {', '.join(f'{k} {v}' for k, v in sorted(ops.items()) if k.startswith('Q'))}")  # noqa: E501  # fmt: skip
     qat = run.load_artifact("export", QatOnnxModel)
     runner = OnnxRunner(run.path(qat.onnx_file))
     if runner.backend == "onnxruntime":
@@ -253,7 +263,7 @@ def main() -> None:
         return
     rounds = max(args.rounds, 5)
     store = Path(args.store or tempfile.mkdtemp(prefix="qparity-bench-sim-"))
-    from simulator import native
+    from simulator.runtime import native
 
     print(f"# run store {store}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{os.cpu_count()} cores; at least {rounds} timed rounds after 1 warm-up (fast models "
@@ -273,7 +283,7 @@ def main() -> None:
             if chain.get("stderr"):
                 print(chain["stderr"], flush=True)
             notes.append(msg)
-            rows.append((name, batch, None, None, None, float("nan")))
+            rows.append((name, batch, None, None, None, float("nan"), None))
             continue
         x, fns, sim_exec, labels, extra = engines(name, store, chain["run_id"], batch)
         notes += [f"{name}: {n}" for n in extra]
@@ -288,25 +298,26 @@ def main() -> None:
               "batch " + ", ".join(
               f"{k} {a:.3f}" for k, a in agree.items()) + f"; other processes used "
               f"{before:.2f} cores before, {load:.2f} during timing", flush=True)  # fmt: skip
-        rows.append((name, batch, fps["sim"], fps["torch"], fps.get("ORT"), load))
+        rows.append((name, batch, fps["sim"], fps["torch"], fps.get("ORT"), load,
+                     fps.get("ORT int8")))  # fmt: skip
         anatomy = conv_anatomy(sim_exec, x) if name == "resnet18" else None
         splits[name] = (split, sim_exec[0].program, secs["sim"], anatomy)
 
     print()
-    header = ("model", "batch", "sim fps", "torch fp32 fps", "ORT fps", "sim/torch", "sim/ORT",
+    header = ("model", "batch", "sim fps", "torch fp32 fps", "ORT fps (qat.onnx)",
+              "ORT int8 fps", "sim/torch", "sim/ORT", "sim/ORT int8",
               "busy cores (others)")  # fmt: skip
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join("---" for _ in header) + "|")
-    for name, batch, sim, tor, ort, load in rows:
-        r_t = sim / tor if sim and tor else None
-        r_o = sim / ort if sim and ort else None
-        cells = (name, str(batch), _fmt_fps(sim), _fmt_fps(tor), _fmt_fps(ort),
-                 _fmt_ratio(r_t), _fmt_ratio(r_o), f"{load:.2f}")  # fmt: skip
+    for name, batch, sim, tor, ort, load, int8 in rows:
+        ratios = [sim / ref if sim and ref else None for ref in (tor, ort, int8)]
+        cells = (name, str(batch), *map(_fmt_fps, (sim, tor, ort, int8)),
+                 *map(_fmt_ratio, ratios), f"{load:.2f}")  # fmt: skip
         print("| " + " | ".join(cells) + " |")
     print("\nTargets (from the issue; reported, not asserted):")
     for label, _, goal in TARGETS:
-        for name, _, sim, tor, ort, _ in rows:
-            ref = tor if "torch" in label else ort
+        for name, _, sim, tor, ort, _, int8 in rows:
+            ref = tor if "torch" in label else int8 if "int8" in label else ort
             if sim is None or ref is None:
                 why = "no simulator number" if sim is None else "no ORT number"
                 print(f"  {label:<28} {name:<12} n/a ({why})")

@@ -26,6 +26,7 @@ from prefect import flow, task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
+from pipelines.prefect_server import prefect_ready  # noqa: E402, F401 (re-export)
 from pipelines.runs import StageOutcome, execute_stage, finish_run, start_run  # noqa: E402
 from schemas.owner import heartbeat  # noqa: E402
 from schemas.spec import PipelineSpec  # noqa: E402
@@ -214,19 +215,6 @@ def run_chain(
     result.steps = run_steps(ctx, result.analysis, use_prefect)
     result.wall_s = time.perf_counter() - t0
     return result
-
-
-def prefect_ready() -> float:
-    """Reach the Prefect API (starting the temporary local server if none is configured).
-
-    Returns the seconds it took, so run times can be reported without server start-up.
-    """
-    from prefect.client.orchestration import get_client
-
-    t0 = time.perf_counter()
-    with get_client(sync_client=True) as client:
-        client.api_healthcheck()
-    return time.perf_counter() - t0
 
 
 def with_quiet_prefect(fn):

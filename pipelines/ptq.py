@@ -30,7 +30,7 @@ from schemas.spec import NAMED_PIPELINES, with_pipeline
 from schemas.spec_sections import Dtype, Factory, PosInt, Section
 from schemas.store import Run, RunStore
 from schemas.tables import write_rows
-from simulator.march import MARCHES
+from simulator.program.march import MARCHES
 from stages.data import load_splits
 from stages.loader import import_object
 from stages.ptq.calibrate_onnx import QuantConfig
@@ -48,6 +48,10 @@ class PtqModelSpec(Section):
     export: Factory | None = None
     """Optional 'module:function' called with ``file`` that writes the ONNX model there
     first (the bundled example exports its torch model this way)."""
+    input_shapes: dict[str, list[int]] = {}
+    """Fixed input shapes by input name (the vendor's ``input_shape``), e.g. ``{images: [1,
+    3, 320, 320]}``: dynamic dims take these sizes (dim 0, the batch, stays dynamic) and
+    ``original`` folds the shape-computing subgraphs into constants."""
 
 
 class PtqDataSpec(Section):
@@ -182,7 +186,8 @@ def _context(run: Run, name: str, path: Path, spec: PtqSpec) -> PtqContext:
     splits = load_splits(d.dataset, d.calibration_samples, d.evaluation_samples)
     quant = QuantConfig(q.activation_dtype, dict(q.overrides))
     return PtqContext(run, name, path, quant, MARCHES[q.march], splits, d.batch_size,
-                      d.probe_samples, spec.optimized_cosine)  # fmt: skip
+                      d.probe_samples, spec.optimized_cosine,
+                      {k: list(v) for k, v in spec.model.input_shapes.items()})  # fmt: skip
 
 
 def _check_spec_stage(name: str | None) -> str | None:

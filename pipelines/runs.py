@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
-from pathlib import Path
 
 from pipelines.gc import mark_interrupted
 from pipelines.limits import guard
@@ -26,7 +24,7 @@ from schemas.artifacts import Artifact, combined_digest
 from schemas.errors import ArtifactError, SpecError, StageError
 from schemas.fileio import json_digest
 from schemas.manifest import Manifest
-from schemas.remote import is_url
+from schemas.remote import default_store_root, is_url  # noqa: F401 (re-export)
 from schemas.spec import PipelineSpec, spec_digest, stage_config_digest
 from schemas.store import Run, RunStore
 from schemas.tables import write_rows
@@ -36,12 +34,6 @@ from stages.registry_types import StageCall
 
 LOG = logging.getLogger(__name__)
 PACKAGES = ("torch", "torchao", "numpy", "onnx", "onnxruntime", "prefect", "pydantic")
-
-
-def default_store_root() -> str | Path:
-    """The run store: $QPARITY_RUNS (a folder or an fsspec URL), else ./runs."""
-    env = os.environ.get("QPARITY_RUNS")
-    return (env if is_url(env) else Path(env)) if env else Path("runs")
 
 
 def versions() -> dict[str, str]:

@@ -79,8 +79,8 @@ def schedule(
     Prefect server is configured or it cannot be reached (the temporary server dies with
     this process).
     """
-    from pipelines.runs import default_store_root
     from pipelines.sweep import load_sweep
+    from schemas.remote import default_store_root
 
     sweep_path = Path(sweep_path).resolve()
     sweep = load_sweep(sweep_path)  # a bad sweep fails here, before anything is registered

@@ -218,6 +218,10 @@ from qparity.cli_gc import gc_command  # noqa: E402
 
 app.command("gc")(gc_command)
 
+from qparity.cli_ops import ops_command  # noqa: E402
+
+app.command("ops")(ops_command)
+
 
 def _is_usage_error(e: Exception) -> bool:
     """A click usage error (missing argument, bad option), from click or typer's own copy

@@ -27,8 +27,7 @@ QuietOpt = Annotated[
 def store_root(runs: str | None) -> str | Path:
     """The store named by ``--runs``, else the default one; a local one that is a file is
     an ArtifactError here, before any work starts."""
-    from pipelines.runs import default_store_root
-    from schemas.remote import is_url, local_root
+    from schemas.remote import default_store_root, is_url, local_root
     from schemas.store_layout import check_root
 
     root = runs or default_store_root()

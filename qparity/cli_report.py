@@ -15,9 +15,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from analysis.report import write_report
 from qparity.cli_options import QuietOpt, RunsOpt, store_root
-from schemas.store import RunStore
 
 console = Console()
 
@@ -41,6 +39,9 @@ def report_command(
 
     Example: qparity report RUN
     """
+    from analysis.report import write_report  # heavy imports wait for the command
+    from schemas.store import RunStore
+
     run = RunStore(store_root(runs)).open(run_id)
     path = write_report(run, out)
     if out is None:

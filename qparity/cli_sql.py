@@ -14,16 +14,16 @@ import json
 import sys
 from datetime import date, datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import pyarrow as pa
-import pyarrow.csv as pacsv
 import typer
 from rich.console import Console
 
-from analysis.diff import changed_rows, diff_runs, render_diff, rich_table
-from analysis.query import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, run_sql
+from analysis.query_limits import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
 from qparity.cli_options import QuietOpt, RunsOpt, store_root
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 out = Console()
 err = Console(stderr=True)
@@ -48,6 +48,11 @@ def _json_value(value: Any) -> Any:
 def write_result(result: pa.Table, fmt: str, console: Console = out, quiet: bool = False) -> None:
     """Print ``result`` as a rich table, CSV (with a header) or JSON (a list of objects);
     ``quiet``: CSV rows only, one line per row, whatever ``fmt``."""
+    import pyarrow as pa  # the data commands' imports wait for the command (bench/cli.py)
+    import pyarrow.csv as pacsv
+
+    from analysis.diff import rich_table
+
     fmt = Format(fmt).value
     if fmt == "csv" or quiet:
         sink = pa.BufferOutputStream()
@@ -90,6 +95,8 @@ def sql_command(
     Example: qparity sql "SELECT run_id, stage FROM localization WHERE kind = 'stage' AND rank = 1"
     """
     try:
+        from analysis.query import run_sql
+
         result = run_sql(store_root(root), query, timeout_s=timeout)
     except KeyboardInterrupt:
         err.print("[bold red]interrupted:[/] the query was cancelled (Ctrl-C)", highlight=False)
@@ -112,6 +119,8 @@ def diff_command(
 
     Example: qparity diff digits-cnn-20261129T120000-ab12cd digits-cnn-20261130T090000-ef34ab
     """
+    from analysis.diff import changed_rows, diff_runs, render_diff
+
     diff = diff_runs(store_root(root), a, b)
     if not quiet:
         out.print(render_diff(diff, a, b, show_all=show_all))

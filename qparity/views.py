@@ -9,11 +9,11 @@ from rich.console import Console
 from rich.table import Table
 
 from analysis.primary import run_primary
+from schemas.artifacts import QuantizedModel
 from schemas.owner import as_shown
-from schemas.spec import load_spec, with_overrides
+from schemas.spec import STAGE_NAMES, load_spec, with_overrides
 from schemas.store import RunStore
 from schemas.tables import read_run_table
-from stages.registry import CHAIN
 
 
 def run_spec(
@@ -81,6 +81,7 @@ def progress(out: Console, quiet: bool):
 
 def _finish_view(out: Console, store_root: str | Path, result) -> None:
     out.print(stage_table(store_root, result.run_id))
+    print_islands(out, RunStore(store_root).open(result.run_id))
     print_faults(out, RunStore(store_root).open(result.run_id))
     if result.analysis is not None:
         print_analysis(out, result.analysis)
@@ -121,7 +122,7 @@ def stage_table(store_root: str | Path, run_id: str) -> Table:
 
 def _in_chain_order(stages: dict) -> list:
     """A manifest's (stage, record) pairs in chain order; PTQ stages after, by start time."""
-    order = {name: i for i, name in enumerate(CHAIN)}
+    order = {name: i for i, name in enumerate(STAGE_NAMES)}
     return sorted(stages.items(), key=lambda kv: (order.get(kv[0], 99), kv[1].started_at))
 
 
@@ -137,6 +138,7 @@ def show_run(out: Console, store_root: str | Path, run_id: str) -> None:
     if m.error:
         out.print(f"[red]error:[/] {m.error}", highlight=False)
     out.print(stage_table(store_root, run_id))
+    print_islands(out, run)
     print_faults(out, run)
     table = Table("stage", "metric", "output", "value", "n_samples", title="metrics")
     for r in read_run_table(run, "metrics"):
@@ -158,6 +160,17 @@ def print_faults(out: Console, run) -> None:
         reason = f": {r['reason']}" if r.get("reason") else ""
         table.add_row(r["stage"], r["layer_id"], r["kind"], f"{r['amount']:g}", effect + reason)
     out.print(table)
+
+
+def print_islands(out: Console, run) -> None:
+    """The float islands convert left (listed in model_check_result.txt too), if any:
+    ops with no integer form, which run on the board's CPU side."""
+    if not run.path("artifacts/convert.json").exists():
+        return
+    islands = run.load_artifact("convert", QuantizedModel).float_ops
+    if islands:
+        out.print(f"float islands (run on the board's CPU side): {', '.join(islands)}",
+                  highlight=False)  # fmt: skip
 
 
 def _divergence(analysis) -> str:

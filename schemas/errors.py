@@ -46,3 +46,7 @@ class SimulatorError(QparityError):
 
 class QueryError(QparityError):
     """A query over the run store is invalid or tried to write."""
+
+
+class OrchestrationError(QparityError):
+    """The orchestrator (Prefect's API server) could not be reached or started."""

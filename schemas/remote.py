@@ -50,6 +50,12 @@ def is_url(root: str | Path) -> bool:
     return isinstance(root, str) and "://" in root and not root.startswith("file://")
 
 
+def default_store_root() -> str | Path:
+    """The run store: $QPARITY_RUNS (a folder or an fsspec URL), else ./runs."""
+    env = os.environ.get("QPARITY_RUNS")
+    return (env if is_url(env) else Path(env)) if env else Path("runs")
+
+
 def local_root(root: str | Path) -> Path:
     """A local store root as a path (``file://`` stripped)."""
     text = str(root)

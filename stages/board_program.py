@@ -2,7 +2,7 @@
 
 The featuremap QUANTIZE of the compiled model is replaced by what the board does with a
 camera frame (VENDOR-FACTS, "Board input"):
-1. PREPROCESS (simulator.board_input.preprocess): nv12 -> YUV444 by nearest chroma
+1. PREPROCESS (simulator.arith.board_input.preprocess): nv12 -> YUV444 by nearest chroma
    upsampling, colour conversion to the training format if needed, minus 128 -> int8 NHWC;
 2. LAYOUT Transpose to NCHW;
 3. the mean/std normalization folded into a grouped 1x1 CONV (groups = channels) landing on
@@ -20,9 +20,9 @@ import numpy as np
 
 from schemas.errors import SpecError, StageError
 from schemas.spec import PipelineSpec
-from simulator.board_input import fold_mean_std
-from simulator.intmath import fixed_multiplier
-from simulator.isa import Instruction, Op, Program
+from simulator.arith.board_input import fold_mean_std
+from simulator.arith.intmath import fixed_multiplier
+from simulator.program.isa import Instruction, Op, Program
 
 WEIGHT = 64
 
@@ -118,7 +118,7 @@ def _fold_conv(quantize: Instruction, data, channels: int, rounding: str):
 
 def camera_inputs(frames: np.ndarray, runtime_format: str, color: str) -> dict[str, np.ndarray]:
     """What the camera delivers for RGB frames (uint8 N x H x W x 3) in a runtime format."""
-    from simulator.board_input import rgb_to_yuv, to_nv12
+    from simulator.arith.board_input import rgb_to_yuv, to_nv12
 
     if runtime_format == "nv12":
         y, uv = to_nv12(rgb_to_yuv(frames, color))

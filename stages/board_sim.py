@@ -13,8 +13,8 @@ import numpy as np
 
 from schemas.artifacts import BoardRun, HbmModel
 from schemas.errors import StageError
-from simulator import hbm
-from simulator.executor import Executor
+from simulator.program import hbm
+from simulator.runtime.executor import Executor
 from stages.board_program import camera_inputs
 from stages.context import RunContext
 from stages.evaluate import stage_metrics

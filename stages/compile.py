@@ -19,9 +19,9 @@ import numpy as np
 import onnx
 
 from schemas.artifacts import HbmModel, QuantizedModel
-from simulator import cost, hbm, hbm_render
-from simulator.executor import Executor
-from simulator.march import MARCHES
+from simulator.program import cost, hbm, hbm_render
+from simulator.program.march import MARCHES
+from simulator.runtime.executor import Executor
 from stages.board_program import board_program
 from stages.compile_graph import Compiler
 from stages.context import RunContext

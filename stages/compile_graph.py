@@ -1,6 +1,6 @@
-"""quantized.onnx -> a BPU Program (simulator.isa): instructions, layouts, packed constants.
+"""quantized.onnx -> a BPU Program (simulator.program.isa): instructions, layouts, packed constants.
 
-- Every integer node becomes one instruction (simulator.isa.FROM_ONNX); standard layout
+- Every integer node becomes one instruction (simulator.instructions.FROM_ONNX); standard layout
   ops become LAYOUT; the input QuantizeLinear becomes QUANTIZE and output
   DequantizeLinear DEQUANTIZE; a float island's nodes become CPU instructions.
 - Fusion: a relu (QClip with lo = 0 and hi = the dtype max) after a conv or add whose only
@@ -9,7 +9,7 @@
   requantizes conv + add once, in the add) and whose only user is a QAdd of two buffers
   becomes one CONV (LINEAR) instruction ``x, b -> y`` with consts ``w, bias, mult, shift,
   ma, mb, add_shift`` (the accumulator takes the add's ``a`` role), emitted at the add,
-  covering the conv, the add and a fused relu (simulator.exec_conv, exec_ops.k_linear).
+  covering the conv, the add and a fused relu (simulator.kernels.exec_conv, exec_ops.k_linear).
 - Layout: the 4-D activations of group-1 convolutions and of the elementwise ops and pools
   around them are stored NHWC with channels padded to the march's alignment; weights are
   packed [O_pad, kh, kw, C_pad] and per-channel constants padded (multiplier 0 in padding
@@ -23,10 +23,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from simulator.isa import FROM_ONNX, Instruction, Layout, Op, Program
-from stages.convert_graph import _layer_id
-
-NHWC_OPS = {Op.CONV, Op.ADD, Op.CLIP, Op.MAXPOOL, Op.REQUANT}
+from simulator.instructions import FROM_ONNX, NHWC_OPS
+from simulator.program.isa import Instruction, Layout, Op, Program
+from stages.convert.graph import _layer_id
 
 
 def _attrs(node: onnx.NodeProto) -> dict:
@@ -149,7 +148,7 @@ class Compiler:
 
     def _operands(self, node: onnx.NodeProto) -> dict:
         """A CPU island's input order (``d`` buffer, ``c`` constant, ``-`` omitted) and
-        the graph's opset, for simulator.exec_cpu."""
+        the graph's opset, for simulator.kernels.exec_cpu."""
         order = "".join("-" if not i else "c" if i in self.inits else "d" for i in node.input)
         opset = next(
             (o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 21
@@ -216,16 +215,25 @@ class Compiler:
             return False
         if op is Op.CONV:
             return attrs.get("group", 1) == 1
-        if op is Op.ADD:  # per-channel multipliers must be [C, 1, 1] or scalars, and a
-            # constant operand (swin's relative position bias) a scalar: it is not packed
-            return all(
-                self.inits[c].size == 1 or self.inits[c].ndim == 3 for c in node.input[2:4]
-            ) and all(self.inits[c].size == 1 for c in node.input[:2] if c in self.inits)
+        if op is Op.ADD:  # per-channel multipliers must be [C, 1, 1] or scalars, a
+            # constant operand (swin's relative position bias) a scalar: it is not packed,
+            # and no operand broadcast over channels (x + x[:, :1]): padded channels hold 0
+            return (
+                all(self.inits[c].size == 1 or self.inits[c].ndim == 3 for c in node.input[2:4])
+                and all(self.inits[c].size == 1 for c in node.input[:2] if c in self.inits)
+                and all(self._full_channels(i, node.output[0]) for i in node.input[:2])
+            )
         if op in (Op.CLIP, Op.REQUANT) and self.layouts.get(node.input[0], Layout()).kind != "nhwc":
             return False  # elementwise on a plain buffer: converting would only add work
         return op in (Op.CLIP, Op.MAXPOOL) or (
             op is Op.REQUANT and all(self.inits[c].size == 1 for c in node.input[1:3])
         )
+
+    def _full_channels(self, buf: str, out: str) -> bool:
+        """``buf`` (a constant: checked apart) is 4-D with ``out``'s channels (broadcast
+        over H and W is fine NHWC)."""
+        shape = self.shapes.get(buf, ())
+        return buf in self.inits or (len(shape) == 4 and shape[1] == self.shapes[out][1])
 
     def _channels(self, node) -> int:
         w = self.inits.get(node.input[1]) if len(node.input) > 1 else None

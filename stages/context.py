@@ -13,8 +13,8 @@ import torch
 from schemas.fileio import sha256_bytes
 from schemas.spec import PipelineSpec
 from schemas.store import Run
-from simulator.march import check_dtypes
-from stages.convert_graph import ConvertSettings
+from simulator.program.march import check_dtypes
+from stages.convert.graph import ConvertSettings
 from stages.data import Split, load_splits
 from stages.data_check import check_with_model, forward_inputs
 from stages.evaluate import collect

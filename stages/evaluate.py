@@ -27,16 +27,14 @@ import numpy as np
 import torch
 
 from schemas.artifacts import Metric
-from schemas.errors import SpecError, StageError
+from schemas.errors import StageError
+from schemas.metric_names import LOWER_IS_BETTER, OUTPUT, primary_metric  # noqa: F401 (re-export)
 from stages.data import Split
-from stages.outputs import OUTPUT, judged_output, output_arrays, positional
+from stages.outputs import judged_output, output_arrays, positional
 from stages.progress import tick
 
-__all__ = ["OUTPUT", "agreement", "collect", "measure", "primary_metric", "stage_metrics"]
 SQNR_CAP_DB = 300.0
 """SQNR of identical outputs (no noise): a finite number, so artifacts stay valid JSON."""
-LOWER_IS_BETTER = frozenset({"l1"})
-"""Metrics that get worse as they rise (localization judges their rise)."""
 
 
 @torch.no_grad()
@@ -129,20 +127,6 @@ def task_values(task: Callable, outputs: dict, reference: dict, labels) -> dict[
             hint="return a non-empty {name: finite float} dict",
         )
     return {k: float(v) for k, v in got.items()}
-
-
-def primary_metric(named: str | None, recorded: set[str]) -> str:
-    """The metric judged by localization, sweeps, ``show`` and the report: ``named``
-    (compare.primary), else top1 when recorded (labels), else cosine."""
-    primary = named or ("top1" if "top1" in recorded else "cosine")
-    if recorded and primary not in recorded:
-        raise SpecError(
-            f"compare.primary: {primary!r} is not among the metrics the run records "
-            f"({', '.join(sorted(recorded))})",
-            where="compare.primary",
-            hint="name one of those (top1 needs labels in the dataset)",
-        )
-    return primary
 
 
 def stage_metrics(

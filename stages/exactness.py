@@ -3,10 +3,10 @@
 Both chains call :func:`check_exact` once the program is written: compile (QAT chain) and
 hbm (PTQ chain). It runs quantized.onnx's reference evaluator (``run_integer``) once on the
 probe samples, then feeds the same samples five times to one fresh
-:class:`~simulator.executor.Executor`, exactly as the evaluation feeds its batches
+:class:`~simulator.runtime.executor.Executor`, exactly as the evaluation feeds its batches
 (:data:`RUNS`): the first runs execute each instruction's kernel while the replays learn
-(:mod:`simulator.replay`), the third is served by the replays, the fourth is recorded and
-the fifth is the frozen plan (:mod:`simulator.frozen`), the path that gives compile's,
+(:mod:`simulator.runtime.replay`), the third is served by the replays, the fourth is recorded and
+the fifth is the frozen plan (:mod:`simulator.runtime.frozen`), the path that gives compile's,
 hbm's and board_sim's top-1. Each run's model outputs must equal quantized.onnx's outputs,
 and on the three capture runs every layer the program holds (``program.captures``) must
 equal quantized.onnx's integers. A fresh Executor: the evaluation's own Executor then
@@ -29,10 +29,10 @@ import numpy as np
 import onnx
 
 from schemas.errors import StageError
-from simulator.executor import Executor
-from simulator.isa import Program
-from stages.convert import run_integer
-from stages.convert_graph import _layer_id
+from simulator.program.isa import Program
+from simulator.runtime.executor import Executor
+from stages.convert.graph import _layer_id
+from stages.convert.stage import run_integer
 
 RUNS = (True, True, True, False, False)
 """Capture flag of each run: kernels (replays learn), kernels (replays checked and
@@ -70,7 +70,8 @@ def check_exact(
     an :class:`Exactness`, or a StageError (``where`` = ``stage``) naming the first layer
     or output that differs and the path that produced it."""
     ref_outs, ref = run_integer(run_root, quantized, x)
-    _check_known(program, ref, stage, _unquantized(run_root / quantized.onnx_file, ref))
+    islands = set(getattr(quantized, "float_ops", ()))
+    _check_known(program, ref, stage, islands | _unquantized(run_root / quantized.onnx_file, ref))
     if len(ref_outs) != len(program.outputs):
         raise StageError(f"the program has {len(program.outputs)} outputs, quantized.onnx "
                          f"{len(ref_outs)}", where=stage, hint=HINT)  # fmt: skip
@@ -94,16 +95,15 @@ def _unquantized(path: Path, ref: dict) -> set[str]:
     return {_layer_id(n) for n in model.graph.node} - set(ref)
 
 
-def _check_known(
-    program: Program, ref: dict, stage: str, unquantized: frozenset[str] | set[str] = frozenset()
-) -> None:
-    """Every layer the program names (captures, debug map) is one quantized.onnx has (in
-    layers.json, or ``unquantized``; captures only of layers.json). A multi-output
-    instruction (a Split: shufflenet's chunk) names a layer that has no one tensor of its
-    own; its outputs' layers are what layers.json holds."""
+def _check_known(program: Program, ref: dict, stage: str, islands: set[str] = frozenset()) -> None:
+    """Every layer the program names (captures, debug map) is one quantized.onnx has. A
+    multi-output instruction (a Split: shufflenet's chunk) names a layer that has no one
+    tensor of its own; its outputs' layers are what layers.json holds. A float island
+    (quantized.onnx's ``float_ops``: an op with no integer form, or a layout op on the
+    float model input) has no integer tensor either: its instructions compute floats."""
     single = [i for i in program.instructions if len(i.outputs) == 1]
-    named = {lid for i in single for lid in i.layer_ids} - unquantized
-    unknown = sorted({*program.captures, *named} - set(ref))
+    named = {*program.captures, *(lid for i in single for lid in i.layer_ids if lid not in islands)}
+    unknown = sorted(named - set(ref))
     if unknown:
         raise StageError(
             f"the program names layers quantized.onnx's layers.json lacks: {unknown[:8]}",

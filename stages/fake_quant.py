@@ -3,7 +3,7 @@
 :class:`QFakeQuantize` is a torchao ``FakeQuantizeBase``, so ``prepare_pt2e`` inserts it
 (``QFakeQuantize.with_args(...)`` as a ``QuantizationSpec``'s ``observer_or_fake_quant_ctr``)
 and ``convert_pt2e`` reads its ``calculate_qparams``. The arithmetic is
-:func:`simulator.fixedpoint.fake_quantize` (one implementation for torch and the simulator).
+:func:`simulator.arith.fixedpoint.fake_quantize` (one implementation for torch and the simulator).
 
 States, like the vendor's ``FakeQuantState`` (observer / fake quant):
 
@@ -26,7 +26,7 @@ from torch import nn
 from torchao.quantization.pt2e.fake_quantize import FakeQuantizeBase
 
 from schemas.errors import SimulatorError, StageError
-from simulator import fixedpoint
+from simulator.arith import fixedpoint
 from stages.observers import make_observer
 
 

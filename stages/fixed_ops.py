@@ -4,7 +4,7 @@ A :class:`FixedPointOp` takes a float input that already lies on its quantizatio
 (``x = q * in_scale``), recovers the integers exactly, evaluates the BPU's integer
 algorithm and returns ``out_q * out_scale``. It holds exactly what the exported ONNX custom
 op of the ``qparity`` domain holds (attributes + initializers) and evaluates through the
-same ``simulator.custom_ops`` evaluator, so the torch qat.export model and qat.onnx compute
+same ``simulator.arith.custom_ops`` evaluator, so the torch qat.export model and qat.onnx compute
 the same integers from the same tables: one implementation.
 """
 
@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from simulator import fixedpoint
-from simulator.custom_ops import CUSTOM_OPS
+from simulator.arith import fixedpoint
+from simulator.arith.custom_ops import CUSTOM_OPS
 
 NP_DTYPES = {"int8": np.int8, "int16": np.int16}
 

@@ -1,7 +1,7 @@
 """The op table and canonical layer ids of an exported (torch.export) graph.
 
-Every op qparity can carry through the chain is listed in :data:`OP_TABLE` with its
-quantization category. Anything else is *unsupported* and is reported by name and node
+Every op qparity can carry through the chain is an entry of the op table
+(:mod:`stages.ops`); :data:`OP_TABLE` is its aten target -> (op, category) view. Anything else is *unsupported* and is reported by name and node
 before any stage runs (docs/design.md, "Op coverage").
 
 Canonical layer id (docs/design.md, "Contracts"): the module path of the float model.
@@ -16,125 +16,18 @@ prepare keeps node meta, so every later torch-side model sees the same ids.
 
 from __future__ import annotations
 
-import operator
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from enum import StrEnum
 
 import torch
 import torch.fx
 
+from stages.ops import Category, op_table
+
 ID_KEY = "qparity_id"
-aten = torch.ops.aten
 
-
-class Category(StrEnum):
-    """How an op is quantized. Passthrough ops keep their input's scale exactly."""
-
-    WEIGHTED = "weighted"  # conv/linear: int8 per-channel weights, int32 accumulate
-    COMPUTE = "compute"  # produces new values: output gets its own quantizer
-    LUT = "lut"  # table op on the BPU (sigmoid, exp, ...): output quantizer
-    COMPOSITE = "composite"  # decomposed on the BPU (softmax, layer_norm, attention)
-    PASSTHROUGH = "passthrough"  # layout/selection ops: exact under the input's scale
-
-
-def _table() -> dict[object, tuple[str, Category]]:
-    c = Category
-    rows = {
-        c.WEIGHTED: {
-            "conv": [aten.conv1d.default, aten.conv2d.default, aten.conv2d.padding],
-            "linear": [aten.linear.default],
-        },
-        c.COMPUTE: {
-            "matmul": [aten.matmul.default, aten.bmm.default, aten.mm.default],
-            "add": [aten.add.Tensor, aten.add.Scalar],
-            "sub": [aten.sub.Tensor, aten.sub.Scalar],
-            "mul": [aten.mul.Tensor, aten.mul.Scalar],
-            "div": [aten.div.Tensor, aten.div.Scalar],
-            "abs": [aten.abs.default],
-            "neg": [aten.neg.default],
-            "leaky_relu": [aten.leaky_relu.default],
-            "prelu": [aten.prelu.default],
-            "avg_pool": [
-                aten.avg_pool2d.default,
-                aten.adaptive_avg_pool2d.default,
-                aten.avg_pool1d.default,
-            ],
-            "mean": [aten.mean.dim, aten.mean.default],
-            "sum": [aten.sum.dim_IntList],
-            "cat": [aten.cat.default, aten.concat.default],
-            "resize": [aten.upsample_bilinear2d.vec, aten.upsample_bilinear2d.default],
-            "grid_sample": [aten.grid_sampler.default, aten.grid_sampler_2d.default],
-            "embedding": [aten.embedding.default],
-            "batch_norm": [
-                aten.batch_norm.default,
-                aten._native_batch_norm_legit_no_training.default,
-            ],
-        },
-        c.LUT: {
-            "sigmoid": [aten.sigmoid.default],
-            "tanh": [aten.tanh.default],
-            "exp": [aten.exp.default],
-            "log": [aten.log.default],
-            "gelu": [aten.gelu.default],
-            "silu": [aten.silu.default],
-            "hardswish": [aten.hardswish.default],
-            "hardsigmoid": [aten.hardsigmoid.default],
-            "reciprocal": [aten.reciprocal.default],
-            "sqrt": [aten.sqrt.default],
-            "rsqrt": [aten.rsqrt.default],
-        },
-        c.COMPOSITE: {
-            "softmax": [aten.softmax.int, aten._softmax.default],
-            "layer_norm": [aten.layer_norm.default],
-            "attention": [aten.scaled_dot_product_attention.default],
-        },
-        c.PASSTHROUGH: {
-            "relu": [aten.relu.default],
-            "relu6": [aten.relu6.default],
-            "clamp": [aten.clamp.default, aten.hardtanh.default],
-            "max_pool": [
-                aten.max_pool2d.default,
-                aten.max_pool1d.default,
-                aten.adaptive_max_pool2d.default,
-            ],
-            "upsample_nearest": [aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default],
-            "pad": [aten.pad.default, aten.constant_pad_nd.default],
-            "reshape": [
-                aten.view.default,
-                aten.reshape.default,
-                aten.flatten.using_ints,
-                aten.unflatten.int,
-                aten.squeeze.dim,
-                aten.squeeze.dims,
-                aten.unsqueeze.default,
-                aten.expand.default,
-            ],
-            "permute": [aten.permute.default, aten.transpose.int, aten.t.default],
-            "roll": [aten.roll.default],
-            "slice": [
-                aten.slice.Tensor,
-                aten.select.int,
-                aten.split.Tensor,
-                aten.split_with_sizes.default,
-                aten.chunk.default,
-                aten.narrow.default,
-                aten.index.Tensor,
-                operator.getitem,
-            ],
-            "identity": [
-                aten.contiguous.default,
-                aten.clone.default,
-                aten.dropout.default,
-                aten.detach_.default,
-                aten.alias.default,
-            ],
-        },
-    }
-    return {t: (op, cat) for cat, ops in rows.items() for op, ts in ops.items() for t in ts}
-
-
-OP_TABLE = _table()
+OP_TABLE = op_table()
+"""aten target -> (op name, category): the view of the op table :mod:`stages.ops`."""
 
 
 @dataclass(frozen=True)

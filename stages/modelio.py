@@ -26,6 +26,7 @@ from schemas.errors import ArtifactError, SpecError, StageError
 from schemas.fileio import atomic_save
 from schemas.paths import checked_file
 from stages.constant_fold import fold_constants
+from stages.decompose import decompose_attention, einsum_to_matmul
 from stages.fake_quant import QFakeQuantize, quantizers
 from stages.functionalize import (
     TRAINING_ONLY_KEY,
@@ -122,6 +123,8 @@ def export_graph(
     fold_constants(gm)
     out_of_place(gm)
     unbind_to_select(gm)
+    decompose_attention(gm)
+    einsum_to_matmul(gm)
     rsub_to_add(gm)
     return gm
 

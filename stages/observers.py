@@ -1,7 +1,7 @@
 """Observers: collect statistics of a tensor; :meth:`amax` reduces them to one magnitude.
 
 An observer never computes a scale. The fake-quant module turns ``amax()`` into a scale
-with :func:`simulator.fixedpoint.symmetric_scale` (and ``pot_scale``), so the formula lives
+with :func:`simulator.arith.fixedpoint.symmetric_scale` (and ``pot_scale``), so the formula lives
 in one place. Every observer's ``forward(x)`` records and returns ``x`` unchanged.
 
 ``amax()`` has shape [1] per tensor, or [C] per channel along ``ch_axis`` (minmax only:
@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from schemas.errors import StageError
-from simulator import fixedpoint
+from simulator.arith import fixedpoint
 
 SAMPLE_CAP = 2**20
 """Most values a sampling observer keeps, however many batches it sees."""
@@ -209,7 +209,7 @@ class MSEObserver(_SamplingObserver):
 
     FORMULA: ``amax = argmin_{a in A} mean((fq(x, symmetric_scale(a)) - x)^2)`` with
     ``A = max|x| * k`` for 100 values of ``k`` evenly spaced in [0.3, 1.0] and ``fq`` =
-    :func:`simulator.fixedpoint.fake_quantize` with the configured dtype and rounding. The
+    :func:`simulator.arith.fixedpoint.fake_quantize` with the configured dtype and rounding. The
     first (smallest) minimizer wins, so the result is deterministic.
     """
 

@@ -7,7 +7,7 @@ domain, version 1): torch.onnx loses module paths and cannot write int16 per-cha
 - QFakeQuantize with fake quant on: ``QuantizeLinear`` -> ``DequantizeLinear`` (``bpu_round``:
   ``qparity::QuantizeLinear``, since ONNX rounds half to even); fake quant off: nothing.
 - FixedPointOp: ``QuantizeLinear(in_scale)`` -> ``qparity::<onnx_op>`` -> ``DequantizeLinear``.
-- aten ops: the rules of :mod:`stages.onnx_ops`.
+- aten ops: the export rules of the op table (:func:`stages.ops.onnx_rules`).
 
 Naming contract: every ONNX node is named after its layer (``conv``, ``conv/1`` for the
 2nd node of a translation, ``conv[output]/q`` and ``/dq`` for quantizers) and carries
@@ -41,7 +41,7 @@ from stages.onnx_builder import (
     GraphBuilder,
     trace_shapes,
 )
-from stages.onnx_ops import rules
+from stages.ops import onnx_rules
 
 __all__ = [
     "DOMAIN",
@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 OPSET = 21
-_RULES = rules()
+_RULES = onnx_rules()
 
 
 @dataclass
@@ -153,12 +153,22 @@ def _call_function(b: GraphBuilder, node, mapped: list, unmapped: dict) -> None:
         raise b.fail(f"no ONNX translation for {node.target}", hint=hint)
     out = rule(b, node)
     if isinstance(out, list):
-        b.env[node.name] = out
+        b.env[node.name] = _name_only_output(b, node, out)
         mapped.append(layer)
     elif b.bind(node, out, b.final[node.name]):
         mapped.append(layer)
     else:
         unmapped[layer] = f"identity op {node.target} folded away (same tensor as its input)"
+
+
+def _name_only_output(b: GraphBuilder, node, outs: list[str]) -> list[str]:
+    """A multi-output op with one exported output (adaptive max pool's values, not its
+    indices): that output carries the layer's name, as a single-output op's does, so the
+    layer has its own tensor in every later stage."""
+    live = [o for o in outs if o]
+    if len(live) != 1 or not b.rename(live[0], b.final[node.name]):
+        return outs
+    return [b.final[node.name] if o else o for o in outs]
 
 
 def _call_module(b: GraphBuilder, node, mapped: list) -> None:

@@ -34,7 +34,7 @@ def fold_constant_nodes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[s
         ):
             kept.append(node)
             continue
-        outs = _run(node, {n: values[n] for n in inputs}, model.opset_import)
+        outs = run_node(node, {n: values[n] for n in inputs}, model.opset_import)
         values.update(zip(node.output, outs, strict=True))
         folded.append(node.name)
     if not folded:
@@ -51,7 +51,7 @@ def fold_constant_nodes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[s
     return out, folded
 
 
-def _run(node: onnx.NodeProto, feeds: dict, opsets) -> list:
+def run_node(node: onnx.NodeProto, feeds: dict, opsets) -> list:
     """One node on constant inputs, by onnx's reference evaluator."""
     graph = helper.make_graph(
         [node],

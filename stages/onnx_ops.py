@@ -1,4 +1,5 @@
-"""Per-aten-op translation to ONNX (opset 21): one rule per :data:`stages.layers.OP_TABLE` op.
+"""Per-aten-op translation to ONNX (opset 21): the export rules the op table
+(:mod:`stages.ops`) gives its entries.
 
 A rule is ``rule(b, node) -> str | list[str]``: it reads the fx node's schema-named
 arguments (``b.args(node)``), emits ONNX nodes through the builder ``b``
@@ -8,8 +9,8 @@ away". Where ONNX semantics differ from torch the rule says so and compensates.
 
 This module holds the weighted, element-wise, activation, normalization, resampling and
 attention rules; the shape, layout, pooling and reduction rules are in
-:mod:`stages.onnx_shape_ops`.
-:func:`rules` joins both tables.
+:mod:`stages.onnx_shape_ops`. :func:`stages.ops.onnx_rules` is the aten target -> rule
+table.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 
 from stages.onnx_builder import elem_type
-from stages.onnx_shape_ops import shape_rules, widen
+from stages.onnx_shape_ops import widen
 
 aten = torch.ops.aten
 
@@ -235,41 +236,3 @@ def _attention(b, node):
             m = b.emit("Where", [m, b.const(np.float32(0)), b.const(np.float32(-np.inf))])
         s = b.emit("Add", [s, m])
     return b.emit("MatMul", [b.emit("Softmax", [s], axis=-1), v])
-
-
-def rules() -> dict:
-    """aten target -> rule, for every op of :data:`stages.layers.OP_TABLE`."""
-    table = {
-        aten.conv1d.default: _conv, aten.conv2d.default: _conv, aten.conv2d.padding: _conv,
-        aten.linear.default: _linear,
-        aten.matmul.default: _unary_n("MatMul"), aten.bmm.default: _unary_n("MatMul"),
-        aten.mm.default: _unary_n("MatMul"),
-        aten.add.Tensor: _binary("Add"), aten.add.Scalar: _binary("Add"),
-        aten.sub.Tensor: _binary("Sub"), aten.sub.Scalar: _binary("Sub"),
-        aten.mul.Tensor: _binary("Mul"), aten.mul.Scalar: _binary("Mul"),
-        aten.div.Tensor: _binary("Div"), aten.div.Scalar: _binary("Div"),
-        aten.relu.default: _unary("Relu"),
-        aten.relu6.default: _clip("min", "max", 0.0, 6.0),
-        aten.hardtanh.default: _clip("min_val", "max_val"),
-        aten.clamp.default: _clip("min", "max"),
-        aten.leaky_relu.default: _leaky_relu, aten.prelu.default: _prelu,
-        aten.sigmoid.default: _unary("Sigmoid"), aten.tanh.default: _unary("Tanh"),
-        aten.exp.default: _unary("Exp"), aten.log.default: _unary("Log"),
-        aten.sqrt.default: _unary("Sqrt"), aten.rsqrt.default: _rsqrt,
-        aten.reciprocal.default: _unary("Reciprocal"),
-        aten.gelu.default: _gelu, aten.silu.default: _silu,
-        aten.hardswish.default: _unary("HardSwish"),
-        aten.hardsigmoid.default: _unary("HardSigmoid", alpha=1.0 / 6.0, beta=0.5),
-        aten.softmax.int: _softmax, aten._softmax.default: _softmax,
-        aten.layer_norm.default: _layer_norm,
-        aten.batch_norm.default: _batch_norm,
-        aten._native_batch_norm_legit_no_training.default: _batch_norm,
-        aten.upsample_nearest2d.vec: _resize("nearest"),
-        aten.upsample_nearest2d.default: _resize("nearest"),
-        aten.upsample_bilinear2d.vec: _resize("linear"),
-        aten.upsample_bilinear2d.default: _resize("linear"),
-        aten.grid_sampler.default: _grid_sample, aten.grid_sampler_2d.default: _grid_sample,
-        aten.embedding.default: _embedding,
-        aten.scaled_dot_product_attention.default: _attention,
-    }  # fmt: skip
-    return table | shape_rules()

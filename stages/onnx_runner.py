@@ -3,7 +3,7 @@
 Backends: onnxruntime when every node is a standard op (BASIC graph optimization only:
 higher levels rejected a transformer at opset 21, docs/environment.md "ONNX"); otherwise
 ``onnx.reference.ReferenceEvaluator`` with the ``qparity`` domain ops of
-:mod:`simulator.custom_ops` plugged in as ``new_ops``. Layers are captured by tensor name:
+:mod:`simulator.arith.custom_ops` plugged in as ``new_ops``. Layers are captured by tensor name:
 export names each layer's final float tensor exactly its layer id.
 """
 
@@ -197,7 +197,7 @@ def _with_outputs(model: onnx.ModelProto, names: tuple[str, ...]) -> onnx.ModelP
 
 
 def custom_op_classes(out_types: dict[str, np.dtype] | None = None) -> list[type]:
-    """OpRun classes of the qparity domain, one per :data:`simulator.custom_ops.CUSTOM_OPS`.
+    """OpRun classes of the qparity domain, one per :data:`simulator.arith.custom_ops.CUSTOM_OPS`.
 
     ``out_types`` (tensor name -> dtype, from the graph's ``value_info``) casts a custom
     op's integer result to its declared type, so a following DequantizeLinear sees the
@@ -205,7 +205,7 @@ def custom_op_classes(out_types: dict[str, np.dtype] | None = None) -> list[type
     """
     from onnx.reference.op_run import OpRun
 
-    from simulator.custom_ops import CUSTOM_OPS
+    from simulator.arith.custom_ops import CUSTOM_OPS
 
     types = out_types or {}
 

@@ -7,8 +7,6 @@ any scale) or pool / reduce them, and read the traced shapes to match torch's si
 
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 import torch
 
@@ -61,8 +59,9 @@ def _pool(op: str):
     return rule
 
 
-def _adaptive(op: str, global_op: str):
-    """Global pooling for a 1x1 output; an exact AveragePool/MaxPool when sizes divide."""
+def _adaptive(op: str, global_op: str, uneven_pool):
+    """Global pooling for a 1x1 output; an exact AveragePool/MaxPool when sizes divide;
+    else per-window pools joined (:func:`stages.onnx_ops_more.uneven_pool`)."""
 
     def rule(b, node):
         a = b.args(node)
@@ -73,11 +72,11 @@ def _adaptive(op: str, global_op: str):
         elif all(isinstance(s, int) and o and s % o == 0 for s, o in zip(size, out, strict=True)):
             k = [s // o for s, o in zip(size, out, strict=True)]
             y = b.emit(op, [x], kernel_shape=k, strides=k)
+        elif all(isinstance(s, int) for s in size):
+            y = uneven_pool(b, x, op, list(size), out)
         else:
-            raise b.fail(
-                f"adaptive pooling from {list(size)} to {out} has uneven windows",
-                hint="use an output size that divides the input size, or 1x1",
-            )
+            raise b.fail(f"adaptive pooling of a dynamic size {list(size)}",
+                         hint="pool inputs of a static spatial size")  # fmt: skip
         return b.first_of(node, y)
 
     return rule
@@ -279,30 +278,3 @@ def _getitem(b, node):
     """Pick one output of a multi-output op; an Identity so the item has its own node."""
     src, idx = node.args
     return b.emit("Identity", [b.item(src, idx)])
-
-
-def shape_rules() -> dict:
-    """aten target -> rule, for the shape, layout, pooling and reduction ops."""
-    max_pool, avg_pool = _pool("MaxPool"), _pool("AveragePool")
-    reshape = [aten.view.default, aten.reshape.default, aten.unflatten.int]
-    identity = [aten.contiguous.default, aten.clone.default, aten.dropout.default]
-    identity += [aten.detach_.default, aten.alias.default]
-    splits = [aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default]
-    permutes = [aten.permute.default, aten.transpose.int, aten.t.default]
-    table = {t: _reshape for t in reshape} | {t: _identity for t in identity}
-    table |= {t: _split for t in splits} | {t: _permute for t in permutes}
-    return table | {
-        aten.flatten.using_ints: _flatten, aten.expand.default: _expand,
-        aten.squeeze.dim: _squeeze, aten.squeeze.dims: _squeeze,
-        aten.unsqueeze.default: _unsqueeze, aten.select.int: _select,
-        aten.slice.Tensor: _slice, aten.narrow.default: _slice,
-        aten.cat.default: _cat, aten.concat.default: _cat,
-        aten.pad.default: _pad, aten.constant_pad_nd.default: _pad,
-        operator.getitem: _getitem, aten.roll.default: _roll, aten.index.Tensor: _index,
-        aten.max_pool2d.default: max_pool, aten.max_pool1d.default: max_pool,
-        aten.avg_pool2d.default: avg_pool, aten.avg_pool1d.default: avg_pool,
-        aten.adaptive_avg_pool2d.default: _adaptive("AveragePool", "GlobalAveragePool"),
-        aten.adaptive_max_pool2d.default: _adaptive("MaxPool", "GlobalMaxPool"),
-        aten.mean.dim: _reduce("ReduceMean"), aten.mean.default: _reduce("ReduceMean"),
-        aten.sum.dim_IntList: _reduce("ReduceSum"),
-    }  # fmt: skip

@@ -20,9 +20,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from schemas.errors import SpecError, StageError
-
-OUTPUT = "output"
-"""The id of a model's output when it is one tensor (the prefix of every other id)."""
+from schemas.metric_names import OUTPUT  # the id of a single output, the prefix of the others
 
 
 def output_id(path: Sequence) -> str:

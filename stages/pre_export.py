@@ -17,7 +17,7 @@ import safetensors.numpy
 from schemas.artifacts import QatExportModel, QatModelArtifact
 from schemas.errors import ArtifactError
 from schemas.fileio import atomic_save
-from simulator.lut import LutTable, max_error
+from simulator.arith.lut import LutTable, max_error
 from stages.context import RunContext
 from stages.evaluate import stage_metrics
 from stages.faults import inject_pre_export

@@ -31,10 +31,10 @@ from torchao.quantization.pt2e.quantizer import (
 from schemas.errors import SpecError
 from stages.fake_quant import QFakeQuantize
 from stages.layers import ID_KEY, Category, classify, is_tensor_node
+from stages.ops import ACCUMULATOR_USERS, PARAM_OPS
 
 TORCH_DTYPES = {"int8": torch.int8, "int16": torch.int16}
 # Ops whose trailing tensor inputs are parameters: how many leading inputs are activations.
-PARAM_OPS = {"layer_norm": 1, "batch_norm": 1, "prelu": 1, "embedding": 0}
 QRANGES = {"int8": (-128, 127), "int16": (-32768, 32767)}
 
 
@@ -153,14 +153,16 @@ class NashQuantizer(Quantizer):
             quantized.add(node)
 
     def _fuses(self, node: torch.fx.Node, outputs) -> bool:
-        """fuse_requantize: a conv/linear whose only user is an add/sub is requantized once,
-        after the add, so QAT has no quantizer between them either."""
+        """fuse_requantize: a conv/linear whose only user is an add/sub of two tensors is
+        requantized once, after the add, so QAT has no quantizer between them either (an
+        add of a constant has no integer form on an int32 accumulator: not fused)."""
         users = list(node.users)
         return (
             self.policy.fuse_requantize
             and node not in outputs
             and len(users) == 1
-            and classify(users[0])[0] in ("add", "sub")
+            and classify(users[0])[0] in ACCUMULATOR_USERS
+            and all(isinstance(a, torch.fx.Node) for a in users[0].args[:2])
         )
 
     def _check_overrides(self, model: torch.fx.GraphModule) -> None:

@@ -30,7 +30,7 @@ from schemas.spec import STAGE_NAMES, PipelineSpec
 from stages.board_sim import board_sim
 from stages.calibrate import calibrate
 from stages.compile import compile_model
-from stages.convert import convert
+from stages.convert.stage import convert
 from stages.export import export
 from stages.pre_export import pre_export
 from stages.prepare import prepare

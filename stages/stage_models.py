@@ -92,7 +92,7 @@ def dequantize(q: np.ndarray, info: dict) -> np.ndarray:
 def quantize_like(x: np.ndarray, info: dict) -> np.ndarray:
     """The integers of float ``x`` at a layer's scale (round half to even, saturated):
     ``q = clamp(round_half_even(x / scale), qmin, qmax)``."""
-    from simulator import fixedpoint as fp
+    from simulator.arith import fixedpoint as fp
 
     x = np.asarray(x, dtype=np.float64)
     q = fp.round_by(x / _scale(info, x.ndim), "half_even")

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from schemas.artifacts import Artifact, HbmModel
-from simulator import hbm
-from simulator.executor import Executor
+from simulator.program import hbm
+from simulator.runtime.executor import Executor
 from stages.board_sim import camera_feed
 from stages.capture import capture
 from stages.context import RunContext

@@ -17,16 +17,15 @@ import torch
 import torch.fx
 
 from schemas.errors import StageError
-from simulator import fixedpoint
-from simulator.composite import EXP_CUTOFF, build_layernorm, build_softmax
-from simulator.custom_ops import CUSTOM_OPS
-from simulator.lut import build_direct_table, build_segmented_table
+from simulator.arith import fixedpoint
+from simulator.arith.composite import EXP_CUTOFF, build_layernorm, build_softmax
+from simulator.arith.custom_ops import CUSTOM_OPS
+from simulator.arith.lut import build_direct_table, build_segmented_table
 from stages.fake_quant import QFakeQuantize
 from stages.fixed_ops import FixedPointOp
 from stages.layers import ID_KEY, Category, classify
 from stages.modelio import attr_tensor
-
-COMPOSITE_OPS = {"softmax": "Softmax", "layer_norm": "LayerNorm"}
+from stages.ops import TABLE_OPS
 
 
 @dataclass(frozen=True)
@@ -129,7 +128,7 @@ def build_op(gm, c: Candidate, settings: TableSettings) -> tuple[FixedPointOp, o
         payload = _layernorm_tables(gm, c, in_scale, in_dt, out_scale, out_dt, rounding)
     else:
         payload = _lut_table(c, in_scale, in_dt, out_scale, out_dt, rounding, settings)
-    onnx_op = COMPOSITE_OPS.get(c.op_type, "Lut")
+    onnx_op = TABLE_OPS[c.op_type]
     attrs, inits = CUSTOM_OPS[onnx_op].encode(payload, **kw)
     op = FixedPointOp(c.layer_id, onnx_op, attrs, inits, in_scale, in_dt, out_scale, out_dt)
     return op, payload

@@ -127,7 +127,7 @@ def _ptq_save(path):
 
 
 def _convert_save(path):
-    from stages.convert import _save
+    from stages.convert.stage import _save
 
     _save(_tiny_onnx(), path)
 
@@ -147,8 +147,8 @@ def _weights(path):
 
 
 def _hbm(path):
-    from simulator import hbm
-    from tests.simulator.test_hbm import small_program
+    from simulator.program import hbm
+    from tests.simulator.program.test_hbm import small_program
 
     hbm.save(small_program(), path)
 

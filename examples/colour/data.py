@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from examples.digits.data import _read_digits, _stratified_eval_indices
-from simulator import board_input
+from simulator.arith import board_input
 
 EVALUATION_SIZE = 1000
 SPLIT_SEED = 20240611

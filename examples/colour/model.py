@@ -22,7 +22,7 @@ from examples import weights
 from examples.colour import data
 from examples.digits.model import ConvBNReLU
 from examples.weights import accuracy as accuracy
-from simulator import board_input
+from simulator.arith import board_input
 
 CACHE_DIR = Path(__file__).resolve().parent / ".cache"
 NUM_CLASSES = 20

@@ -1,4 +1,4 @@
-/* The executor's compiled batched QMatMul (simulator/exec_native_rows.py proves the bound
+/* The executor's compiled batched QMatMul (simulator/kernels/exec_native_rows.py proves the bound
  * and calls it):
  *   y[g, i, j] = clamp(round(sum_k a[g, i, k] b[g, k, j] * scale), lo, hi)
  * with float64 sums of exact products (max|a| max|b| K |m| below the float64 limit, so the

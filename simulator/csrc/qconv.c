@@ -1,7 +1,7 @@
 /* The executor's compiled integer convolution: NHWC, AVX-512 VNNI, epilogue fused.
  *
- * Built and loaded by simulator/native.py (cc -O3 -fopenmp, cached per source hash);
- * the Python side (simulator/exec_native.py) proves every bound before calling it, so this
+ * Built and loaded by simulator/runtime/native.py (cc -O3 -fopenmp, cached per source hash);
+ * the Python side (simulator/kernels/exec_native.py) proves every bound before calling it, so this
  * file holds no fixed-point rule of its own: it evaluates, in registers, the same
  * formulas the torch path evaluates in tensors.
  *

@@ -1,4 +1,4 @@
-/* The executor's compiled data movement (simulator/exec_native_move.py calls it): MAXPOOL
+/* The executor's compiled data movement (simulator/kernels/exec_native_move.py calls it): MAXPOOL
  * over NHWC, ToNHWC of a narrow input, and the strided copy of a Reshape that cannot be a
  * view. No arithmetic: every output value is an input value or a zero.
  *

@@ -1,4 +1,4 @@
-/* The executor's compiled LayerNorm (simulator/exec_native_norm.py proves the bounds and
+/* The executor's compiled LayerNorm (simulator/kernels/exec_native_norm.py proves the bounds and
  * calls it): exec_dense.int_layernorm, row by row, operation for operation in float64.
  *
  * Per row of n < 2**10 values q (int8 or int16), s = in_shift:

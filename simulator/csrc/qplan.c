@@ -1,6 +1,6 @@
-/* The runner of a frozen plan (simulator/frozen.py): its calls in one ctypes call.
+/* The runner of a frozen plan (simulator/runtime/frozen.py): its calls in one ctypes call.
  *
- * Every argument of every call is an int64 slot (simulator/packed.py); qp_packed, written
+ * Every argument of every call is an int64 slot (simulator/runtime/packed.py); qp_packed, written
  * from the kernels' ctypes signatures at build time, holds one wrapper per kernel that
  * unpacks its slots and calls it. */
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* The executor's compiled row kernels (simulator/exec_native_rows.py proves the bounds and
+/* The executor's compiled row kernels (simulator/kernels/exec_native_rows.py proves the bounds and
  * calls them): REDUCE_MEAN over adjacent axes, QMul, QAdd, the LUT gather, QUANTIZE and
  * DEQUANTIZE, requantize fused.
  *

@@ -6,7 +6,7 @@ Stages and the files they write (``<name>`` = the model file's stem)::
     optimized   <name>_optimized_float_model.onnx  folding, BN fusion, redundant ops
     calibrated  <name>_calibrated_model.onnx       QDQ per the quant config (minmax)
     ptq         <name>_ptq_model.onnx              table ops (sigmoid, tanh, exp) fixed point
-    quantized   <name>_quantized_model.onnx        stages.convert_graph.Converter, unchanged
+    quantized   <name>_quantized_model.onnx        stages.convert.graph.Converter, unchanged
     hbm         <name>.hbm                         stages.compile_graph.Compiler, unchanged
     board       (no file)                          the simulated BPU executor on the .hbm
 

@@ -4,7 +4,8 @@ Which tensors get a quantizer (the QAT chain's placement, so convert sees the sa
 - the graph input: ``input:<name>[input]/q`` -> ``/dq``, writing ``input:<name>[input]``;
 - the constant weight of Conv / Gemm / MatMul: ``<layer>[weight]/q`` on the initializer ->
   ``/dq`` writing ``<layer>[weight]``, int8, symmetric per output channel;
-- the output of every compute and table op (:data:`COMPUTE_OPS`, :data:`TABLE_OPS`) and of
+- the output of every compute, table and float-island op (:data:`COMPUTE_OPS`,
+  :data:`TABLE_OPS`, :data:`ISLAND_OPS`: an island's output goes back onto a grid) and of
   any node named in the overrides: the op writes ``<layer>/raw``, ``<layer>[output]/q`` ->
   ``/dq`` writes ``<layer>``. Not quantized: a conv/linear that is a graph output (high
   precision int32) or whose only user is an add of another tensor (convert fuses the
@@ -14,7 +15,7 @@ layer is named exactly the layer id (convert's layer table and the runners rely 
 
 Calibration (minmax, symmetric): the optimized model runs on the calibration samples with
 every observed tensor captured; ``amax = max |x|`` over all samples, and
-``scale = max(2 * amax / (qmax - qmin), 2**-24)`` (:func:`simulator.fixedpoint.symmetric_scale`;
+``scale = max(2 * amax / (qmax - qmin), 2**-24)`` (:func:`simulator.arith.fixedpoint.symmetric_scale`;
 int8: ``2 * amax / 255``). Weights: the same per output channel, int8.
 """
 
@@ -27,11 +28,12 @@ import onnx
 from onnx import helper, numpy_helper
 
 from schemas.errors import StageError
-from simulator import fixedpoint as fp
+from simulator.arith import fixedpoint as fp
 from stages.onnx_builder import INT_DTYPES, QUANTIZER_KEY
 from stages.onnx_runner import OnnxRunner
 from stages.ptq.graph import (
     COMPUTE_OPS,
+    ISLAND_OPS,
     TABLE_OPS,
     WEIGHT_AXIS,
     layer_of,
@@ -79,7 +81,7 @@ def plan(model: onnx.ModelProto, cfg: QuantConfig, names: dict[str, str]) -> Pla
     for node in model.graph.node:
         lid = layer_of(node)
         if lid in dtype or (
-            _quantized(model, node, inits) and node.op_type in COMPUTE_OPS | TABLE_OPS
+            _quantized(model, node, inits) and node.op_type in COMPUTE_OPS | TABLE_OPS | ISLAND_OPS
         ):
             outs[lid] = dtype.get(lid, cfg.activation_dtype)
     weights = {

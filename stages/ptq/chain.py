@@ -16,17 +16,17 @@ from dataclasses import dataclass
 import onnx
 
 from schemas.artifacts import Metric
-from simulator import hbm
-from simulator.executor import Executor
+from simulator.program import hbm
+from simulator.runtime.executor import Executor
 from stages.compile import tensor_shapes
 from stages.compile_graph import Compiler
-from stages.convert import layer_json
-from stages.convert_graph import Converter, ConvertSettings
+from stages.convert.graph import Converter, ConvertSettings
+from stages.convert.stage import ISLANDS, layer_json
 from stages.exactness import check_exact
 from stages.onnx_export import render_graph_text
 from stages.onnx_runner import OnnxRunner
 from stages.ptq import calibrate_onnx as cal
-from stages.ptq import equivalence, original, ptq
+from stages.ptq import equivalence, original, ptq, shapes
 from stages.ptq.context import PtqContext, PtqModel
 from stages.ptq.graph import layer_of, save_model
 from stages.ptq.optimize import optimize
@@ -49,11 +49,17 @@ def _load(ctx: PtqContext, art: PtqModel) -> onnx.ModelProto:
 
 
 def original_stage(_: None, ctx: PtqContext, call: StageCall) -> PtqModel:
-    """Load, check, assign layer ids; refuse unsupported ops after writing the report."""
-    model = original.check_model(original.load_model(ctx.source), ctx.source)
+    """Load, fix the input shapes, check, fold the size computations, assign layer ids;
+    refuse unsupported ops after writing the report."""
+    model = original.load_model(ctx.source)
+    shapes.fix_input_shapes(model, ctx.input_shapes, ctx.source)
+    model, folded = shapes.fold_shapes(original.check_model(model, ctx.source))
     original.assign_layer_ids(model)
     bad = original.unsupported(model)
-    ctx.write_debug("model_check_result.txt", original.render_check(model, ctx.source, bad))
+    report = original.render_check(model, ctx.source, bad)
+    ctx.write_debug(
+        "model_check_result.txt", report + "\n".join(shapes.render_folded(folded)) + "\n"
+    )
     if bad:
         raise original.refuse(bad, ctx.source)
     rel = _save(ctx, "original", model)
@@ -116,8 +122,14 @@ def quantized_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
     ctx.run.write_text(layers_rel, json.dumps(layer_json(layers), indent=1))
     ctx.write_debug("quantized_onnx.txt", render_graph_text(model))
     islands = {lid: "float island in the integer graph" for lid in sorted(converter.islands)}
+    ctx.append_check(["", ISLANDS, *(islands or ["none"])])
+    n = len(ctx.evaluation)
+    metrics = [
+        *_onnx_metrics(ctx, "quantized", rel),
+        Metric(stage="quantized", metric="float_islands", value=len(islands), n_samples=n),
+    ]
     return call.make(PtqModel, ctx.run, [rel, layers_rel], onnx_file=rel, layers_file=layers_rel,
-                     float_ops=islands, metrics=_onnx_metrics(ctx, "quantized", rel))  # fmt: skip
+                     float_ops=islands, metrics=metrics)  # fmt: skip
 
 
 def hbm_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:

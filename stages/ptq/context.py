@@ -3,7 +3,7 @@ artifact every PTQ stage hands to the next."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
@@ -13,7 +13,7 @@ import torch
 
 from schemas.artifacts import Artifact, Metric
 from schemas.store import Run
-from simulator.march import March
+from simulator.program.march import March
 from stages.data import Split
 from stages.evaluate import collect, measure
 from stages.onnx_runner import OnnxRunner
@@ -63,6 +63,8 @@ class PtqContext:
     batch_size: int = 100
     probe_samples: int = 4
     cosine: float = 0.999
+    input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    """model.input_shapes: input name -> dims fixed at ``original``."""
 
     def file(self, stage: str) -> str:
         """Run-relative path of the stage's vendor-named file."""

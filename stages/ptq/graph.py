@@ -24,11 +24,24 @@ PASSTHROUGH_OPS = frozenset(
      "Squeeze", "Gather", "Split", "Pad", "Identity", "Expand"}
 )  # fmt: skip
 """Ops that run on the integers and keep the input's scale (no quantizer of their own)."""
-TABLE_OPS = frozenset({"Sigmoid", "Tanh", "Exp"})
-"""Ops that become one lookup table at the ptq stage."""
+TABLE_OPS = frozenset(
+    {"Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Reciprocal", "Erf", "Softplus", "HardSigmoid",
+     "HardSwish", "Gelu", "LeakyRelu", "Elu", "Softmax"}
+)  # fmt: skip
+"""Ops that become one lookup table (Softmax: the composite of two) at the ptq stage."""
+ISLAND_OPS = frozenset(
+    {"Resize", "ConvTranspose", "PRelu", "LayerNormalization", "GlobalMaxPool", "ReduceMax",
+     "ReduceSum", "DepthToSpace", "SpaceToDepth", "Abs", "Neg", "Pow", "Min", "Max", "Where",
+     "ReduceMin", "InstanceNormalization", "Einsum", "LogSoftmax", "Floor", "Ceil", "Round",
+     "Sign"}
+)  # fmt: skip
+"""Ops without an integer form: float between an input dequantize and an output quantizer
+(a float island convert lists and the board runs on its CPU side)."""
+MASK_OPS = frozenset({"Greater", "Less", "Equal", "Not", "And", "Or"})
+"""Comparisons and logic building a mask (bool): float islands without a quantizer."""
 REMOVED_OPS = frozenset({"BatchNormalization", "Dropout", "Constant", "Cast"})
 """Ops the optimized stage folds, fuses or removes (Cast only float -> float)."""
-SUPPORTED_OPS = COMPUTE_OPS | PASSTHROUGH_OPS | TABLE_OPS | REMOVED_OPS
+SUPPORTED_OPS = COMPUTE_OPS | PASSTHROUGH_OPS | TABLE_OPS | ISLAND_OPS | MASK_OPS | REMOVED_OPS
 """Every standard-domain op the PTQ chain takes; anything else is refused by name."""
 WEIGHT_AXIS = {"Conv": 0, "Gemm": 0, "MatMul": 1}
 """Output-channel axis of the constant weight input (input 1) of a weighted op."""

@@ -7,8 +7,9 @@ its ops and tensors checked, the baseline every later stage is compared with. He
   by op and node in debug/model_check_result.txt, then refused with a StageError naming
   them, before any later stage runs;
 - every node gets a canonical layer id in ``metadata_props["qparity.layer_id"]``: the
-  module path of torch's scoped names (``/block1/conv1/Conv`` -> ``block1.conv1``), else
-  the node name (``<op_type>_<k>`` when it has none), made unique.
+  module path of torch's scoped names (``/block1/conv1/Conv`` -> ``block1.conv1``,
+  ``/layer1/layer1.0/relu_1/Relu`` -> ``layer1.0.relu@1``, the ids the QAT chain gives the
+  same modules), else the node name (``<op_type>_<k>`` when it has none), made unique.
 """
 
 from __future__ import annotations
@@ -89,7 +90,9 @@ def assign_layer_ids(model: onnx.ModelProto) -> dict[str, str]:
     for k, node in enumerate(model.graph.node):
         if not node.name:
             node.name = f"{node.op_type}_{k}"
-        lid, j = _scoped_id(node), 1
+    scoped = [_scoped_id(n) for n in model.graph.node]
+    for node, sid in zip(model.graph.node, _second_calls(scoped), strict=True):
+        lid, j = sid, 1
         base = lid
         while lid in taken:
             lid, j = f"{base}_{j}", j + 1
@@ -99,14 +102,36 @@ def assign_layer_ids(model: onnx.ModelProto) -> dict[str, str]:
     return mapping
 
 
+def _second_calls(ids: list[str]) -> list[str]:
+    """``relu_1`` -> ``relu@1`` where ``relu`` is an id too: the exporter's name for a
+    module's second call, written as the QAT chain (torch.export) writes it."""
+    known = set(ids)
+    out = []
+    for i in ids:
+        m = re.fullmatch(r"(.+)_(\d+)", i)
+        out.append(f"{m.group(1)}@{m.group(2)}" if m and m.group(1) in known else i)
+    return out
+
+
 def _scoped_id(node: onnx.NodeProto) -> str:
-    """``/a/b/Conv_3`` -> ``a.b``; other names unchanged."""
+    """``/a/b/Conv_3`` -> ``a.b``; other names unchanged.
+
+    torch's TorchScript exporter names a container's child with the container's name in
+    front (``/layer1/layer1.0/conv1/Conv``, ``/downsample/downsample.0/Conv``): such a
+    part replaces the part it repeats, so the id is the module path the QAT chain uses
+    (``layer1.0.conv1``, ``layer2.0.downsample.0``)."""
     if not node.name.startswith("/"):
         return node.name
     parts = [p for p in node.name.split("/") if p]
     if len(parts) > 1 and re.fullmatch(rf"{re.escape(node.op_type)}(_\d+)?", parts[-1]):
         parts = parts[:-1]
-    return ".".join(parts) or node.name
+    path: list[str] = []
+    for part in parts:
+        if path and part.startswith(path[-1] + "."):
+            path[-1] = part
+        else:
+            path.append(part)
+    return ".".join(path) or node.name
 
 
 def render_check(model: onnx.ModelProto, path: Path, bad: list[onnx.NodeProto]) -> str:

@@ -141,3 +141,18 @@ def test_diff_pairs_localization_rows_by_stage(tmp_path):
         ("conv", "conv"),
         ("head", "head"),
     ]
+
+
+def test_a_ptq_run_lines_up_with_a_qat_run_stage_by_stage(store):  # noqa: F811
+    """quantized is paired with convert, hbm with compile (chain.step); the rows name both."""
+    from tests.analysis.test_query import _metric, _run
+
+    root, (r1, _, _) = store
+    ptq = _run(RunStore(root), "2026-01-03T00:00:00", "m", {"chain": "ptq"})
+    for stage, value in (("calibrated", 0.9), ("quantized", 0.84), ("hbm", 0.84)):
+        _metric(ptq, stage, value)
+    rows = diff_runs(root, r1, ptq.run_id)["metrics"].to_pylist()
+    paired = {r["stage"]: (r["a_stage"], r["b_stage"], r["delta"]) for r in rows}
+    assert paired["convert"] == ("convert", "quantized", pytest.approx(-0.01))
+    assert paired["compile"] == (None, "hbm", None)  # r1 has no compile metric
+    assert paired["export"][1] is None and paired["calibrate"] == (None, "calibrated", None)

@@ -100,7 +100,7 @@ def _prepare(env, factory: str):
 
 
 def _zero_scale():
-    from simulator.intmath import fixed_multiplier
+    from simulator.arith.intmath import fixed_multiplier
 
     return fixed_multiplier(0.0, 15)
 

@@ -31,7 +31,7 @@ def _onnx(env, rel, edit):
 
 
 def _hbm(env, edit):
-    from simulator import hbm
+    from simulator.program import hbm
 
     return hbm.load(_bytes(env, HBM, edit))
 
@@ -100,7 +100,7 @@ def cases() -> dict:
 
 def _bump_version(data: bytes) -> bytes:
     """The same file claiming the next format version (the version follows the magic)."""
-    from simulator import hbm
+    from simulator.program import hbm
 
     magic = hbm.MAGIC
     at = data.index(magic) + len(magic)

@@ -208,7 +208,7 @@ def _foreign_part(env, columns: dict):
 
 
 def _hbm_header(env, edit):
-    from simulator import hbm
+    from simulator.program import hbm
 
     path = env.copy_of("artifacts/compile/model.hbm")
     data = path.read_bytes()

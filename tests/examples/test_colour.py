@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from examples.colour import data, model
 from schemas.spec import load_spec
-from simulator import board_input as bi
+from simulator.arith import board_input as bi
 
 SPEC = Path(data.__file__).with_name("spec.yaml")
 

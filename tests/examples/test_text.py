@@ -9,7 +9,7 @@ from pipelines.flow import run_chain
 from schemas.spec import load_spec, parse_spec
 from schemas.store import RunStore
 from schemas.tables import read_run_table
-from simulator import hbm
+from simulator.program import hbm
 
 SEVEN = ["prepare", "calibrate", "pre_export", "export", "convert", "compile", "board_sim"]
 

@@ -101,3 +101,20 @@ def test_a_zoo_model_as_its_library_ships_it_runs_every_stage(name, tmp_path, mo
     result = run_chain(parse_spec(spec, "zoo"), yaml.safe_dump(spec), tmp_path, use_prefect=False)
     manifest = RunStore(tmp_path).open(result.run_id).manifest()
     assert [s for s in STAGES if manifest.stages[s].status == "complete"] == STAGES
+
+
+def test_the_onnx_export_keeps_module_scopes_and_a_dynamic_batch(tmp_path):
+    """examples.zoo.onnx_export: the PTQ chain's input, as torch's TorchScript exporter
+    writes a library model."""
+    import onnx
+
+    from examples.zoo import onnx_export
+
+    path = onnx_export.small_squeezenet1_1(tmp_path / "sq.onnx")
+    model = onnx.load(path)
+    onnx.checker.check_model(model)
+    (x,) = model.graph.input
+    assert x.name == "x" and x.type.tensor_type.shape.dim[0].dim_param == "batch"
+    assert any(n.name.startswith("/features/features.0/") for n in model.graph.node)
+    with pytest.raises(AttributeError, match="resnet18"):
+        onnx_export.small_resnet9000  # noqa: B018

@@ -52,8 +52,8 @@ def spec_target(data) -> None:
 
 def hbm_target(header_edit: tuple[int, object], program) -> None:
     """Replace one header value (by position in a flat walk) and load the file."""
-    from simulator import hbm
-    from simulator.executor import Executor
+    from simulator.program import hbm
+    from simulator.runtime.executor import Executor
 
     header, blob = hbm._header(program)
     _replace_nth(header, *header_edit)
@@ -107,7 +107,7 @@ def mutate_onnx(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
 
 def onnx_target(model: onnx.ModelProto, x: np.ndarray) -> None:
     """Load and run a (mutated) qat.onnx, then convert it."""
-    from stages.convert_graph import Converter, ConvertSettings
+    from stages.convert.graph import Converter, ConvertSettings
     from stages.onnx_runner import OnnxRunner
 
     with tempfile.TemporaryDirectory() as d:

@@ -14,7 +14,7 @@ from pipelines.flow import run_chain
 from schemas.spec import parse_spec
 from tests.conftest import tiny_spec_dict
 from tests.fuzz import targets
-from tests.simulator.test_hbm import small_program
+from tests.simulator.program.test_hbm import small_program
 
 
 @settings(max_examples=300, deadline=None)
@@ -25,7 +25,7 @@ def test_spec_loader(data):
 
 PROGRAM = small_program()
 LEAVES = targets._replace_nth(
-    __import__("simulator.hbm", fromlist=["_header"])._header(PROGRAM)[0], -1, None
+    __import__("simulator.program.hbm", fromlist=["_header"])._header(PROGRAM)[0], -1, None
 )
 
 

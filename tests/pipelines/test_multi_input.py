@@ -13,8 +13,8 @@ from pipelines.flow import run_chain
 from schemas.spec import parse_spec
 from schemas.store import RunStore
 from schemas.tables import read_run_table
-from simulator import hbm
-from simulator.isa import Op
+from simulator.program import hbm
+from simulator.program.isa import Op
 from tests.conftest import tiny_spec_dict
 
 SEVEN = ["prepare", "calibrate", "pre_export", "export", "convert", "compile", "board_sim"]

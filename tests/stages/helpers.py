@@ -1,7 +1,7 @@
 """Run a prefix of the chain with plain function calls (no Prefect, no cache); break the
 frozen plan on purpose."""
 
-from simulator.frozen import Frozen
+from simulator.runtime.frozen import Frozen
 from stages.registry import BY_NAME
 from stages.registry_types import StageCall
 

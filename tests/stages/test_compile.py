@@ -7,13 +7,15 @@ import pytest
 
 from schemas.artifacts import HbmModel
 from schemas.errors import ArtifactError, StageError
-from simulator import exec_ops, hbm, native
-from simulator.executor import Executor
-from simulator.frozen import Frozen
-from simulator.isa import Op
-from simulator.replay import Replays
+from simulator.kernels import exec_ops
+from simulator.program import hbm
+from simulator.program.isa import Op
+from simulator.runtime import native
+from simulator.runtime.executor import Executor
+from simulator.runtime.frozen import Frozen
+from simulator.runtime.replay import Replays
 from stages.compile import compile_model
-from stages.convert import run_integer
+from stages.convert.stage import run_integer
 from stages.exactness import check_exact
 from stages.registry_types import StageCall
 from tests.stages.helpers import H, break_frozen_plan, run_stages
@@ -64,7 +66,7 @@ def test_hbm_gives_identical_integers_and_outputs(compiled):
 
 def test_replayed_and_frozen_runs_give_the_same_integers(compiled):
     """Batches after an executor's first runs come from replays and then from the frozen
-    plan (simulator.replay, simulator.frozen): the outputs stay quantized.onnx's."""
+    plan (simulator.runtime.replay, simulator.runtime.frozen): the outputs stay quantized.onnx's."""
     ctx, arts = compiled
     ex = Executor(hbm.load(ctx.run.path(arts["compile"].hbm_file)))
     x, rng = ctx.evaluation.x, np.random.default_rng(0)
@@ -211,6 +213,21 @@ def test_a_split_names_a_layer_without_a_tensor_of_its_own(compiled):
     one = dataclasses.replace(split, outputs=("a",))
     with pytest.raises(StageError, match="chunk"):
         _check_known(dataclasses.replace(program, instructions=[one]), ref, "compile")
+
+
+def test_a_float_island_names_a_layer_without_integers(compiled):
+    """A CPU instruction of a float island (convert's float_ops: a ConvTranspose, a
+    LogSoftmax) names a layer layers.json has no integers for: not an unknown layer."""
+    from stages.exactness import _check_known
+
+    ctx, arts = compiled
+    program = hbm.load(ctx.run.path(arts["compile"].hbm_file))
+    island = dataclasses.replace(program.instructions[0], op=Op.CPU, layer_ids=("up",))
+    ref = {lid: None for lid in program.captures}
+    with_island = dataclasses.replace(program, instructions=[island])
+    _check_known(with_island, ref, "compile", {"up"})
+    with pytest.raises(StageError, match=r"\['up'\]"):
+        _check_known(with_island, ref, "compile")
 
 
 def test_tampered_hbm_is_refused(compiled):

@@ -12,7 +12,7 @@ from torch import nn  # noqa: E402
 from torchao.quantization.pt2e import fake_quantize as tao_fq  # noqa: E402
 
 from schemas.errors import StageError  # noqa: E402
-from simulator import fixedpoint  # noqa: E402
+from simulator.arith import fixedpoint  # noqa: E402
 from stages.fake_quant import (  # noqa: E402
     QFakeQuantize,
     QuantState,

@@ -11,7 +11,7 @@ import onnx
 from schemas.spec_faults import FaultSpec
 from schemas.tables import read_run_table
 from stages.context import convert_settings
-from stages.convert_graph import Converter
+from stages.convert.graph import Converter
 from stages.fault_effects import board_effect, copy_model, table_effect
 from stages.faults import coarsen_tables, inject_convert
 from tests.stages.helpers import run_stages

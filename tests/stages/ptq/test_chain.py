@@ -13,8 +13,9 @@ from pipelines.ptq import _context, run_ptq
 from schemas.errors import StageError
 from schemas.store import RunStore
 from schemas.tables import read_run_table
-from simulator import hbm, native
-from simulator.executor import Executor
+from simulator.program import hbm
+from simulator.runtime import native
+from simulator.runtime.executor import Executor
 from stages.onnx_runner import OnnxRunner
 from stages.ptq import equivalence
 from stages.ptq.chain import STAGES, hbm_stage

@@ -21,12 +21,12 @@ def _only_run(root):
 
 def test_unsupported_op_is_reported_by_op_and_node(tmp_path):
     path = tmp_path / "odd.onnx"
-    onnx.save(helper_model("Softmax"), str(path))
-    with pytest.raises(StageError, match=r"Softmax \(node my_softmax\)"):
+    onnx.save(helper_model("Hardmax"), str(path))
+    with pytest.raises(StageError, match=r"Hardmax \(node my_hardmax\)"):
         run_ptq(path, spec(), tmp_path / "runs")
     run = _only_run(tmp_path / "runs")
     report = (run.root / "debug/model_check_result.txt").read_text()
-    assert "## unsupported ops (1)\nSoftmax | node my_softmax | layer my_softmax" in report
+    assert "## unsupported ops (1)\nHardmax | node my_hardmax | layer my_hardmax" in report
     assert run.manifest().status == "failed"
     assert read_run_table(run, "stages")[0]["status"] == "failed"
 
@@ -72,7 +72,7 @@ def test_table_op_off_the_grid_stays_float_and_is_said():
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
-    from simulator.march import MARCHES
+    from simulator.program.march import MARCHES
     from stages.ptq.ptq import fix_tables
 
     inits = [numpy_helper.from_array(np.float32(1 / 127), "s"),

@@ -1,0 +1,119 @@
+"""How the whole chain and its analysis scale with the number of evaluation frames.
+
+For each zoo model and frame count, ``qparity run`` of the zoo spec (``--no-prefect``, the
+analysis on) runs in its own child process; the row gives each stage's time (the stages
+table), the analysis time (wall time of the run minus the stages), the wall time and the
+child's peak RSS (``os.wait4``'s ``ru_maxrss``). Then, per model, the ratios between the
+largest and the smallest frame count: time per frame should not grow (cost at most linear
+in frames) and peak memory should stay flat (<= 1.2x).
+
+    python bench/chain_scale.py mobilenet_v2 resnet50 --frames 100 1000
+    python bench/chain_scale.py mobilenet_v2 --small --frames 16 64     # a quick check
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.zoo import QAT, spec_for  # noqa: E402
+
+
+def run_once(name: str, small: bool, frames: int, store: Path) -> dict:
+    """One ``qparity run`` in a child process: stage seconds, wall seconds, peak RSS."""
+    spec = spec_for(name, small, frames, False, store)
+    spec["name"] = f"scale-{name.replace('_', '-')}-{frames}"
+    path = store / f"{spec['name']}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    env = dict(os.environ, QPARITY_ZOO_FRAMES=str(frames))
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qparity.cli", "run", str(path), "--no-prefect", "-q",
+         "--runs", str(store)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    err = proc.stderr.read().decode()[-300:] if status else ""
+    stages = _stage_seconds(store, spec["name"])
+    return {"model": name, "frames": frames, "stages": stages, "wall": wall,
+            "analysis": wall - sum(stages.values()), "rss_gb": usage.ru_maxrss / 2**20,
+            "error": " ".join(err.split())}  # fmt: skip
+
+
+def _stage_seconds(store: Path, spec_name: str) -> dict[str, float]:
+    import duckdb
+
+    runs = sorted(p for p in store.glob(f"{spec_name}-*") if (p / "tables/stages").exists())
+    if not runs:
+        return {}
+    rows = duckdb.sql(
+        f"SELECT stage, duration_s FROM read_parquet('{runs[-1]}/tables/stages/**/*.parquet')"
+    ).fetchall()
+    return {s: float(d or 0.0) for s, d in rows}
+
+
+def render(rows: list[dict]) -> str:
+    head = ["model", "frames", *QAT, "analysis", "wall", "peak RSS"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        st = [f"{r['stages'][s]:.0f}" if s in r["stages"] else "-" for s in QAT]
+        cells = [r["model"], str(r["frames"]), *st, f"{r['analysis']:.0f}", f"{r['wall']:.0f}",
+                 f"{r['rss_gb']:.2f} GB"]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+        if r["error"]:
+            lines.append(f"  error: {r['error']}")
+    return "\n".join(lines)
+
+
+def scaling(rows: list[dict]) -> list[str]:
+    """Per model: time per frame and peak RSS, largest frame count over smallest."""
+    out = []
+    for name in dict.fromkeys(r["model"] for r in rows):
+        mine = sorted((r for r in rows if r["model"] == name), key=lambda r: r["frames"])
+        lo, hi = mine[0], mine[-1]
+        if lo is hi:
+            continue
+        per_frame = (hi["wall"] / hi["frames"]) / (lo["wall"] / lo["frames"])
+        rss = hi["rss_gb"] / lo["rss_gb"]
+        out.append(f"{name}: {lo['frames']} -> {hi['frames']} frames: time per frame "
+                   f"{per_frame:.2f}x (<= 1 is linear or better), peak RSS {rss:.2f}x "
+                   f"(target <= 1.2x)")  # fmt: skip
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="+", help="zoo names")
+    ap.add_argument("--frames", type=int, nargs="+", default=[100, 1000])
+    ap.add_argument("--small", action="store_true", help="the reduced input sizes")
+    ap.add_argument("--store", type=Path, help="keep the runs here")
+    args = ap.parse_args()
+    store = args.store or Path(tempfile.mkdtemp(prefix="qparity-scale-"))
+    store.mkdir(parents=True, exist_ok=True)
+    print(
+        f"# chain scale: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at start; "
+        f"{'reduced' if args.small else 'native'} input size; runs in {store}",
+        flush=True,
+    )
+    rows = []
+    for name in args.models:
+        for frames in args.frames:
+            rows.append(run_once(name, args.small, frames, store))
+            print(render(rows[-1:]).splitlines()[-1], flush=True)
+    print(f"\n# load {os.getloadavg()[0]:.1f} at the end\n{render(rows)}")
+    print("\n".join(scaling(rows)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""``examples.onnx_zoo.data:<name>``: photo crops for a graph, without labels.
+
+Crops of scikit-learn's two sample photographs (examples/zoo/images.py) at the graph's
+input size, NHWC for the tf2onnx graph; no labels: every stage is judged by its agreement
+with the original float model (output cosine).
+"""
+
+from __future__ import annotations
+
+from examples.onnx_zoo.graphs import BUILDERS, SIZE
+from examples.zoo import images
+
+CALIBRATION, EVALUATION = 64, 32
+
+
+def dataset(name: str) -> dict:
+    x = images.crops(CALIBRATION + EVALUATION, SIZE, seed=7)
+    if name == "tf_nhwc":
+        x = x.transpose(0, 2, 3, 1).copy()
+    return {
+        "train": {"inputs": {"x": x[:CALIBRATION]}, "labels": None},
+        "evaluation": {"inputs": {"x": x[CALIBRATION:]}, "labels": None},
+    }
+
+
+def __getattr__(attr: str):
+    if attr not in BUILDERS:
+        raise AttributeError(f"no ONNX zoo graph {attr!r}; there are {sorted(BUILDERS)}")
+    return lambda: dataset(attr)

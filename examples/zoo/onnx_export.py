@@ -1,0 +1,48 @@
+"""The zoo's models as ONNX float files, for the PTQ chain (``qparity ptq``).
+
+A PTQ spec names ``examples.zoo.onnx_export:<name>`` (or ``small_<name>``) as its
+``model.export``: called with the spec's ``model.file``, it builds the zoo model as
+:mod:`examples.zoo.models` does and writes it with torch's TorchScript exporter
+(``dynamo=False``: module scopes in node names, so layer ids match the QAT chain's where
+the exporter kept them), opset 17, a dynamic batch, input ``x``, output ``logits``,
+constant folding off (batch norms stay for the optimized stage to fuse).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+
+from examples.zoo.models import build, entry_of
+
+
+def export(attr: str, path: str | Path) -> Path:
+    """Write zoo model ``attr`` (``resnet18``, ``small_resnet18``) to ``path``."""
+    entry, size = entry_of(attr)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = build(entry.name, size)
+    with warnings.catch_warnings():  # the TorchScript exporter's deprecation notice
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            model,
+            (torch.zeros(1, 3, size, size),),
+            str(path),
+            dynamo=False,
+            input_names=["x"],
+            output_names=["logits"],
+            dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}},
+            opset_version=17,
+            do_constant_folding=False,
+        )
+    return path
+
+
+def __getattr__(attr: str):
+    """``examples.zoo.onnx_export:<name>`` as a PTQ spec's ``model.export``."""
+    if attr.startswith("__"):
+        raise AttributeError(attr)
+    entry_of(attr)  # an unknown name fails here, naming the zoo
+    return lambda path: export(attr, path)

@@ -1,0 +1,228 @@
+"""The executor's integer convolution and QLinear through the compiled kernel
+(simulator/csrc/qconv.c).
+
+:func:`plan` turns a conv's GEMM-form weights and proven epilogue (what
+:func:`simulator.kernels.exec_conv.build_plan` and :func:`simulator.kernels.exec_ops.k_linear` build) into
+the kernel's operands, once per program; :func:`run` calls it. The kernel computes the same
+integers as the torch path of :func:`simulator.kernels.exec_conv.run_conv`:
+
+FORMULA: ``acc[n, p, o] = sum_{i, j, c} x_pad[n, p*stride + (i, j)*dilation, c] * w[o, i, j, c]
++ bias[o]`` (exact int32), then ``y = clamp(round(acc * scale[o] + b * scale_b[o]), lo, hi)``
+in float32 or float64, with the bounds of :mod:`simulator.kernels.exec_epilogue`:
+
+- ``A = acc_bound(wmat, in_dtype, bias) < 2**31``: the int32 accumulator is exact (the
+  kernel's sums wrap modulo 2**32 and land on the true value);
+- ``T = A * max|scale numerator| (+ max|b| * max|b numerator|) < exact_limit(mode, ftype)``:
+  the product, the sum and the rounding are exact in ``ftype``; float32 when ``T`` is below
+  the float32 limit (2**24 half_even, 2**23 bpu_round), else float64.
+
+int8 or int16 inputs (int8 weights), int8 / int16 requantized outputs or an int32
+output without requantize (``acc + bias``, relu; ``A < 2**31`` makes its saturation a
+no-op) and an int8 / int16 / int32 add operand run here; the caller keeps the torch path for the rest, and
+for everything when :func:`simulator.runtime.native.library` is None. QLinear runs as a 1x1
+convolution over its rows (:func:`linear`), on AMX-INT8 tiles where the CPU and the OS
+allow them (csrc/qamx.c: the same products, sums and epilogue; :func:`_amx`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from simulator.arith import fixedpoint as fp
+from simulator.kernels.exec_kernels import exact_limit
+from simulator.runtime import native
+from simulator.runtime.memo import derived
+
+LANES = 16
+"""Output channels per kernel block (one 512-bit register of int32)."""
+IN_DTYPES = (torch.int8, torch.int16)
+INT_DTYPES = (torch.int8, torch.int16, torch.int32)
+"""The fused add's operand (int32: a downsample branch's accumulator), the row kernels'
+operands and outputs; :func:`simulator.runtime.native.code` is their dtype code."""
+OUT_DTYPES = (torch.int8, torch.int16)
+"""Requantized outputs; an int32 output without requantize also runs (``Epilogue.int_bias``)."""
+
+
+@dataclass(frozen=True, eq=False)
+class NativeConv:
+    """One conv's operands in the kernel's layout (module docstring)."""
+
+    weights: torch.Tensor  # int8 [kh, kw, Cs/4, Ob, 16, 4]
+    corr: torch.Tensor  # int32 [Ob*16]: bias - 128 * sum_k w[k, o]
+    scale: torch.Tensor | None  # float32/float64 [Ob*16]; None: int32 output, acc + bias
+    scale_b: torch.Tensor | None  # same, for the fused add
+    channels: int  # real input channels C
+    cs: int  # values per input pixel: C rounded up to 4 (int8) or 2 (int16); C for row runs
+    blocks: int  # Ob
+    out_channels: int  # real O
+    lo: int
+    hi: int
+    half_even: bool
+    in_dtype: torch.dtype  # int8 or int16
+    out_dtype: torch.dtype  # int8, int16 or int32
+    groups: int  # 4-byte groups per kernel tap
+    taps: tuple[int, int]  # the kernel as the kernel runs it: (kh, 1) for row runs
+    row_runs: bool
+
+
+def lanes(v: torch.Tensor, o: int, dtype: torch.dtype) -> torch.Tensor:
+    """A scalar or per-channel constant as ``[Ob * 16]`` of ``dtype`` (0 past ``o``)."""
+    out = torch.zeros(-(-o // LANES) * LANES, dtype=dtype)
+    out[:o] = v.reshape(-1).to(dtype).expand(o) if v.numel() == 1 else v.reshape(-1).to(dtype)
+    return out
+
+
+def pack_weights(wmat: torch.Tensor, kernel, channels: int, group: int = 4):
+    """``wmat [kh*kw*C, O]`` (rows in ``(i, j, c)`` order) as ``[kh, kw, Cs/g, Ob, 16, g]``
+    with zeros for ``c >= C`` and ``o >= O``: int8 for ``group`` 4 (int8 inputs), int16 for
+    2 (int16 inputs); returns ``(packed, Cs, Ob)``, ``Cs`` = C rounded up to ``group``."""
+    (kh, kw), o = kernel, wmat.shape[1]
+    cs, blocks = -(-channels // group) * group, -(-o // LANES)
+    dtype = torch.int8 if group == 4 else torch.int16
+    w = torch.zeros(kh, kw, cs, blocks * LANES, dtype=dtype)
+    w[:, :, :channels, :o] = wmat.reshape(kh, kw, channels, o)
+    w = w.reshape(kh, kw, cs // group, group, blocks, LANES).permute(0, 1, 2, 4, 5, 3)
+    return w.contiguous(), cs, blocks
+
+
+def plan(wmat, kernel, channels: int, in_dtype, epi, bias, b_dtype, bound: int, top: int,
+         unit_w_dilation: bool = True):  # fmt: skip
+    """The :class:`NativeConv` of ``wmat [kh*kw*C, O]`` (rows in ``(i, j, c)`` order) on
+    ``in_dtype`` inputs with its :class:`~simulator.kernels.exec_epilogue.Epilogue`, or None when
+    the kernel does not apply: no compiled library, dtypes not handled, bounds not met.
+
+    ``bound`` is ``A``, ``top`` is ``T`` of the module docstring. With ``unit_w_dilation``
+    and a pixel that is not a whole number of 4-byte groups, the kernel rows run as row
+    runs (:func:`_layout`)."""
+    if native.library() is None or epi is None or wmat.dtype != torch.int8 or bound >= 2**31:
+        return None
+    if in_dtype not in IN_DTYPES or b_dtype not in (None, *INT_DTYPES):
+        return None
+    o, has_bias = wmat.shape[1], bias is not None and bias.numel() > 0
+    b = bias.reshape(-1).long() if has_bias else torch.zeros(o, dtype=torch.long)
+    scale = scale_b = None
+    if epi.int_bias is None:  # requantize: float32 or float64 as proven exact
+        if epi.scale is None or epi.dtype not in OUT_DTYPES or top >= exact_limit(epi.rounding):
+            return None
+        if epi.rounding not in fp.ROUNDING_MODES:
+            return None
+        f32 = top < exact_limit(epi.rounding, torch.float32)
+        ftype = torch.float32 if f32 else torch.float64
+        scale, scale_b = (None if v is None else lanes(v, o, ftype)
+                          for v in (epi.scale, epi.scale_b))  # fmt: skip
+    weights, cs, blocks, groups, taps = _layout(wmat, kernel, channels, in_dtype, unit_w_dilation)
+    offset = 128 * wmat.long().sum(0) if in_dtype == torch.int8 else 0  # the uint8 offset
+    corr = lanes(b - offset, o, torch.int32)
+    return NativeConv(weights, corr, scale, scale_b, channels, cs, blocks, o, epi.lo, epi.hi,
+                      epi.rounding == "half_even", in_dtype, epi.dtype, groups, taps,
+                      taps != tuple(kernel))  # fmt: skip
+
+
+def _layout(wmat, kernel, channels: int, in_dtype, unit_w_dilation: bool):
+    """``(packed weights, input channels per pixel, Ob, 4-byte groups per tap, taps)``.
+
+    A pixel of ``C`` values ``C * itemsize`` bytes long that is not a multiple of 4 (one
+    int8 channel, three RGB channels) wastes most of each 4-byte group; with unit W
+    dilation a kernel row's ``kw * C`` values are contiguous in the input instead, so they
+    are packed as one tap of a ``(kh, 1)`` kernel over pixels of exactly ``C`` values
+    (``wmat``'s ``(i, j, c)`` row order is already that run's order)."""
+    group = 4 if in_dtype == torch.int8 else 2  # values per 4-byte group
+    (kh, kw) = kernel
+    if unit_w_dilation and kw > 1 and channels % group:
+        weights, run, blocks = pack_weights(wmat, (kh, 1), kw * channels, group)
+        return weights, channels, blocks, run // group, (kh, 1)
+    weights, cs, blocks = pack_weights(wmat, kernel, channels, group)
+    return weights, cs, blocks, cs // group, (kh, kw)
+
+
+def run(nc: NativeConv, geometry, x: torch.Tensor, b, out: torch.Tensor) -> None:
+    """``out[..., :O] = conv(x) (+ b)`` and ``out[..., O:] = 0`` for ``x [N, H, W, C_stored]``
+    into ``out [N, OH, OW, O_pad]`` (contiguous, ``nc.out_dtype``); ``b [N, OH, OW, B_pad]``
+    (:data:`INT_DTYPES`) or None."""
+    strides, pads, dil = geometry
+    xs, mode = _padded(nc, x.contiguous(), pads)
+    b = None if b is None else b.contiguous()
+    n, hp, wp = xs.shape[:3]
+    f64 = nc.scale is not None and nc.scale.dtype == torch.float64
+    native.library().qp_conv(
+        native.ptr(xs), mode, n, hp, wp, nc.cs, nc.groups,
+        native.ptr(nc.weights), *nc.taps, nc.blocks, nc.out_channels, *strides,
+        dil[0], 1 if nc.row_runs else dil[1], *out.shape[1:3], native.ptr(nc.corr),
+        native.ptr(nc.scale), native.ptr(nc.scale_b), int(f64), native.ptr(b),
+        0 if b is None else b.shape[3], 0 if b is None else native.code(b),
+        nc.lo, nc.hi, int(nc.half_even),
+        native.ptr(out), native.code(out), out.shape[3])  # fmt: skip
+
+
+def _padded(nc: NativeConv, x: torch.Tensor, pads) -> tuple[torch.Tensor, int]:
+    """The kernel's input and its mode (qconv.c ``wide``): ``x`` padded, ``nc.cs`` values per
+    pixel, uint8-offset for int8 (``x ^ 0x80``), followed by 4 bytes of slack for the last
+    row run's over-read (mode 0; int16: 1); an input with nothing to pad is used in place
+    (int16: 1; int8: 2, offset by the kernel as it reads)."""
+    n, h, w, cx = x.shape
+    wide = nc.in_dtype == torch.int16
+    if not any(pads) and cx == nc.cs and not nc.row_runs:
+        return x, 1 if wide else 2
+    hp, wp = h + pads[0] + pads[2], w + pads[1] + pads[3]
+    size = n * hp * wp * nc.cs
+    xs = native.empty(size + 4, dtype=torch.int16 if wide else torch.uint8)[:size]
+    xs = xs.view(n, hp, wp, nc.cs)
+    native.library().qp_pad(native.ptr(x), int(wide), n, h, w, cx, nc.channels, pads[0],
+                            pads[2], pads[1], pads[3], nc.cs, native.ptr(xs))  # fmt: skip
+    return xs, int(wide)
+
+
+def linear(nc: NativeConv, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [..., K] @ wmat`` with the epilogue (and a fused add's ``b [..., O]``):
+    ``[..., O]`` (a 1x1 conv over the rows; on AMX tiles when :func:`_amx` takes it)."""
+    k, o = x.shape[-1], nc.out_channels
+    out = native.empty((*x.shape[:-1], o), dtype=nc.out_dtype)
+    if _amx(nc, x, b, out):
+        return out
+    rows = x.reshape(1, 1, -1, k)  # one image row: one contiguous copy in the kernel's pad
+    b = None if b is None else b.reshape(1, 1, -1, o)
+    run(nc, ([1, 1], [0, 0, 0, 0], [1, 1]), rows, b, out.view(1, 1, -1, o))
+    return out
+
+
+AMX_K_MAX = 512
+"""Longest row (K rounded up to 64) qamx.c's per-thread tile buffers take."""
+
+
+def _amx(nc: NativeConv, x: torch.Tensor, b, out: torch.Tensor) -> bool:
+    """Run :func:`linear` by qamx.c's AMX-INT8 kernel (same products, same epilogue), or
+    return False: no AMX here (:func:`simulator.runtime.native.amx`), or rows longer than
+    :data:`AMX_K_MAX`."""
+    k, kp = x.shape[-1], -(-x.shape[-1] // 64) * 64
+    if not native.amx() or kp > AMX_K_MAX or k != nc.channels or not x.numel():
+        return False
+    x = x.contiguous()
+    b = None if b is None else b.contiguous()
+    w = amx_weights(nc, kp)
+    f64 = nc.scale is not None and nc.scale.dtype == torch.float64
+    rc = native.library().qp_linear_amx(
+        native.ptr(x), native.code(x), x.numel() // k, k, kp, native.ptr(w), nc.blocks,
+        nc.out_channels, native.ptr(nc.corr), native.ptr(nc.scale), native.ptr(nc.scale_b),
+        int(f64), native.ptr(b), 0 if b is None else native.code(b), nc.lo, nc.hi,
+        int(nc.half_even), native.ptr(out), native.code(out))  # fmt: skip
+    return rc == 0
+
+
+def amx_weights(nc: NativeConv, kp: int) -> torch.Tensor:
+    """The weights as qamx.c reads them: ``[kp/4, Ob, 16, 4]`` int8, zero rows past K
+    (from the packed ``[1, 1, Cs/g, Ob, 16, g]`` of either input dtype), once per conv."""
+
+    def build() -> torch.Tensor:
+        g = nc.weights.shape[-1]
+        w = (
+            nc.weights.reshape(-1, nc.blocks * LANES, g)
+            .permute(0, 2, 1)
+            .reshape(-1, nc.blocks * LANES)
+        )
+        full = torch.zeros(kp, nc.blocks * LANES, dtype=torch.int8)
+        full[: w.shape[0]] = w.to(torch.int8)  # int16-packed weights are int8 values
+        return full.reshape(kp // 4, 4, nc.blocks, LANES).permute(0, 2, 3, 1).contiguous()
+
+    return derived(nc, ("amx", kp), build)

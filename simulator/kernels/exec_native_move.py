@@ -1,0 +1,58 @@
+"""MAXPOOL, ToNHWC and strided copies through the compiled data-movement kernels
+(simulator/csrc/qmove.c). No arithmetic: every output value is an input value or a zero,
+so these equal their torch paths by construction (and the tests compare them).
+
+Each function returns None (or, :func:`contiguous`, torch's copy) when its kernel does not
+apply: no compiled library, a dtype or rank it does not take.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from simulator.kernels import exec_kernels as ek
+from simulator.kernels.exec_native import IN_DTYPES
+from simulator.runtime import native
+
+
+def maxpool(x: torch.Tensor, kernel, strides, pads, dilations):
+    """MAXPOOL of ``x [N, H, W, C]`` (int8/int16) over H, W, or None (no library, another
+    dtype or rank). FORMULA: ``y[n, p, c] = max over in-bounds taps k of x[n, p*stride -
+    pad + k*dilation, c]`` (the dtype's minimum when no tap is in bounds)."""
+    if native.library() is None or x.ndim != 4 or x.dtype not in IN_DTYPES or len(kernel) != 2:
+        return None
+    n, h, w, c = x.shape
+    oh, ow = (ek.out_size(size, kernel[i], strides[i], pads[i] + pads[i + 2], dilations[i])
+              for i, size in enumerate((h, w)))  # fmt: skip
+    if min(oh, ow) < 1:
+        return None  # the torch path names the geometry error
+    x = x.contiguous()
+    out = native.empty((n, oh, ow, c), dtype=x.dtype)
+    native.library().qp_maxpool(native.ptr(x), native.code(x), n, h, w, c, *kernel, *strides,
+                                *dilations, pads[0], pads[1], oh, ow, native.ptr(out))  # fmt: skip
+    return out
+
+
+def to_nhwc(x: torch.Tensor, padded: int):
+    """LAYOUT ToNHWC of ``x [N, C, H, W]`` (int8/int16, ``C < padded <= 32``) as ``[N, H,
+    W, padded]`` with channels ``C..padded`` zero, or None."""
+    lib = native.library()
+    if lib is None or x.ndim != 4 or x.dtype not in IN_DTYPES or not x.shape[1] < padded <= 32:
+        return None
+    n, c, h, w = x.shape
+    x, out = x.contiguous(), native.empty((n, h, w, padded), dtype=x.dtype)
+    lib.qp_to_nhwc(native.ptr(x), native.code(x), n, c, h * w, padded, native.ptr(out))
+    return out
+
+
+def contiguous(x: torch.Tensor) -> torch.Tensor:
+    """``x.contiguous()``, a strided view of up to 6 axes copied in one compiled pass
+    (torch's copy of a permuted int8 tensor is several times slower)."""
+    if x.is_contiguous() or native.library() is None or x.ndim > 6 or not x.numel():
+        return x.contiguous()
+    shape = native.int64s(*(1,) * (6 - x.ndim), *x.shape)
+    stride = native.int64s(*(0,) * (6 - x.ndim), *x.stride())
+    out = native.empty(x.shape, dtype=x.dtype)
+    base = native.ptr(x)  # the view's first element (storage offset applied)
+    native.library().qp_copy(base, x.element_size(), shape, stride, native.ptr(out))
+    return out

@@ -1,0 +1,266 @@
+"""The compiled kernels of the executor (simulator/csrc/*.c): built on first use, cached.
+
+The C sources are compiled with the machine's C compiler (``$CC`` or ``cc``) into
+``$QPARITY_NATIVE_CACHE`` (default ``~/.cache/qparity/native``), one shared library per
+source hash, compiler and flags, written under a temporary name and renamed into place so
+concurrent processes never load a half-written file. They are loaded with ctypes, which
+releases the GIL during a call. OpenMP comes from the libgomp torch already loaded (same
+soname), so both share one thread pool.
+
+Everything here is optional: without a compiler, on a CPU without AVX-512 VNNI, or with
+``QPARITY_NATIVE=0`` in the environment, :func:`library` returns None and the executor
+keeps its torch kernels (same integers, slower). :func:`status` says which and why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from schemas.errors import QparityError, SimulatorError
+from schemas.fileio import atomic_save, atomic_write_text
+from simulator.runtime import packed
+
+LOG = logging.getLogger(__name__)
+HINT = (
+    "install a C compiler (e.g. apt install gcc) or set $CC; the executor runs its torch "
+    "kernels meanwhile (same integers, slower); QPARITY_NATIVE=0 turns the kernels off"
+)
+SOURCES = tuple(Path(__file__).parents[1] / "csrc" / n
+                for n in ("qconv.c", "qamx.c", "qrows.c", "qbmm.c", "qnorm.c", "qmove.c",
+                          "qplan.c"))  # fmt: skip
+FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-fno-strict-aliasing")
+P, I64, F64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
+SIGNATURES = {
+    "qp_cpu_ok": ([], ctypes.c_int),
+    "qp_amx_ok": ([], ctypes.c_int),
+    "qp_linear_amx": ([P, *[I64] * 4, P, I64, I64, P, P, P, I64, P, *[I64] * 4, P, I64],
+                      ctypes.c_int),
+    "qp_pad": ([P, *[I64] * 11, P], None),
+    "qp_conv": ([P, *[I64] * 6, P, *[I64] * 10, P, P, P, I64, P, *[I64] * 5, P, I64, I64], None),
+    "qp_mean": ([P, I64, I64, I64, F64, F64, F64, F64, I64, P, I64], None),
+    "qp_mul": ([P, I64, P, I64, I64, I64, I64, F64, F64, F64, I64, P, I64], None),
+    "qp_mean_cl": ([P, I64, I64, I64, I64, I64, I64, F64, F64, F64, F64, I64, P, I64], None),
+    "qp_mul_cl": ([P, I64, P, I64, I64, I64, I64, I64, I64, F64, F64, F64, I64, P, I64], None),
+    "qp_add": ([P, I64, P, I64, I64, I64, I64, P, P, I64, F64, F64, I64, P, I64], None),
+    "qp_bmm": ([P, I64, P, I64, I64, I64, I64, I64, F64, F64, F64, I64, P, I64], None),
+    "qp_gather": ([P, I64, I64, I64, I64, P, I64, P], None),
+    "qp_quantize": ([P, I64, I64, I64, I64, P, I64, F64, F64, P, I64], ctypes.c_int),
+    "qp_maxpool": ([P, *[I64] * 15, P], None),
+    "qp_copy": ([P, I64, P, P, P], None),
+    "qp_bmm_strided": ([P, I64, P, P, I64, P, *[I64] * 5, F64, F64, F64, I64, P, I64], None),
+    "qp_bmm_pairs": ([P, I64, P, P, I64, P, *[I64] * 5, F64, F64, F64, I64, P, I64], None),
+    "qp_dequantize": ([P, I64, I64, I64, I64, P, P], None),
+    "qp_to_nhwc": ([P, *[I64] * 5, P], None),
+    "qp_softmax": ([P, I64, I64, I64, P, P, I64, F64, F64, I64, F64, F64, P, I64], None),
+    "qp_layernorm": ([P, *[I64] * 5, F64, I64, P, I64, I64, P, P, F64, F64, F64, P, I64],
+                     ctypes.c_int),
+    packed.RUNNER: ([I64, P, P, P, P, I64, P, P, P, P], I64),
+}  # fmt: skip
+"""Every exported kernel's ctypes signature; simulator.runtime.packed writes the frozen plan's
+wrappers from it, so a kernel's arguments are stated here only."""
+PACKED = packed.names(SIGNATURES)
+
+
+def cache_dir() -> Path:
+    """Where built libraries live: ``$QPARITY_NATIVE_CACHE`` or ``~/.cache/qparity/native``."""
+    env = os.environ.get("QPARITY_NATIVE_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "qparity" / "native"
+
+
+def _compiler() -> str | None:
+    cc = os.environ.get("CC", "cc")
+    return shutil.which(cc)
+
+
+def _key(cc: str) -> str:
+    h = hashlib.sha256()
+    for src in sorted(SOURCES[0].parent.glob("*.[ch]")):  # the sources and their headers
+        h.update(src.name.encode() + src.read_bytes())
+    h.update(packed.source(SIGNATURES).encode())
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+    h.update(version.stdout.encode() + " ".join(FLAGS).encode())
+    return h.hexdigest()[:16]
+
+
+def build(target_dir: Path | None = None) -> Path:
+    """Compile the sources (once per hash) and return the library's path.
+
+    Raises SimulatorError naming the compiler command and its message when the build fails."""
+    cc = _compiler()
+    if cc is None:
+        raise SimulatorError(f"no C compiler ({os.environ.get('CC', 'cc')}) on PATH",
+                             where="native kernels", hint=HINT)  # fmt: skip
+    out_dir = target_dir or cache_dir()
+    lib = out_dir / f"qparity-native-{_key(cc)}.so"
+    if lib.exists():
+        return lib
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, gen = tempfile.mkstemp(suffix="-packed.c", dir=out_dir)  # the plan's wrappers
+    os.close(fd)
+    try:
+        atomic_write_text(gen, packed.source(SIGNATURES))
+        atomic_save(lib, lambda tmp: _compile(cc, tmp, gen))
+    finally:
+        Path(gen).unlink(missing_ok=True)
+    return lib
+
+
+def _compile(cc: str, out: str, gen: str) -> None:
+    cmd = [cc, *FLAGS, "-o", out, *map(str, SOURCES), gen, "-lm"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if res.returncode != 0:
+        raise SimulatorError(f"{' '.join(cmd)} failed: {res.stderr.strip()[-800:]}",
+                             where="native kernels", hint=HINT)  # fmt: skip
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    # torch is imported above, so its libgomp is loaded first and the library shares it
+    lib = ctypes.CDLL(str(path))
+    for name, (args, res) in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, res
+    return lib
+
+
+@functools.cache
+def _state() -> tuple[ctypes.CDLL | None, str]:
+    if os.environ.get("QPARITY_NATIVE", "1") == "0":
+        return None, "off (QPARITY_NATIVE=0)"
+    try:
+        lib = _load(build())
+    except (QparityError, OSError, subprocess.SubprocessError) as e:
+        LOG.info("compiled simulator kernels unavailable: %s", e)
+        return None, f"unavailable: {getattr(e, 'what', e)}"
+    if not lib.qp_cpu_ok():
+        LOG.info("compiled simulator kernels off: this CPU lacks AVX-512 VNNI")
+        return None, "unavailable: this CPU lacks AVX-512 VNNI"
+    return lib, "on (AVX-512 VNNI convolution, row kernels, pooling, LayerNorm, softmax)"
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None when they cannot run here (:func:`status`); inside
+    :func:`tracing`, a stand-in that records every call it forwards."""
+    lib, traces = _state()[0], _TRACE.get()
+    return lib if not traces or lib is None else _Recorder(lib, traces)
+
+
+def amx() -> bool:
+    """Whether the AMX-INT8 linear (qamx.c) runs: the kernels load, this CPU has AMX and the
+    OS grants the tile state, and ``QPARITY_AMX`` is not ``0`` (read on each call, so tests
+    can compare both paths)."""
+    return os.environ.get("QPARITY_AMX", "1") != "0" and amx_supported()
+
+
+@functools.cache
+def amx_supported() -> bool:
+    """Whether the kernels load, this CPU has AMX-INT8 and the OS grants the tile state
+    (whatever ``QPARITY_AMX`` says)."""
+    lib = _state()[0]
+    return lib is not None and bool(lib.qp_amx_ok())
+
+
+def linear_kernel() -> str:
+    """Which kernel runs LINEAR here, and why not AMX when it does not (bench lines, skips)."""
+    if _state()[0] is None:
+        return f"the reference integer ops (compiled kernels {status()})"
+    if not amx_supported():
+        return "AVX-512 VNNI (this CPU lacks AMX-INT8, or the OS does not grant its tile state)"
+    if not amx():
+        return "AVX-512 VNNI (QPARITY_AMX=0)"
+    return "AMX-INT8 tiles (AVX-512 VNNI for rows longer than exec_native.AMX_K_MAX)"
+
+
+def status() -> str:
+    """One line: whether the compiled kernels run, and why not when they do not."""
+    return _state()[1]
+
+
+def code(t) -> int:
+    """The kernels' dtype code of tensor ``t``: log2 of its element size (int8 / uint8 0,
+    int16 1, int32 2)."""
+    return t.element_size().bit_length() - 1
+
+
+def int64s(*values: int) -> ctypes.Array:
+    """A C array of int64 (shapes, strides) to pass where a kernel takes ``const int64_t *``."""
+    return (ctypes.c_int64 * len(values))(*values)
+
+
+def ptr(t) -> ctypes.c_void_p | None:
+    """A tensor's data pointer for a ctypes call (None for None)."""
+    if t is None:
+        return None
+    p = ctypes.c_void_p(t.data_ptr())
+    for trace in _TRACE.get():
+        trace.pointers[id(p)] = (p, t)
+    return p
+
+
+def empty(shape, dtype: torch.dtype) -> torch.Tensor:
+    """``torch.empty`` for a kernel's output or scratch buffer (what :func:`tracing`
+    records as written by the calls, not read from outside)."""
+    t = torch.empty(shape, dtype=dtype)
+    for trace in _TRACE.get():
+        trace.allocs.append(t)
+    return t
+
+
+@dataclass
+class Trace:
+    """What one kernel did at the ctypes boundary, for :mod:`simulator.runtime.replay`: its calls
+    as ``(function, arguments, return value)``, the tensor behind each :func:`ptr`
+    argument (by the pointer object's id) and the buffers it took from :func:`empty`.
+
+    The contract that makes a trace replayable: a call's arguments depend only on the
+    kernel's input geometry (dtype, shape, strides) and its constants, never on input
+    values; a decision that depends on values comes back as the call's return value."""
+
+    calls: list[tuple[object, tuple, object]] = field(default_factory=list)
+    pointers: dict[int, tuple[ctypes.c_void_p, torch.Tensor]] = field(default_factory=dict)
+    allocs: list[torch.Tensor] = field(default_factory=list)
+
+
+_TRACE: contextvars.ContextVar[tuple[Trace, ...]] = contextvars.ContextVar("trace", default=())
+
+
+@contextlib.contextmanager
+def tracing():
+    """Record the compiled calls made inside the block into the yielded :class:`Trace`
+    (nested blocks: every open trace records them)."""
+    trace = Trace()
+    token = _TRACE.set((*_TRACE.get(), trace))
+    try:
+        yield trace
+    finally:
+        _TRACE.reset(token)
+
+
+class _Recorder:
+    """The library as seen inside :func:`tracing`: each call is made, then recorded."""
+
+    def __init__(self, lib: ctypes.CDLL, traces: tuple[Trace, ...]):
+        self._lib, self._traces = lib, traces
+
+    def __getattr__(self, name: str):
+        fn = getattr(self._lib, name)
+
+        def call(*args):
+            rc = fn(*args)
+            for trace in self._traces:
+                trace.calls.append((fn, args, rc))
+            return rc
+
+        return call

@@ -1,0 +1,283 @@
+"""The compiled int8 convolution (simulator/csrc/qconv.c) against the reference integer ops
+(CUSTOM_OPS QConv, and QConv into QAdd for the fused add), and the library's build."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas.errors import SimulatorError
+from simulator.arith.custom_ops import CUSTOM_OPS
+from simulator.kernels import exec_native
+from simulator.program.isa import Instruction, Op, Program
+from simulator.runtime import native
+from simulator.runtime.executor import Executor
+from tests.simulator.kernels.test_exec_conv import EMPTY, MODES, _nhwc_program
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason=native.status())
+
+
+def _native_plans(prog, feeds) -> tuple[np.ndarray, list]:
+    ex = Executor(prog)
+    out = ex.run(feeds)[0]["out"]
+    plans = [v for k, v in ex.consts.derived.items() if k[0] == "conv_plan"]
+    return out, [p.native for p in plans if p is not None]
+
+
+@st.composite
+def conv_cases(draw):
+    """A random conv: int8 or int16 input, int8 / int16 / int32 output, channels across
+    16-lane blocks, any geometry, extreme values."""
+    c, o = draw(st.integers(1, 37)), draw(st.sampled_from([1, 5, 16, 17, 32, 40, 64, 70]))
+    k = draw(st.sampled_from([(1, 1), (3, 3), (2, 3), (5, 1)]))
+    strides, dil = (
+        draw(st.lists(st.integers(1, 3), min_size=2, max_size=2)),
+        [draw(st.integers(1, 2)), draw(st.integers(1, 2))],
+    )
+    pads = draw(st.lists(st.integers(0, 2), min_size=4, max_size=4))
+    need = [(k[i] - 1) * dil[i] + 1 - pads[i] - pads[i + 2] for i in (0, 1)]
+    h, w = (draw(st.integers(max(n, 1), max(n, 1) + 9)) for n in need)
+    seed = draw(st.integers(0, 2**31))
+    rng = np.random.default_rng(seed)
+    dt = draw(st.sampled_from([np.int8, np.int16]))
+    lo, hi = np.iinfo(dt).min, np.iinfo(dt).max
+    x = rng.integers(lo, hi + 1, (draw(st.integers(1, 3)), c, h, w)).astype(dt)
+    x.reshape(-1)[rng.random(x.size) < 0.1] = lo  # the extreme (the uint8 offset's edge)
+    wt = rng.integers(-128, 128, (o, c, *k), dtype=np.int8)
+    attrs = {"rounding": draw(st.sampled_from(MODES)), "relu": draw(st.integers(0, 1)),
+             "strides": strides, "pads": pads, "dilations": dil, "group": 1,
+             "out_dtype": draw(st.sampled_from(["int8", "int16", "int32"]))}  # fmt: skip
+    bias = rng.integers(-(2**15), 2**15, o)
+    if attrs["out_dtype"] == "int32":  # no requantize: acc + bias, relu
+        return x, wt, bias, EMPTY, EMPTY, attrs, rng
+    if draw(st.booleans()):  # a float32 epilogue: |acc * mult| < 2**23 (module docstring)
+        while (top := _acc_bound(x, wt, bias)) >= 2**21:
+            wt, bias = (wt / 2).astype(np.int8), bias // 2  # toward 0: reaches 0
+        mult = rng.integers(1, max(2**23 // top, 2), o)
+    else:
+        mult = rng.integers(1, 2**20, o)
+    shift = rng.integers(8, 24, o) + np.log2(mult.max()).astype(int)
+    return x, wt, bias, mult, shift, attrs, rng
+
+
+def _acc_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> int:
+    col = int(np.abs(w.astype(np.int64)).reshape(len(w), -1).sum(1).max())
+    return col * -int(np.iinfo(x.dtype).min) + int(np.abs(bias).max())
+
+
+def _o_pad(o: int) -> int:
+    return -(-o // 16) * 16
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=conv_cases())
+def test_native_conv_equals_qconv(case):
+    x, w, bias, mult, shift, attrs, _ = case
+    o, c = w.shape[:2]
+    want = CUSTOM_OPS["QConv"].evaluate([x, w, bias, mult, shift], attrs)
+    prog = _nhwc_program(x, w, [bias, mult, shift], attrs, c_pad=_o_pad(c), o_pad=_o_pad(o))
+    got, plans = _native_plans(prog, {"x": x})
+    assert len(plans) == 1 and plans[0] is not None
+    per_group = 4 if x.dtype == np.int8 else 2  # a pixel off the 4-byte grid runs as row runs
+    runs = w.shape[3] > 1 and c % per_group != 0 and attrs["dilations"][1] == 1
+    assert plans[0].row_runs == runs
+    if mult.size:
+        top = _acc_bound(x, w, bias) * int(mult.max())
+        f32 = top < 2 ** (23 + (attrs["rounding"] == "half_even"))
+        assert plans[0].scale.dtype == (torch.float32 if f32 else torch.float64)
+    else:
+        assert plans[0].scale is None
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == want.dtype
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=conv_cases(), per_channel=st.booleans())
+def test_native_fused_conv_add_equals_qconv_then_qadd(case, per_channel):
+    x, w, bias, _, _, attrs, rng = case
+    attrs = {**attrs, "out_dtype": "int16" if attrs["out_dtype"] == "int32" else attrs["out_dtype"]}
+    o, c = w.shape[:2]
+    acc = CUSTOM_OPS["QConv"].evaluate([x, w, bias, EMPTY, EMPTY],
+                                       {**attrs, "out_dtype": "int32", "relu": 0})  # fmt: skip
+    bdt = (np.int8, np.int16, np.int32)[int(rng.integers(0, 3))]  # int32: an accumulator
+    b = rng.integers(np.iinfo(bdt).min, np.iinfo(bdt).max, acc.shape, dtype=bdt, endpoint=True)
+    ma = rng.integers(-(2**10), 2**10, (o, 1, 1)) if per_channel else rng.integers(1, 2**10, (1,))
+    mb, sh = rng.integers(-(2**14), 2**14, (1,)), np.array([int(rng.integers(8, 30))])
+    want = CUSTOM_OPS["QAdd"].evaluate([acc, b, ma, mb, sh], attrs)
+    consts = [bias, EMPTY, EMPTY, ma.reshape(-1), mb, sh]
+    prog = _nhwc_program(x, w, consts, attrs, b=b, c_pad=_o_pad(c), o_pad=_o_pad(o))
+    got, plans = _native_plans(prog, {"x": x, "b": b})
+    assert plans and all(p is not None for p in plans)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("below", [True, False])
+def test_float32_epilogue_only_below_its_limit(mode, below):
+    """``|acc * m|`` just below the float32 limit runs in float32, at it in float64; both
+    exact on inputs that reach the bound (all -128 against all -128 weights)."""
+    limit = 2**24 if mode == "half_even" else 2**23
+    c, k = 8, 3
+    a = c * k * k * 128 * 128  # acc_bound with no bias
+    m = (limit - 1) // a if below else limit // a + 1
+    x = np.full((1, c, 5, 5), -128, np.int8)
+    w = np.full((2, c, k, k), -128, np.int8)
+    w[1] = 127
+    attrs = {"rounding": mode, "relu": 0, "strides": [1, 1], "pads": [1, 1, 1, 1],
+             "dilations": [1, 1], "group": 1, "out_dtype": "int8"}  # fmt: skip
+    mult, shift = np.full(2, m), np.full(2, 22)
+    want = CUSTOM_OPS["QConv"].evaluate([x, w, np.zeros(2, np.int64), mult, shift], attrs)
+    prog = _nhwc_program(x, w, [np.zeros(2, np.int64), mult, shift], attrs)
+    got, plans = _native_plans(prog, {"x": x})
+    assert [p.scale.dtype for p in plans] == [torch.float32 if below else torch.float64]
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("in_dtype,b_dtype", [(np.int32, None), (np.int32, np.int8)])
+def test_int32_input_stays_on_the_torch_path(in_dtype, b_dtype):
+    rng = np.random.default_rng(3)
+    x, w = rng.integers(-128, 128, (1, 4, 5, 5)).astype(in_dtype), np.ones((3, 4, 3, 3), np.int8)
+    attrs = {"rounding": "half_even", "relu": 0, "strides": [1, 1], "pads": [0, 0, 0, 0],
+             "dilations": [1, 1], "group": 1, "out_dtype": "int8"}  # fmt: skip
+    if b_dtype is None:
+        consts = [np.zeros(3, np.int64), np.full(3, 5), np.full(3, 3)]
+        want = CUSTOM_OPS["QConv"].evaluate([x, *([w] + consts)], attrs)
+        got, plans = _native_plans(_nhwc_program(x, w, consts, attrs), {"x": x})
+    else:
+        b = rng.integers(-999, 999, (1, 3, 3, 3)).astype(b_dtype)
+        consts = [np.zeros(3, np.int64), EMPTY, EMPTY, np.ones(1, np.int64), np.ones(1, np.int64),
+                  np.array([2])]  # fmt: skip
+        acc = CUSTOM_OPS["QConv"].evaluate(
+            [x, w, consts[0], EMPTY, EMPTY], {**attrs, "out_dtype": "int32"}
+        )
+        want = CUSTOM_OPS["QAdd"].evaluate([acc, b, *consts[3:]], attrs)
+        got, plans = _native_plans(_nhwc_program(x, w, consts, attrs, b=b), {"x": x, "b": b})
+    assert all(p is None for p in plans)
+    np.testing.assert_array_equal(got, want)
+
+
+NEEDS_AMX = pytest.mark.skipif(
+    not native.amx_supported(),
+    reason=f"AMX-INT8 linear (qamx.c) not tested here: LINEAR runs on {native.linear_kernel()}",
+)
+LINEAR_CASES = dict(
+    rows=st.lists(st.integers(1, 9), min_size=1, max_size=3), k=st.integers(1, 90),
+    o=st.integers(1, 40), per_channel=st.booleans(), mode=st.sampled_from(MODES),
+    out_dtype=st.sampled_from(["int8", "int16", "int32"]), relu=st.integers(0, 1),
+    wide=st.booleans(), seed=st.integers(0, 2**31),
+)  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None)
+@given(**LINEAR_CASES)
+def test_native_linear_on_vnni_equals_qlinear(**case):
+    """QPARITY_AMX=0: the AVX-512 VNNI kernel, on every machine that has the kernels."""
+    _linear_case("0", **case)
+
+
+@NEEDS_AMX
+@settings(max_examples=40, deadline=None)
+@given(**LINEAR_CASES)
+def test_native_linear_on_amx_equals_qlinear(**case):
+    """The AMX-INT8 tiles; skipped, with the reason, on a CPU without AMX."""
+    _linear_case("1", **case)
+
+
+def _linear_case(amx, rows, k, o, per_channel, mode, out_dtype, relu, wide, seed) -> None:
+    """One random LINEAR on the path ``amx`` selects (K <= 90: within AMX_K_MAX) against
+    the reference QLinear, integers and dtype."""
+    rng = np.random.default_rng(seed)
+    dt = np.int16 if wide else np.int8
+    x = rng.integers(np.iinfo(dt).min, np.iinfo(dt).max + 1, (*rows, k)).astype(dt)
+    w = rng.integers(-128, 128, (o, k), dtype=np.int8)
+    bias = rng.integers(-(2**15), 2**15, o) if seed % 3 else EMPTY
+    n = o if per_channel else 1
+    mult, shift = rng.integers(1, 2**15, n), rng.integers(0, 30, n)
+    if out_dtype == "int32":
+        mult, shift = EMPTY, EMPTY
+    attrs = {"rounding": mode, "out_dtype": out_dtype, "relu": relu}
+    want = CUSTOM_OPS["QLinear"].evaluate([x, w, bias, mult, shift], attrs)
+    instr = Instruction(Op.LINEAR, ("x",), ("out",), ("w", "b", "m", "s"), attrs, ("fc",))
+    consts = {"w": w, "b": bias, "m": mult, "s": shift}
+    with _amx_spy(amx) as tiles:
+        ex = Executor(Program("nash-e", {"x": {}}, {"out": {}}, [instr], consts))
+        got = ex.run({"x": x})[0]["out"]
+    plans = [v for key, v in ex.consts.derived.items() if key[0] == "linear_native"]
+    assert len(plans) == 1 and plans[0] is not None
+    assert tiles == [amx == "1"]  # the path asked for is the path that ran
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == want.dtype
+
+
+def test_linear_kernel_names_the_path_that_runs(monkeypatch):
+    monkeypatch.setenv("QPARITY_AMX", "0")
+    assert native.linear_kernel() == "AVX-512 VNNI (QPARITY_AMX=0)" or not native.amx_supported()
+    monkeypatch.setenv("QPARITY_AMX", "1")
+    tiles = native.linear_kernel().startswith("AMX-INT8 tiles")
+    assert tiles == native.amx() == native.amx_supported()
+    assert tiles or native.linear_kernel().startswith("AVX-512 VNNI (this CPU lacks AMX-INT8")
+
+
+@contextlib.contextmanager
+def _amx_spy(on: str):
+    """QPARITY_AMX set to ``on``; yields the list of whether each linear ran on tiles."""
+    ran, real = [], exec_native._amx
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QPARITY_AMX", on)
+        mp.setattr(exec_native, "_amx", lambda *a: ran.append(real(*a)) or ran[-1])
+        yield ran
+
+
+def test_linear_rows_past_the_amx_buffers_run_by_vnni():
+    """K = 600 pads to 640 > AMX_K_MAX: the VNNI kernel, the same integers."""
+    rng = np.random.default_rng(3)
+    x = rng.integers(-128, 128, (37, 600)).astype(np.int8)
+    w = rng.integers(-8, 8, (20, 600), dtype=np.int8)
+    mult, shift = rng.integers(1, 2**10, 20), np.full(20, 16)
+    attrs = {"rounding": "half_even", "out_dtype": "int8", "relu": 0}
+    instr = Instruction(Op.LINEAR, ("x",), ("out",), ("w", "b", "m", "s"), attrs, ("fc",))
+    consts = {"w": w, "b": EMPTY, "m": mult, "s": shift}
+    with _amx_spy("1") as tiles:
+        got = Executor(Program("nash-e", {"x": {}}, {"out": {}}, [instr], consts)).run({"x": x})
+    assert tiles == [False]
+    want = CUSTOM_OPS["QLinear"].evaluate([x, w, EMPTY, mult, shift], attrs)
+    np.testing.assert_array_equal(got[0]["out"], want)
+
+
+def test_pack_weights_layout():
+    """``packed[i, j, c // 4, o // 16, o % 16, c % 4] = wmat[(i, j, c), o]``, zeros elsewhere."""
+    wmat = (
+        torch.arange(2 * 3 * 5 * 18).reshape(2 * 3 * 5, 18).remainder(251).sub(125).to(torch.int8)
+    )
+    packed, cs, blocks = exec_native.pack_weights(wmat, (2, 3), 5)
+    assert (cs, blocks, packed.shape) == (8, 2, (2, 3, 2, 2, 16, 4))
+    w4 = wmat.reshape(2, 3, 5, 18)
+    for i, j, c, o in np.ndindex(2, 3, 8, 32):
+        want = int(w4[i, j, c, o]) if c < 5 and o < 18 else 0
+        assert int(packed[i, j, c // 4, o // 16, o % 16, c % 4]) == want
+
+
+def test_build_is_cached_and_reports_a_missing_compiler(tmp_path, monkeypatch):
+    first = native.build(tmp_path)
+    assert native.build(tmp_path) == first and first.parent == tmp_path
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with pytest.raises(SimulatorError, match="no C compiler"):
+        native.build(tmp_path / "other")
+
+
+def test_build_failure_names_the_command(tmp_path, monkeypatch):
+    fake = tmp_path / "cc"
+    fake.write_text(
+        '#!/bin/sh\n[ "$1" = --version ] && echo fake && exit 0\necho boom >&2\nexit 1\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    with pytest.raises(SimulatorError, match="failed: boom") as err:
+        native.build(tmp_path / "out")
+    assert "install a C compiler" in str(err.value)  # says what to do
+    assert not list((tmp_path / "out").glob("*"))  # no half-written library left behind

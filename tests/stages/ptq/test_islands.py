@@ -1,0 +1,73 @@
+"""Ops without an integer form run as float islands through every PTQ stage: each one
+between an input dequantize and its own output quantizer (comparisons: no quantizer),
+listed by convert, run on the board's CPU side, the hbm bit-exact with quantized. PRelu
+and Max get the op table's integer forms (Max of a broadcast operand too)."""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from pipelines.ptq import run_ptq
+from schemas.store import RunStore
+from tests.stages.ptq.conftest import spec
+
+ISLANDS = ["LayerNormalization", "Greater", "Where", "DepthToSpace", "SpaceToDepth", "Resize",
+           "ConvTranspose", "ReduceMax", "Abs", "Pow", "GlobalMaxPool"]  # fmt: skip
+INTEGER = ["PRelu", "Max"]  # the op table's integer forms (QClip + QAdd), broadcast too
+
+
+def islands_model() -> onnx.ModelProto:
+    """Conv -> the ops of ISLANDS in a row (as exporters write them) -> Flatten -> Gemm."""
+    rng = np.random.default_rng(0)
+    f = lambda *s: rng.normal(0, 0.3, s).astype(np.float32)  # noqa: E731
+    inits = {"w": f(4, 1, 3, 3), "slope": f(4, 1, 1), "ln_s": f(8), "ln_b": f(8),
+             "zero": np.float32(0), "sc": np.array([1, 1, 2, 2], np.float32),
+             "wt": f(4, 4, 2, 2), "ax": np.array([1], np.int64), "two": np.float32(2),
+             "fc": f(4, 10)}  # fmt: skip
+    n = helper.make_node
+    nodes = [
+        n("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        n("PRelu", ["c", "slope"], ["p"]),
+        n("LayerNormalization", ["p", "ln_s", "ln_b"], ["ln"], axis=-1),
+        n("Greater", ["c", "zero"], ["mask"]),
+        n("Where", ["mask", "ln", "c"], ["wh"]),
+        n("DepthToSpace", ["wh"], ["d2s"], blocksize=2),
+        n("SpaceToDepth", ["d2s"], ["s2d"], blocksize=2),
+        n("Resize", ["s2d", "", "sc"], ["up"], mode="linear"),
+        n("ConvTranspose", ["up", "wt"], ["ct"], strides=[2, 2]),
+        n("ReduceMax", ["ct", "ax"], ["rmax"], keepdims=1),
+        n("Abs", ["rmax"], ["abs"]),
+        n("Pow", ["abs", "two"], ["sq"]),
+        n("Max", ["ct", "sq"], ["mx"]),
+        n("GlobalMaxPool", ["mx"], ["gmp"]),
+        n("Flatten", ["gmp"], ["fl"]),
+        n("Gemm", ["fl", "fc"], ["y"]),
+    ]
+    for k, node in enumerate(nodes):
+        node.name = f"{node.op_type.lower()}_{k}"
+    graph = helper.make_graph(
+        nodes, "islands",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+
+
+def test_float_islands_run_every_ptq_stage_and_keep_agreement(tmp_path):
+    path = tmp_path / "islands.onnx"
+    onnx.save(islands_model(), path)
+    run = RunStore(tmp_path / "runs").open(run_ptq(path, spec(), tmp_path / "runs"))
+    assert run.manifest().status == "complete"  # hbm proved bit-exact against quantized
+    check = run.path("debug/model_check_result.txt").read_text()
+    listed = {line.rsplit("_", 1)[0] for line in check[check.index("## float islands") :].split()}
+    assert {op.lower() for op in ISLANDS} <= listed
+    assert not {op.lower() for op in INTEGER} & listed
+    cosine = dict(duckdb.sql(
+        f"SELECT stage, value FROM read_parquet('{run.root}/tables/metrics/**/*.parquet') "
+        "WHERE metric = 'cosine'"
+    ).fetchall())  # fmt: skip
+    assert cosine["board"] > 0.99 and cosine["hbm"] == cosine["quantized"]

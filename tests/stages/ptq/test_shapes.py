@@ -1,0 +1,108 @@
+"""model.input_shapes and the size computations folded at original: a detector-style
+graph exported with dynamic batch, height and width."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from pipelines.ptq import run_ptq
+from schemas.errors import StageError
+from schemas.store import RunStore
+from stages.onnx_runner import OnnxRunner
+from stages.ptq.shapes import fix_input_shapes, fold_shapes
+from tests.models import data
+from tests.stages.ptq.conftest import spec
+
+
+def _node(op, ins, outs, **attrs):
+    return helper.make_node(op, ins, outs, name=outs[0], **attrs)
+
+
+def dynamic_detector() -> onnx.ModelProto:
+    """x[N,1,H,W] -> Conv -> Relu, plus an anchor grid (Shape/Gather/Range/Cast), a mask of
+    ones (Mul/Unsqueeze/ConstantOfShape) and a head flattening to Concat(Shape[0:1], 4, -1)
+    as exporters write them; then Flatten -> Gemm (H = W = 8)."""
+    rng = np.random.default_rng(0)
+    inits = {"w": rng.normal(0, 0.3, (4, 1, 3, 3)).astype(np.float32),
+             "fc": rng.normal(0, 0.1, (256, 10)).astype(np.float32),
+             "zero": np.array(0, np.int64), "one": np.array(1, np.int64),
+             "two": np.array(2, np.int64), "three": np.array(3, np.int64),
+             "s0": np.array([0], np.int64), "s1": np.array([1], np.int64),
+             "ax0": np.array([0], np.int64), "four_m1": np.array([4, -1], np.int64)}  # fmt: skip
+    nodes = [
+        _node("Conv", ["x", "w"], ["conv"], pads=[1, 1, 1, 1]),
+        _node("Relu", ["conv"], ["relu"]),
+        _node("Shape", ["relu"], ["shape"]),
+        _node("Gather", ["shape", "three"], ["width"]),
+        _node("Range", ["zero", "width", "one"], ["grid"]),
+        _node("Cast", ["grid"], ["grid_f"], to=TensorProto.FLOAT),
+        _node("Add", ["relu", "grid_f"], ["anchored"]),
+        _node("Gather", ["shape", "two"], ["height"]),
+        _node("Mul", ["height", "width"], ["cells"]),
+        _node("Unsqueeze", ["cells", "ax0"], ["cells_1d"]),
+        _node(
+            "ConstantOfShape",
+            ["cells_1d"],
+            ["ones"],
+            value=numpy_helper.from_array(np.array([0.5], np.float32)),
+        ),  # fmt: skip
+        _node("Slice", ["shape", "s0", "s1"], ["batch"]),
+        _node("Concat", ["batch", "four_m1"], ["target"], axis=0),
+        _node("Reshape", ["anchored", "target"], ["flat"]),
+        _node("Mul", ["flat", "ones"], ["scaled"]),
+        _node("Flatten", ["scaled"], ["features"]),
+        _node("Gemm", ["features", "fc"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "detector",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, "H", "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_dynamic_height_and_width_without_input_shapes_name_the_dims_and_the_field(tmp_path):
+    path = tmp_path / "det.onnx"
+    onnx.save(dynamic_detector(), path)
+    with pytest.raises(StageError, match=r"x: dim 2 \(H\), dim 3 \(W\)") as e:
+        run_ptq(path, spec(), tmp_path / "runs")
+    assert e.value.where == "model.input_shapes" and "[1, 'N', 'N', 'N']" in e.value.hint
+
+
+def test_folding_keeps_the_batch_dynamic_and_the_numbers():
+    model = dynamic_detector()
+    fix_input_shapes(model, {"x": [1, 1, 8, 8]}, "det.onnx")
+    folded_model, folded = fold_shapes(model)
+    ops = [n.op_type for n in folded_model.graph.node]
+    assert ops == ["Conv", "Relu", "Add", "Reshape", "Mul", "Flatten", "Gemm"]
+    assert {n.op_type for n in folded} >= {"Shape", "Gather", "Range", "Cast", "ConstantOfShape"}
+    target = next(i for i in folded_model.graph.initializer if i.name.startswith("target"))
+    assert numpy_helper.to_array(target).tolist() == [0, 4, -1]  # the batch is copied
+    x = data()["evaluation"][0][:5]
+    want = OnnxRunner(model).run(x)[0]
+    np.testing.assert_allclose(OnnxRunner(folded_model).run(x)[0], want, rtol=1e-6, atol=1e-6)
+
+
+def test_input_shapes_errors_name_the_input():
+    with pytest.raises(StageError, match=r"names input 'images'.*\['x'\]"):
+        fix_input_shapes(dynamic_detector(), {"images": [1, 1, 8, 8]}, "det.onnx")
+    with pytest.raises(StageError, match=r"rank 4") as e:
+        fix_input_shapes(dynamic_detector(), {"x": [1, 8, 8]}, "det.onnx")
+    assert e.value.where == "model.input_shapes.x"
+
+
+def test_a_detector_with_dynamic_dims_runs_every_stage_once_its_shapes_are_set(tmp_path):
+    path = tmp_path / "det.onnx"
+    onnx.save(dynamic_detector(), path)
+    s = spec()
+    s = s.model_copy(
+        update={"model": s.model.model_copy(update={"input_shapes": {"x": [1, 1, 8, 8]}})}
+    )
+    run = RunStore(tmp_path / "runs").open(run_ptq(path, s, tmp_path / "runs"))
+    assert run.manifest().status == "complete"
+    check = run.path("debug/model_check_result.txt").read_text()
+    assert "## shape computations folded into constants" in check and "Range: 1" in check
