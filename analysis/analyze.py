@@ -42,6 +42,8 @@ class Analysis:
     verdicts: list[PairVerdict]
     first: PairVerdict | None
     files: list[str]
+    judged: str = ""
+    """What the stages were judged by: the primary metric and the output it was read on."""
 
     def summary(self) -> str:
         """The localization summary, a few lines."""
@@ -49,13 +51,15 @@ class Analysis:
             return f"run {self.run_id}: fewer than two comparable stages, nothing to localize"
         if self.first is None:
             pairs = ", ".join(f"{v.base}->{v.analysis}" for v in self.verdicts)
-            return f"run {self.run_id}: no stage diverges ({pairs} within thresholds)"
+            return (f"run {self.run_id}: no stage diverges ({pairs} within thresholds; "
+                    f"judged by {self.judged})")  # fmt: skip
         f = self.first
         top = ", ".join(lid for lid, *_ in f.sensitive[:3]) or "-"
         return "\n".join(
             [
                 f"run {self.run_id}: first divergent stage {f.analysis} (vs {f.base}): "
                 + "; ".join(f.reasons),
+                f"judged by: {self.judged}",
                 f"first divergent layer: {f.first_layer} ({_own(f)})",
                 f"top sensitive ops: {top}",
                 f"triage: {f.triage}",
@@ -104,7 +108,8 @@ def analyze_models(ctx, chain: list[str], models: dict, layers: dict, integer: d
     write_rows(ctx.run, "sensitivity", sens + trial_rows(ctx.run.run_id, advice, layers), "all")
     write_tensors(ctx, models, results, first, layers)
     files = _write_files(ctx, results, verdicts, first, layers, dtypes, advice)
-    return Analysis(ctx.run.run_id, chain, verdicts, first, files)
+    judged = f"{primary.label} of {primary.output}"
+    return Analysis(ctx.run.run_id, chain, verdicts, first, files, judged)
 
 
 def _judge(

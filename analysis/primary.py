@@ -2,7 +2,9 @@
 
 Localization, sweeps and the report read it from the metrics table: the spec's
 ``compare.primary``, else top1 when the dataset had labels, else the output cosine against
-the float model (stages.evaluate.primary_metric). A stage pair worsens by the drop of the
+the float model (stages.evaluate.primary_metric), read on the judged output (stages.outputs:
+``compare.output``, else the one with top1 rows, else the first class-like one, i.e. with
+top1_agreement rows, else the first). A stage pair worsens by the drop of the
 metric (its rise for l1); the largest acceptable worsening is ``thresholds.top1_drop`` for
 top1 and ``thresholds.primary_drop`` (null: top1_drop) for any other.
 """
@@ -31,6 +33,8 @@ class Primary:
     limit: float
     samples: dict[str, int] = field(default_factory=dict)
     """How many samples each stage's value was measured on."""
+    output: str = OUTPUT
+    """The output id the values were read on (a task metric's rows have none)."""
 
     @property
     def label(self) -> str:
@@ -47,7 +51,8 @@ class Primary:
         if not worse > self.limit:
             return None
         verb = "rises" if self.name in LOWER_IS_BETTER else "drops"
-        return f"{self.label} {verb} {worse:.4f} (> {self.limit})"
+        on = "" if self.output == OUTPUT else f" on {self.output}"
+        return f"{self.label}{on} {verb} {worse:.4f} (> {self.limit})"
 
 
 def read_primary(spec: PipelineSpec, rows: list[dict]) -> Primary:
@@ -55,11 +60,23 @@ def read_primary(spec: PipelineSpec, rows: list[dict]) -> Primary:
     written before outputs were recorded carry none); ``spec``: anything with a
     ``compare`` section (a PTQ run's analysis passes the defaults)."""
     name = primary_metric(spec.compare.primary, {r["metric"] for r in rows})
-    mine = [r for r in rows if r["metric"] == name and r.get("output") in (None, OUTPUT)]
+    output = judged_row_output(getattr(spec.compare, "output", None), rows)
+    mine = [r for r in rows if r["metric"] == name and r.get("output") in (None, output)]
     th = spec.compare.thresholds
     limit = th.top1_drop if name == "top1" or th.primary_drop is None else th.primary_drop
     samples = {r["stage"]: r.get("n_samples") for r in mine}
-    return Primary(name, {r["stage"]: r["value"] for r in mine}, limit, samples)
+    return Primary(name, {r["stage"]: r["value"] for r in mine}, limit, samples, output)
+
+
+def judged_row_output(named: str | None, rows: list[dict]) -> str:
+    """The judged output of a run's metrics rows (module docstring; rows written before
+    outputs were recorded: ``output``)."""
+    outputs = [r["output"] for r in rows if r.get("output")]
+    for metric in ("top1", "top1_agreement"):
+        hit = next((r["output"] for r in rows if r["metric"] == metric and r.get("output")), None)
+        if named is None and hit is not None:
+            return hit
+    return named or (outputs[0] if outputs else OUTPUT)
 
 
 def run_primary(run: Run) -> Primary:

@@ -274,6 +274,10 @@ class CompareSpec(Section):
     are ranked per sample by ``badcase_metric``): one a
     run records (``top1``, ``top1_agreement``, ``cosine``, ``sqnr_db``, ``l1`` or a name
     ``data.metric`` returns); null: top1 when the dataset has labels, else cosine."""
+    output: str | None = Field(default=None, pattern=r"^output(\.[\w]+)*$")
+    """The model output (canonical id: ``output``, ``output.0``, ``output.boxes``) labels,
+    top1 and the primary metric apply to; null: the first class-like ((N, C)) output, else
+    the first (stages.outputs)."""
     samples: int | None = Field(default=None, ge=1)
     """Compare layers on the first N evaluation samples (null: all of them); top-1 is
     always measured on the whole split."""

@@ -10,7 +10,6 @@ divergence: it shows here as a metric difference against compile.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from schemas.artifacts import BoardRun, HbmModel
 from schemas.errors import StageError
@@ -42,8 +41,9 @@ def board_sim(upstream: HbmModel, ctx: RunContext, call: StageCall) -> BoardRun:
     metrics = stage_metrics(
         ctx,
         "board_sim",
-        lambda x: torch.from_numpy(_board_out(executor, x.numpy(), cfg, ctx)),
+        lambda *xs: _board_out(executor, tuple(t.numpy() for t in xs), cfg, ctx),
         split,
+        graph=True,
     )
     return call.make(
         BoardRun,
@@ -55,15 +55,16 @@ def board_sim(upstream: HbmModel, ctx: RunContext, call: StageCall) -> BoardRun:
     )
 
 
-def _board_out(executor: Executor, x: np.ndarray, cfg, ctx: RunContext) -> np.ndarray:
-    """The board's (first) output for one batch of inputs or camera frames."""
-    return next(iter(executor.run(_feed(executor, x, cfg, ctx))[0].values()))
+def _board_out(executor: Executor, x: tuple, cfg, ctx: RunContext) -> list[np.ndarray]:
+    """The board's outputs (program order) for one batch of inputs (one array per program
+    input) or camera frames (a 1-tuple)."""
+    return list(executor.run(_feed(executor, x, cfg, ctx))[0].values())
 
 
 def _feed(executor: Executor, x: np.ndarray, cfg, ctx: RunContext) -> dict[str, np.ndarray]:
     if cfg.runtime_format == "featuremap":
-        return {next(iter(executor.program.inputs)): x}
-    return camera_feed(ctx, x)
+        return dict(zip(executor.program.inputs, x, strict=True))
+    return camera_feed(ctx, x[0])
 
 
 def camera_feed(ctx: RunContext, frames: np.ndarray) -> dict[str, np.ndarray]:

@@ -22,8 +22,9 @@ def calibrate(upstream: QatModelArtifact, ctx: RunContext, call: StageCall) -> C
     """Set every scale from calibration data; evaluate in VALIDATION state."""
     gm = load_qat(upstream, ctx)
     set_model_state(gm, QuantState.CALIBRATION)
-    for _, x, _ in ctx.calibration.batches(ctx.spec.stages.calibrate.batch_size):
-        gm(x)
+    split = ctx.calibration
+    for start, x, _ in split.batches(ctx.spec.stages.calibrate.batch_size):
+        gm(*split.tensors(start, start + len(x)))
     freeze_model(gm)
     inject_calibrate(ctx, gm)
     set_model_state(gm, QuantState.VALIDATION)

@@ -53,13 +53,16 @@ class _Capture(torch.fx.Interpreter):
 
 @torch.no_grad()
 def capture(
-    gm: torch.fx.GraphModule, x: torch.Tensor, replace: dict[str, torch.Tensor] | None = None
+    gm: torch.fx.GraphModule,
+    x: torch.Tensor | tuple[torch.Tensor, ...],
+    replace: dict[str, torch.Tensor] | None = None,
 ) -> tuple[object, dict[str, torch.Tensor]]:
     """(model output, {layer id: tensor}) for one batch.
 
     ``replace`` (layer id -> tensor) substitutes those layers' final values as the model
     runs, so everything downstream sees them (sensitivity analysis), while the captured
-    value of a replaced layer is what it computed from its (substituted) inputs."""
+    value of a replaced layer is what it computed from its (substituted) inputs. ``x``: a
+    tuple for a model with several inputs."""
     interp = _Capture(gm, replace or {})
-    out = interp.run(x)
+    out = interp.run(*(x if isinstance(x, tuple) else (x,)))
     return out, interp.values

@@ -17,7 +17,6 @@ import json
 
 import numpy as np
 import onnx
-import torch
 
 from schemas.artifacts import HbmModel, QuantizedModel
 from simulator.program import cost, hbm, hbm_render
@@ -29,6 +28,7 @@ from stages.context import RunContext
 from stages.evaluate import stage_metrics
 from stages.exactness import check_exact
 from stages.onnx_runner import OnnxRunner
+from stages.outputs import numpy_fed
 from stages.registry_types import StageCall
 
 
@@ -39,20 +39,22 @@ def compile_model(upstream: QuantizedModel, ctx: RunContext, call: StageCall) ->
     layers = json.loads(ctx.run.path(upstream.layers_file).read_text())
     march = MARCHES[ctx.spec.quant.march]
     program = Compiler(
-        model, march.name, march.channel_alignment, tensor_shapes(path, model, ctx.example.numpy())
+        model,
+        march.name,
+        march.channel_alignment,
+        tensor_shapes(path, model, ctx.evaluation.arrays(0, 2)),
     ).run({lid: v["tensor"] for lid, v in layers.items()})
     out = ctx.artifact_dir("compile") / "model.hbm"
     hbm.save(program, out)
     program = hbm.load(out)
     ctx.write_debug("hbm.txt", hbm_render.render(program))
-    probe = ctx.evaluation.x[: max(ctx.spec.compare.probe_samples, 2)]
+    probe = ctx.evaluation.arrays(0, max(ctx.spec.compare.probe_samples, 2))
     exact = check_exact(program, ctx.run.root, upstream, probe, "compile")
     ctx.write_debug("bit_exact.txt", exact.render())
     executor = Executor(program)
     ctx.write_debug("latency.txt", render_latency(program, executor, ctx, march))
-    name = next(iter(program.inputs))
     metrics = stage_metrics(
-        ctx, "compile", lambda x: torch.from_numpy(_first(executor.run({name: x.numpy()})[0]))
+        ctx, "compile", numpy_fed(lambda xs: _outputs(executor, xs)), graph=True
     )
     files = ["artifacts/compile/model.hbm"]
     if ctx.spec.stages.board_sim.runtime_format != "featuremap":
@@ -71,8 +73,9 @@ def compile_model(upstream: QuantizedModel, ctx: RunContext, call: StageCall) ->
     )
 
 
-def _first(outputs: dict) -> np.ndarray:
-    return next(iter(outputs.values()))
+def _outputs(executor: Executor, xs: tuple) -> list[np.ndarray]:
+    """The program's outputs (in order) for its inputs ``xs`` (in order)."""
+    return list(executor.run(dict(zip(executor.program.inputs, xs, strict=True)))[0].values())
 
 
 def tensor_shapes(path, model: onnx.ModelProto, x: np.ndarray) -> dict[str, tuple]:
@@ -84,8 +87,8 @@ def tensor_shapes(path, model: onnx.ModelProto, x: np.ndarray) -> dict[str, tupl
 
 def render_latency(program, executor: Executor, ctx: RunContext, march) -> str:
     """debug/latency.txt: the cost model's estimate per layer (a model, not a measurement)."""
-    name = next(iter(program.inputs))
-    shapes = executor.buffer_shapes({name: ctx.evaluation.x[:1]})
+    feed = dict(zip(program.inputs, ctx.evaluation.arrays(0, 1), strict=True))
+    shapes = executor.buffer_shapes(feed)
     rows = cost.latency_table(program, shapes, march)
     lines = ["# cost model estimate (not a measurement): layer_id | cycles | ddr_bytes | est_us"]
     lines += [

@@ -67,8 +67,8 @@ class Compiler:
                 self._node(node)
         outs = {o.name: {"dtype": "float32"} for o in self.model.graph.output}
         ins = {
-            i.name: {
-                "dtype": "float32",
+            i.name: {  # token ids and masks stay integers (int64), the rest float32
+                "dtype": onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type).name,
                 "format": "featuremap",
                 "shape": [d.dim_value or -1 for d in i.type.tensor_type.shape.dim],
             }
@@ -90,6 +90,8 @@ class Compiler:
             op, attrs = Op.DEQUANTIZE, self._qattrs(node, attrs)
         elif not node.domain and node.op_type in LAYOUT_TYPES and not sizes:
             op, attrs = Op.LAYOUT, {"op_type": node.op_type, **attrs}
+            if node.op_type == "Gather" and data_is_table(node, self.inits):
+                attrs["table"] = 1  # an embedding: the table is the constant operand
         else:
             op, attrs = Op.CPU, {"op_type": node.op_type, **attrs, **self._operands(node)}
         data = [i for i in node.input if i and i not in self.inits]
@@ -325,3 +327,8 @@ def _pack_conv(comp: Compiler, node, align: int) -> list:
         for n, a in zip(node.input[2:5], (bias, mult, shift), strict=True)
     ]
     return [(f"{node.input[1]}@packed", packed), *per_ch]
+
+
+def data_is_table(node: onnx.NodeProto, inits: dict) -> bool:
+    """A Gather of a constant table by a run-time index buffer (an embedding)."""
+    return node.input[0] in inits and node.input[1] not in inits

@@ -121,7 +121,7 @@ class RunContext:
         d, model = self.spec.data, self.float_model
         names = forward_inputs(model)
         splits = load_splits(d.dataset, d.calibration_samples, d.evaluation_samples, names)
-        check_with_model(splits, model)
+        check_with_model(splits, model, self.spec.compare.output)
         return splits
 
     @property
@@ -164,10 +164,12 @@ class RunContext:
         return self.splits[name].digest if name in self.splits else sha256_bytes(b"absent")
 
     @cached_property
-    def example(self) -> torch.Tensor:
-        """Two evaluation samples: the tracing input (batch is exported as dynamic)."""
+    def example(self) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """Two evaluation samples: the tracing input (batch is exported as dynamic); a
+        tuple, one tensor per input, for a model with several inputs."""
         n = min(2, len(self.evaluation))
-        return torch.from_numpy(self.evaluation.x[:n].copy())
+        xs = tuple(t.clone() for t in self.evaluation.tensors(0, n))
+        return xs[0] if len(xs) == 1 else xs
 
     @cached_property
     def policy(self) -> QuantPolicy:

@@ -74,6 +74,14 @@ class Split:
             x = self.x[start : start + batch_size]
             yield start, torch.from_numpy(x), None if y is None else torch.from_numpy(y)
 
+    def arrays(self, start: int, stop: int) -> tuple[np.ndarray, ...]:
+        """Every input's samples ``start:stop``, in the model's parameter order."""
+        return tuple(a[start:stop] for a in self.inputs.values())
+
+    def tensors(self, start: int, stop: int) -> tuple[torch.Tensor, ...]:
+        """Every input's samples ``start:stop``, in the model's parameter order."""
+        return tuple(torch.from_numpy(a[start:stop]) for a in self.inputs.values())
+
     def _check_finite(self, input_name: str, x: np.ndarray, start: int) -> None:
         if not np.issubdtype(x.dtype, np.floating):
             return

@@ -3,7 +3,8 @@
 stages.data checks what it can without a model; this module checks the rest before any
 stage runs (RunContext.splits): every split's inputs have the evaluation split's
 per-sample shape and dtype kind, the float model accepts the first evaluation samples, and
-labels, when given, fit its output: one class per sample in [0, C) for an (N, C) output.
+labels, when given, fit its judged output (stages.outputs): one class per sample in [0, C)
+for an (N, C) output; an output that is not a tensor is refused.
 Every error names the split, the input or the labels, and the sample.
 """
 
@@ -16,6 +17,7 @@ import torch
 
 from schemas.errors import StageError
 from stages.data import Split
+from stages.outputs import judged_output, output_arrays
 
 _NAMED = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
           inspect.Parameter.KEYWORD_ONLY)  # fmt: skip
@@ -33,10 +35,15 @@ def forward_inputs(model: torch.nn.Module) -> list[str] | None:
     return names or None
 
 
-def check_with_model(splits: dict[str, Split], model: torch.nn.Module) -> None:
-    """Refuse data the model cannot take or labels its output cannot be scored against."""
+def check_with_model(
+    splits: dict[str, Split], model: torch.nn.Module, judged: str | None = None
+) -> None:
+    """Refuse data the model cannot take, an output that is not a tensor, or labels the
+    judged output (``compare.output``, stages.outputs) cannot be scored against."""
     ref = splits["evaluation"]
-    out = _first_output(model, ref)  # first: a wrong evaluation input is named as such
+    outs = _outputs(model, ref)  # first: a wrong evaluation input is named as such
+    labelled = any(s.labels is not None for s in splits.values())
+    out = outs[judged_output(outs, judged, labelled)]
     for split in splits.values():
         if split.name != "camera":
             _same_shapes(split, ref)
@@ -59,8 +66,9 @@ def _same_shapes(split: Split, ref: Split) -> None:
 
 
 @torch.no_grad()
-def _first_output(model: torch.nn.Module, ref: Split) -> np.ndarray:
-    """The model's output on the first two evaluation samples; a refusal names the inputs."""
+def _outputs(model: torch.nn.Module, ref: Split) -> dict[str, np.ndarray]:
+    """The model's outputs on the first two evaluation samples by id; a refusal names the
+    inputs."""
     feed = {k: torch.from_numpy(a[:2].copy()) for k, a in ref.inputs.items()}
     try:
         out = model(*feed.values())
@@ -71,9 +79,7 @@ def _first_output(model: torch.nn.Module, ref: Split) -> np.ndarray:
             where=f"data.evaluation.inputs.{next(iter(feed))}[0]",
             hint="give each input the per-sample shape and dtype the model's forward takes",
         ) from e
-    while isinstance(out, tuple | list):
-        out = out[0]
-    return out.detach().numpy() if isinstance(out, torch.Tensor) else np.asarray(out)
+    return output_arrays(out)
 
 
 def check_labels(split: Split, out: np.ndarray) -> None:

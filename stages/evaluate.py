@@ -1,18 +1,21 @@
 """Dataset-level judgement of a stage model, streamed over the evaluation split.
 
-Every stage records, per model output (id ``output`` for a single-tensor output; ``f`` the
-float model's values, ``s`` the stage's, over all evaluation samples together):
+Every stage records, per model output (its canonical id, stages.outputs: ``output`` for a
+single tensor, ``output.0``, ``output.boxes``...; ``f`` the float model's values, ``s`` the
+stage's, over all evaluation samples together):
 
 - cosine = <f, s> / (|f| |s|)
 - sqnr_db = 10 log10(sum f^2 / sum (s - f)^2), at most 300 dB (identical outputs)
 - l1 = mean |s - f|
 - top1_agreement = share of samples whose arg-max equals the float model's ((N, C) outputs)
-- top1 = share of samples whose arg-max equals the label (only when the dataset has labels)
+- top1 = share of samples whose arg-max equals the label (only when the dataset has labels;
+  only on the judged output: ``compare.output``, else the first (N, C) one)
 
 A task metric (``data.metric: module:function``: mAP, mIoU...) is called with the stage's
 outputs, the float model's outputs and the labels (or None) and returns ``{name: float}``;
 its rows carry no output id. ``compare.primary`` (:func:`primary_metric`) names the metric
-localization, sweeps, ``show`` and the report judge by. Non-finite output values read as 0.
+localization, sweeps, ``show`` and the report judge by, on the judged output. Non-finite
+output values read as 0.
 """
 
 from __future__ import annotations
@@ -27,31 +30,26 @@ from schemas.artifacts import Metric
 from schemas.errors import StageError
 from schemas.metric_names import LOWER_IS_BETTER, OUTPUT, primary_metric  # noqa: F401 (re-export)
 from stages.data import Split
+from stages.outputs import judged_output, output_arrays, positional
 from stages.progress import tick
 
 SQNR_CAP_DB = 300.0
 """SQNR of identical outputs (no noise): a finite number, so artifacts stay valid JSON."""
 
 
-def first_output(out) -> torch.Tensor:
-    """The first tensor of a model's output (models may return tuples)."""
-    while isinstance(out, (tuple, list)):
-        out = out[0]
-    return out
-
-
-def output_arrays(out) -> dict[str, np.ndarray]:
-    """A model's outputs keyed by output id (one tensor: ``output``)."""
-    return {OUTPUT: np.asarray(first_output(out).detach().numpy())}
-
-
 @torch.no_grad()
-def collect(model: Callable, split: Split, batch_size: int, task: str) -> dict[str, np.ndarray]:
-    """Every output of ``model`` over ``split`` (progress ticks per batch)."""
+def collect(
+    model: Callable, split: Split, batch_size: int, task: str, ids: list[str] | None = None
+) -> dict[str, np.ndarray]:
+    """Every output of ``model`` over ``split`` by output id (progress ticks per batch).
+    ``ids``: the model is a graph returning its outputs as a list in pytree order (ONNX,
+    the program), named by the float model's ``ids``; else a torch model (any structure)."""
     parts: dict[str, list[np.ndarray]] = {}
     done = 0
-    for _, x, _ in split.batches(batch_size):
-        for oid, value in output_arrays(model(x)).items():
+    for start, x, _ in split.batches(batch_size):
+        out = model(*split.tensors(start, start + len(x)))
+        got = output_arrays(out) if ids is None else positional(ids, out, task)
+        for oid, value in got.items():
             parts.setdefault(oid, []).append(value)
         done += len(x)
         tick(task, done, len(split))
@@ -87,13 +85,16 @@ def measure(
     reference: dict[str, np.ndarray],
     labels: np.ndarray | None,
     task: Callable | None = None,
+    judged: str | None = None,
 ) -> list[Metric]:
-    """The metrics of one stage's ``outputs`` (module docstring)."""
+    """The metrics of one stage's ``outputs`` (module docstring; ``judged``: the output
+    labels apply to, default the first (N, C) one)."""
     n = len(next(iter(reference.values())))
+    judged = judged_output(reference, judged, labels is not None)
     rows = []
     for oid, out in outputs.items():
         values = agreement(out, reference[oid])
-        if labels is not None and out.ndim == 2:
+        if labels is not None and oid == judged and out.ndim == 2:
             values = {"top1": float((out.argmax(1) == labels).mean()), **values}
         rows += [Metric(stage=stage, metric=k, value=v, n_samples=n, output=oid)
                  for k, v in values.items()]  # fmt: skip
@@ -128,12 +129,17 @@ def task_values(task: Callable, outputs: dict, reference: dict, labels) -> dict[
     return {k: float(v) for k, v in got.items()}
 
 
-def stage_metrics(ctx, stage: str, model: Callable, split: Split | None = None) -> list[Metric]:
+def stage_metrics(
+    ctx, stage: str, model: Callable, split: Split | None = None, graph: bool = False
+) -> list[Metric]:
     """Run ``model`` over the evaluation split (or ``split``: the same samples as the
     board's camera sees them) and measure it against the float model (``ctx``: a
-    RunContext); the spec's primary metric must be among the results."""
+    RunContext); ``graph``: the model returns its outputs as a list (see :func:`collect`).
+    The spec's primary metric must be among the results."""
     split = split or ctx.evaluation
-    outputs = collect(model, split, ctx.spec.data.batch_size, stage)
-    rows = measure(stage, outputs, ctx.reference, ctx.evaluation.labels, ctx.task_metric)
+    ids = list(ctx.reference) if graph else None
+    outputs = collect(model, split, ctx.spec.data.batch_size, stage, ids)
+    ev, judged = ctx.evaluation, ctx.spec.compare.output
+    rows = measure(stage, outputs, ctx.reference, ev.labels, ctx.task_metric, judged)
     primary_metric(ctx.spec.compare.primary, {m.metric for m in rows})
     return rows

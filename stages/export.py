@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import copy
 
-import torch
-
 from schemas.artifacts import QatExportModel, QatOnnxModel
 from stages.context import RunContext
 from stages.deploy import deploy_graph
@@ -21,6 +19,7 @@ from stages.layers import ID_KEY
 from stages.modelio import load_qat
 from stages.onnx_export import export_onnx, render_graph_text
 from stages.onnx_runner import OnnxRunner
+from stages.outputs import numpy_fed
 from stages.pre_export import load_tables
 from stages.registry_types import StageCall
 from stages.table_ops import rewrite
@@ -38,7 +37,7 @@ def export(upstream: QatExportModel, ctx: RunContext, call: StageCall) -> QatOnn
     result = export_onnx(deploy, ctx.example, path)
     ctx.write_debug("qat_onnx.txt", render_graph_text(result.model))
     runner = OnnxRunner(path)
-    metrics = stage_metrics(ctx, "export", lambda x: torch.from_numpy(runner.run(x.numpy())[0]))
+    metrics = stage_metrics(ctx, "export", numpy_fed(runner.run), graph=True)
     return call.make(
         QatOnnxModel,
         ctx.run,

@@ -202,3 +202,25 @@ def unbind_to_select(gm: torch.fx.GraphModule) -> int:
     if count:
         gm.recompile()
     return count
+
+
+def rsub_to_add(gm: torch.fx.GraphModule) -> int:
+    """``rsub(x, c, alpha)`` (``c - alpha * x``, what ``1 - mask`` traces to) ->
+    ``add(mul(x, -alpha), c)``: ops the chain has; returns how many were rewritten."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.rsub.Scalar:
+            continue
+        x, c = node.args[:2]
+        alpha = node.args[2] if len(node.args) > 2 else node.kwargs.get("alpha", 1)
+        with gm.graph.inserting_before(node):
+            neg = gm.graph.call_function(aten.mul.Tensor, (x, -alpha))
+            add = gm.graph.call_function(aten.add.Tensor, (neg, c))
+        neg.meta = dict(node.meta)
+        add.meta = dict(node.meta)
+        node.replace_all_uses_with(add)
+        gm.graph.erase_node(node)
+        count += 1
+    if count:
+        gm.recompile()
+    return count

@@ -32,6 +32,7 @@ from stages.functionalize import (
     TRAINING_ONLY_KEY,
     out_of_place,
     remove_training_noise,
+    rsub_to_add,
     unbind_to_select,
 )
 from stages.layers import ID_KEY, OpInfo, assign_layer_ids, classify, is_tensor_node
@@ -91,7 +92,7 @@ def save_state(model: torch.nn.Module, path: Path) -> None:
 
 
 def export_graph(
-    model: torch.nn.Module, example: torch.Tensor, mode: str = "eval"
+    model: torch.nn.Module, example: torch.Tensor | tuple, mode: str = "eval"
 ) -> torch.fx.GraphModule:
     """torch.export in ``mode`` ("train": QAT graph, "eval": deploy graph), dynamic batch,
     made functional and deterministic (stages/functionalize.py; what training-only
@@ -103,8 +104,10 @@ def export_graph(
     """
     model.train(mode == "train")
     try:
+        args = example if isinstance(example, tuple) else (example,)
+        batch = torch.export.Dim("batch")
         ep = torch.export.export(
-            model, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},), strict=False
+            model, args, dynamic_shapes=tuple({0: batch} for _ in args), strict=False
         )
     except Exception as e:  # torch.export raises many types; all mean "cannot trace"
         first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
@@ -122,6 +125,7 @@ def export_graph(
     unbind_to_select(gm)
     decompose_attention(gm)
     einsum_to_matmul(gm)
+    rsub_to_add(gm)
     return gm
 
 

@@ -254,21 +254,23 @@ class _ShapeRun(torch.fx.Interpreter):
         return super().call_module(target, args, kwargs)
 
 
-def trace_shapes(gm: torch.fx.GraphModule, example: torch.Tensor) -> dict[str, object]:
-    """Shapes and dtypes of every node, from two runs with batch B and B+1.
+def trace_shapes(gm: torch.fx.GraphModule, example: torch.Tensor | tuple) -> dict[str, object]:
+    """Shapes and dtypes of every node, from two runs with batch B and B+1 (``example``: a
+    tuple for a model with several inputs).
 
     A dim that moves with the batch is written ``"<k>*batch<+c>"`` (torch.export's meta
     shapes are not used: nodes rewritten after export, e.g. eval batch norm, carry the
     pattern's example shapes).
     """
-    base = example.repeat((2,) + (1,) * (example.ndim - 1))[: max(2, len(example))]
+    xs = example if isinstance(example, tuple) else (example,)
+    bases = [x.repeat((2,) + (1,) * (x.ndim - 1))[: max(2, len(x))] for x in xs]
     runs = []
-    for x in (base, torch.cat([base, base[:1]])):
+    for feed in (bases, [torch.cat([x, x[:1]]) for x in bases]):
         interp = _ShapeRun(gm)
         with torch.no_grad():
-            interp.run(x)
+            interp.run(*feed)
         runs.append(interp.seen)
-    batch = len(base)
+    batch = len(bases[0])
 
     def merge(a, b):
         if isinstance(a, list):

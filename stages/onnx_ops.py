@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from stages.onnx_builder import elem_type
 from stages.onnx_shape_ops import widen
 
 aten = torch.ops.aten
@@ -64,9 +65,18 @@ def _binary(op: str):
             y = b.emit("Mul", [y, b.arg(alpha, like=node)])
         if a.get("rounding_mode") is not None:
             raise b.fail(f"div with rounding_mode={a['rounding_mode']!r}")
-        return b.emit(op, [b.arg(a["self"], like=node), y])
+        x = _promoted(b, node, a["self"], b.arg(a["self"], like=node))
+        return b.emit(op, [x, _promoted(b, node, other, y)])
 
     return rule
+
+
+def _promoted(b, node, src, name: str) -> str:
+    """``name`` cast to the node's dtype when its tensor ``src`` has another (torch promotes
+    an int64 mask times a float tensor; ONNX needs both of one type)."""
+    if not isinstance(src, torch.fx.Node) or b.dtype(src) == b.dtype(node):
+        return name
+    return b.emit("Cast", [name], to=elem_type(b.dtype(node)))
 
 
 def _unary(op: str, **attrs):

@@ -44,8 +44,8 @@ class OnnxRunner:
         self.tensor_names = {t for n in self.model.graph.node for t in n.output}
         self._sessions: dict[tuple[str, ...], object] = {}
 
-    def run(self, x: np.ndarray) -> list[np.ndarray]:
-        """The graph outputs for input ``x``."""
+    def run(self, x: np.ndarray | tuple[np.ndarray, ...]) -> list[np.ndarray]:
+        """The graph outputs for input ``x`` (a tuple: the graph's inputs in order)."""
         outputs, _ = self.run_capture(x, [])
         return outputs
 
@@ -63,7 +63,10 @@ class OnnxRunner:
                 hint="capture ids of ExportResult.layer_ids whose layer has one output",
             )
         extra = [i for i in layer_ids if i not in self.output_names]
-        feeds = {self.input_name: np.ascontiguousarray(x), **(feeds or {})}
+        xs = x if isinstance(x, tuple) else (x,)
+        names = [i.name for i in self.model.graph.input[: len(xs)]]
+        feeds = {**{n: np.ascontiguousarray(v) for n, v in zip(names, xs, strict=True)},
+                 **(feeds or {})}  # fmt: skip
         try:
             named = self._named(feeds, extra)
         except StageError:

@@ -23,7 +23,10 @@ from stages.registry_types import StageCall
 def prepare(upstream: None, ctx: RunContext, call: StageCall) -> PreparedModel:
     """Build the QAT model of the spec's float model and report what was found."""
     model, ev = ctx.float_model, ctx.evaluation
-    float_metrics = measure("float", ctx.reference, ctx.reference, ev.labels, ctx.task_metric)
+    judged = ctx.spec.compare.output
+    float_metrics = measure(
+        "float", ctx.reference, ctx.reference, ev.labels, ctx.task_metric, judged
+    )
     try:
         gm, infos, roles = prepare_qat(copy.deepcopy(model), ctx.example, ctx.policy)
     except UnsupportedOps as e:
@@ -46,7 +49,7 @@ def prepare(upstream: None, ctx: RunContext, call: StageCall) -> PreparedModel:
             "artifacts/prepare/layers.json",
         ],
         factory=ctx.spec.model.factory,
-        example_shape=list(ctx.example.shape),
+        example_shape=list(ctx.evaluation.x[:2].shape),
         settings=toolchain_settings(ctx.spec),
         quant_state="float",
         state_file="artifacts/prepare/qat.safetensors",

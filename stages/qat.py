@@ -16,9 +16,10 @@ from torchao.quantization.pt2e import move_exported_model_to_eval, move_exported
 from schemas.artifacts import QatModelArtifact, QatTunedModel
 from stages.calibrate import save_qat
 from stages.context import RunContext
-from stages.evaluate import first_output, stage_metrics
+from stages.evaluate import stage_metrics
 from stages.fake_quant import QuantState, freeze_model, set_model_state
 from stages.modelio import load_qat
+from stages.outputs import flat_outputs, judged_output
 from stages.registry_types import StageCall
 
 
@@ -36,7 +37,7 @@ def qat(upstream: QatModelArtifact, ctx: RunContext, call: StageCall) -> QatTune
     opt = torch.optim.Adam([p for p in gm.parameters() if p.requires_grad], lr=cfg.lr)
     for _ in range(cfg.steps):
         idx = rng.choice(len(train), size=min(cfg.batch_size, len(train)), replace=False)
-        loss = _loss(ctx, first_output(gm(torch.from_numpy(train.x[idx]))), train, idx)
+        loss = _loss(ctx, flat_outputs(gm(*_inputs(train, idx))), train, idx)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -46,11 +47,18 @@ def qat(upstream: QatModelArtifact, ctx: RunContext, call: StageCall) -> QatTune
     return save_qat(gm, ctx, call, QatTunedModel, upstream, stage_metrics(ctx, "qat", gm))
 
 
-def _loss(ctx: RunContext, out: torch.Tensor, train, idx: np.ndarray) -> torch.Tensor:
-    """Cross-entropy against the labels; without labels, the mean squared distance to the
-    float model's outputs (fine-tuning towards agreement, as the metrics judge it)."""
+def _loss(ctx: RunContext, outs: dict[str, torch.Tensor], train, idx: np.ndarray) -> torch.Tensor:
+    """Cross-entropy of the judged output against the labels; without labels, the mean
+    squared distance to the float model's outputs, summed over outputs (fine-tuning towards
+    agreement, as the metrics judge it)."""
     if train.labels is not None:
+        out = outs[judged_output(outs, ctx.spec.compare.output, True)]
         return torch.nn.functional.cross_entropy(out, torch.from_numpy(train.labels[idx]))
     with torch.no_grad():
-        target = first_output(ctx.float_model(torch.from_numpy(train.x[idx])))
-    return torch.nn.functional.mse_loss(out, target)
+        target = flat_outputs(ctx.float_model(*_inputs(train, idx)))
+    return sum(torch.nn.functional.mse_loss(outs[k], target[k]) for k in target)
+
+
+def _inputs(split, idx: np.ndarray) -> tuple[torch.Tensor, ...]:
+    """The samples ``idx`` of every input of ``split``, in the model's parameter order."""
+    return tuple(torch.from_numpy(a[idx]) for a in split.inputs.values())

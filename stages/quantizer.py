@@ -8,6 +8,8 @@ Placement (the Nash BPU's rules, docs/design.md "Numerics"):
   quantizer; passthrough ops (reshape, relu, max-pool, slice...) reuse their input's scale
   and get none, since they are exact on integers.
 - a consumer whose input is not quantized yet (a graph input, a constant) quantizes it.
+- integer values (token ids, an int64 attention mask, an op computing only on them) get no
+  quantizer: they are exact; a float op reading one casts it (export), unquantized.
 With ``fuse_requantize`` a conv/linear feeding only an add/sub has no output quantizer
 (the BPU requantizes conv + add once). Activation dtype: the spec's default, overridden per module path (a key matches the path
 and everything below it). Scales: ``s = 2*amax/(qmax-qmin)``, rounded up to a power of two
@@ -139,14 +141,15 @@ class NashQuantizer(Quantizer):
             cat is Category.WEIGHTED and node in outputs and self.policy.high_precision_output
         )
         fused = cat is Category.WEIGHTED and self._fuses(node, outputs)
+        integer = _is_integer_tensor(node)  # on integer inputs (a mask's sum): exact as is
         node.meta["quantization_annotation"] = QuantizationAnnotation(
             input_qspec_map=inputs,
-            output_qspec=None if high_precision or fused else act,
+            output_qspec=None if high_precision or fused or integer else act,
             _annotated=True,
         )
         if fused:
             self._fused.add(node)
-        elif not high_precision:
+        elif not (high_precision or integer):
             quantized.add(node)
 
     def _fuses(self, node: torch.fx.Node, outputs) -> bool:
@@ -187,6 +190,12 @@ def _flat_args(node: torch.fx.Node) -> list:
 def _is_float_tensor(node: torch.fx.Node) -> bool:
     val = node.meta.get("val")
     return isinstance(val, torch.Tensor) and val.is_floating_point()
+
+
+def _is_integer_tensor(node: torch.fx.Node) -> bool:
+    """A traced integer (or bool) tensor; a node without a traced value is not one."""
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and not val.is_floating_point()
 
 
 def _is_quantized(node, quantized: set) -> bool:

@@ -18,7 +18,7 @@ import torch.fx
 
 from schemas.errors import StageError
 from simulator.arith import fixedpoint
-from simulator.arith.composite import build_layernorm, build_softmax
+from simulator.arith.composite import EXP_CUTOFF, build_layernorm, build_softmax
 from simulator.arith.custom_ops import CUSTOM_OPS
 from simulator.arith.lut import build_direct_table, build_segmented_table
 from stages.fake_quant import QFakeQuantize
@@ -114,6 +114,7 @@ def build_op(gm, c: Candidate, settings: TableSettings) -> tuple[FixedPointOp, o
     in_dt, out_dt, rounding = _dt(c.in_fq), _dt(c.out_fq), c.out_fq.rounding
     kw = {}
     if c.op_type == "softmax":
+        check_softmax_input(c, in_scale, in_dt)
         kw["axis"] = int(c.node.args[1]) % c.node.meta["val"].dim()
         payload = build_softmax(
             in_scale,
@@ -131,6 +132,31 @@ def build_op(gm, c: Candidate, settings: TableSettings) -> tuple[FixedPointOp, o
     attrs, inits = CUSTOM_OPS[onnx_op].encode(payload, **kw)
     op = FixedPointOp(c.layer_id, onnx_op, attrs, inits, in_scale, in_dt, out_scale, out_dt)
     return op, payload
+
+
+def check_softmax_input(c: Candidate, in_scale: float, in_dt: str) -> None:
+    """Refuse a softmax whose input step is too coarse for its exp to tell two scores
+    apart (the exp table spans ``[EXP_CUTOFF, 0]``, about 11.8): every score would round
+    to the same integer. An additive attention mask (``(1 - mask) * -1e4``, finfo.min)
+    calibrates the input range to the mask's constant; the error names the layer feeding
+    the softmax and what to do."""
+    if abs(EXP_CUTOFF) / in_scale >= 2:
+        return
+    src = c.node.args[0]
+    while isinstance(src, torch.fx.Node) and src.op == "call_module" and src.args:
+        src = src.args[0]  # through the quantizer to the op it quantizes
+    producer = src.meta.get(ID_KEY, src.name) if isinstance(src, torch.fx.Node) else "its input"
+    lo, hi = fixedpoint.qrange(in_dt)
+    raise StageError(
+        f"the input of softmax {c.layer_id} (from {producer}) is quantized {in_dt} with step "
+        f"{in_scale:.3g} (range [{lo * in_scale:.3g}, {hi * in_scale:.3g}]): coarser than the "
+        f"{abs(EXP_CUTOFF):.1f} wide range its exp resolves, so every score rounds alike. "
+        "A large-negative additive mask ((1 - mask) * -1e4) usually sets that range",
+        where=f"pre_export, layer {c.layer_id}",
+        hint=f"quantize the scores as int16 (quant.overrides: {{{producer}: int16, "
+        f"{c.layer_id}: int16}}), or write the mask with a small constant (e.g. -30: exp "
+        "already gives 0 there)",
+    )
 
 
 def torch_fn(node: torch.fx.Node):

@@ -282,3 +282,104 @@ def class_token() -> nn.Module:
 def class_token_data() -> dict:
     """Random inputs labelled by the class-token net."""
     return _labelled_by(class_token())
+
+
+class TwoHeadNet(nn.Module):
+    """A shared conv trunk and two heads returned as a tuple: class scores (10) and a box
+    regression (4), the box head first as a detector writes it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.act = nn.PReLU(4)
+        self.box = nn.Linear(4 * 8 * 8, 4)
+        self.cls = nn.Linear(4 * 8 * 8, 10)
+
+    def forward(self, x):
+        y = self.act(self.conv(x)).flatten(1)
+        return self.box(y), self.cls(y)
+
+
+class DictHeadNet(TwoHeadNet):
+    """The two heads returned as a dict, the class scores nested in a tuple."""
+
+    def forward(self, x):
+        box, cls = super().forward(x)
+        return {"boxes": box, "scores": (cls,)}
+
+
+class BadLeafNet(TwoHeadNet):
+    """Returns a string next to a tensor: not an output qparity can carry."""
+
+    def forward(self, x):
+        box, _ = super().forward(x)
+        return {"boxes": box, "name": "face"}
+
+
+def two_heads() -> nn.Module:
+    torch.manual_seed(0)
+    return TwoHeadNet().eval()
+
+
+def dict_heads() -> nn.Module:
+    torch.manual_seed(0)
+    return DictHeadNet().eval()
+
+
+def bad_leaf() -> nn.Module:
+    torch.manual_seed(0)
+    return BadLeafNet().eval()
+
+
+def two_head_data() -> dict:
+    """Random 1x8x8 inputs labelled by the two-head net's class scores."""
+    x = np.random.default_rng(0).uniform(-1, 1, size=(160, 1, 8, 8)).astype(np.float32)
+    with torch.no_grad():
+        y = two_heads()(torch.from_numpy(x))[1].argmax(1).numpy()
+    return {k: {"inputs": {"x": x[s]}, "labels": y[s]}
+            for k, s in (("train", slice(0, 96)), ("evaluation", slice(96, None)))}  # fmt: skip
+
+
+class TokensNet(nn.Module):
+    """A text encoder's inputs: int64 token ids (embedding) and an int64 attention mask
+    (``(1 - mask) * -1e4`` added to the scores, the large-negative add of BERT-style
+    encoders), pooled by a softmax over the tokens into class scores."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.score = nn.Linear(8, 1)
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, input_ids, attention_mask):
+        h = self.embed(input_ids)
+        scores = self.score(h).squeeze(-1) + (1 - attention_mask) * -1e4
+        weights = torch.softmax(scores, dim=-1).unsqueeze(-1)
+        return self.head((weights * h).sum(1))
+
+
+def tokens() -> nn.Module:
+    torch.manual_seed(0)
+    return TokensNet().eval()
+
+
+def tokens_data() -> dict:
+    """Random token ids (N, 6) with masks keeping 3-6 tokens, unlabelled."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 16, size=(160, 6))
+    mask = (np.arange(6) < rng.integers(3, 7, size=(160, 1))).astype(np.int64)
+    return {k: {"inputs": {"input_ids": ids[s], "attention_mask": mask[s]}, "labels": None}
+            for k, s in (("train", slice(0, 96)), ("evaluation", slice(96, None)))}  # fmt: skip
+
+
+class MaskedMeanNet(TokensNet):
+    """The token inputs pooled by a masked mean (no large-negative add)."""
+
+    def forward(self, input_ids, attention_mask):
+        h = self.embed(input_ids) * attention_mask.unsqueeze(-1)
+        return self.head(h.sum(1) / attention_mask.sum(1, keepdim=True))
+
+
+def masked_mean() -> nn.Module:
+    torch.manual_seed(0)
+    return MaskedMeanNet().eval()

@@ -93,8 +93,10 @@ def _slice(xs, cs, attrs, n):
 
 
 def _gather(xs, cs, attrs, n):
-    x = xs[0]
-    idx = (cs[0] if cs else xs[1]).long()
+    """Gather(data, indices); ``table``: the data is the constant (an embedding table
+    indexed by the token-id buffer)."""
+    x, idx = (cs[0], xs[0]) if attrs.get("table") else (xs[0], cs[0] if cs else xs[1])
+    idx = idx.long()
     axis = int(attrs.get("axis", 0)) % x.ndim
     idx = torch.where(idx < 0, idx + x.shape[axis], idx)
     y = x.index_select(axis, idx.reshape(-1))

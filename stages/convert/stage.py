@@ -14,7 +14,6 @@ from dataclasses import asdict
 
 import numpy as np
 import onnx
-import torch
 
 from schemas.artifacts import Metric, QatOnnxModel, QuantizedModel
 from schemas.errors import StageError
@@ -27,6 +26,7 @@ from stages.faults import inject_convert
 from stages.onnx_export import render_graph_text
 from stages.onnx_fold import fold_constant_nodes
 from stages.onnx_runner import OnnxRunner
+from stages.outputs import numpy_fed
 from stages.registry_types import StageCall
 
 
@@ -50,7 +50,7 @@ def convert(upstream: QatOnnxModel, ctx: RunContext, call: StageCall) -> Quantiz
     runner = OnnxRunner(out / "quantized.onnx")
     warnings = saturation_warnings(runner, layers, ctx)
     ctx.write_debug("convert_advisor.txt", "\n".join(warnings or ["no warnings"]) + "\n")
-    metrics = stage_metrics(ctx, "convert", lambda x: torch.from_numpy(runner.run(x.numpy())[0]))
+    metrics = stage_metrics(ctx, "convert", numpy_fed(runner.run), graph=True)
     islands = sorted(converter.islands)
     _report_islands(ctx, islands)
     files = ["artifacts/convert/quantized.onnx", "artifacts/convert/layers.json"]
@@ -109,7 +109,7 @@ def saturation_warnings(
 ) -> list[str]:
     """Layers whose outputs sit at the integer limits more than the allowed share."""
     limit = ctx.spec.stages.convert.saturation_warning
-    x = ctx.calibration.x[: ctx.spec.stages.calibrate.batch_size]
+    x = ctx.calibration.arrays(0, ctx.spec.stages.calibrate.batch_size)
     names = {q.name: lid for lid, q in layers.items() if q.dtype in ("int8", "int16")}
     _, values = runner.run_capture(x, list(names))
     out = []

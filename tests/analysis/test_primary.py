@@ -46,3 +46,18 @@ def test_a_task_metric_can_be_primary_and_a_missing_one_is_named():
         read_primary(_spec(primary="map"), rows)
     with pytest.raises(SpecError, match="'top1' is not among"):
         read_primary(parse_spec(tiny_spec_dict(compare={"primary": "top1"}), "t"), COSINE)
+
+
+def test_the_judged_output_is_named_else_the_labelled_else_the_class_like_one():
+    """Several outputs: the primary metric is read on one, and its reason says which."""
+    box = _rows("cosine", {"calibrate": 0.999, "convert": 0.5}, "output.0")
+    prob = _rows("cosine", {"calibrate": 0.999, "convert": 0.99}, "output.1")
+    agree = _rows("top1_agreement", {"convert": 1.0}, "output.1")
+    spec = parse_spec(tiny_spec_dict(), "t")
+    assert read_primary(spec, [*box, *prob]).output == "output.0"  # none class-like: first
+    p = read_primary(spec, [*box, *prob, *agree])
+    assert (p.output, p.values["convert"]) == ("output.1", 0.99)
+    labelled = [*box, *prob, *_rows("top1", {"convert": 0.9}, "output.1")]
+    assert read_primary(spec, labelled).output == "output.1"
+    p = read_primary(_spec(output="output.0"), [*box, *prob, *agree])
+    assert p.reason("calibrate", "convert") == "cosine on output.0 drops 0.4990 (> 0.005)"

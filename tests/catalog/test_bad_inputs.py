@@ -28,6 +28,7 @@ from tests.catalog import (
     cases_files,
     cases_hostile,
     cases_inputs,
+    cases_outputs,
     cases_tables,
 )
 from tests.conftest import tiny_spec_dict
@@ -122,6 +123,7 @@ def all_cases() -> dict:
         **cases_analysis.cases(),
         **cases_tables.cases(),
         **cases_hostile.cases(),
+        **cases_outputs.cases(),
     }
 
 

@@ -63,10 +63,23 @@ def test_a_broken_task_metric_is_named(task, says):
     assert says in e.value.message
 
 
+def test_top1_scores_only_the_judged_output():
+    heads = {"output.0": OUT, "output.1": REF}  # two (N, C) outputs
+    rows = measure("convert", heads, heads, np.array([0, 1]), judged="output.1")
+    top1 = {(m.output, m.value) for m in rows if m.metric == "top1"}
+    assert top1 == {("output.1", 1.0)}
+    assert {m.output for m in rows if m.metric == "cosine"} == {"output.0", "output.1"}
+    with pytest.raises(SpecError, match="compare.output"):  # labels fit both: name one
+        measure("convert", heads, heads, np.array([0, 1]))
+
+
 def test_collect_keys_outputs_by_id_over_every_batch():
     split = Split("evaluation", {"x": np.arange(10, dtype=np.float32).reshape(5, 2)})
-    got = collect(lambda x: (x * 2, x), split, 2, "t")
+    got = collect(lambda x: x * 2, split, 2, "t")
     assert list(got) == ["output"] and np.array_equal(got["output"], split.x * 2)
+    got = collect(lambda x: (x * 2, {"boxes": x}), split, 2, "t")  # every output, by path
+    assert list(got) == ["output.0", "output.1.boxes"]
+    assert np.array_equal(got["output.1.boxes"], split.x)
 
 
 def test_stage_metrics_refuse_a_primary_the_stage_does_not_record(make_ctx):

@@ -148,3 +148,26 @@ def test_a_noise_mask_on_either_side_of_a_product_is_dropped():
     gm = _raw(NoiseFirst(), x, mode="train")
     assert len(remove_training_noise(gm)) == 1
     torch.testing.assert_close(gm(x), x + 1.0)
+
+
+class MaskBias(nn.Module):
+    """A text encoder's additive mask, ``(1 - mask) * -1e4``, and ``2 - 3 * x`` (alpha)."""
+
+    def forward(self, mask, x):
+        return (1 - mask) * -1e4 + torch.rsub(x, 2.0, alpha=3.0)
+
+
+def test_rsub_becomes_add_of_a_product_with_the_same_values():
+    from stages.functionalize import rsub_to_add
+
+    mask, x = torch.tensor([[1, 1, 0], [1, 0, 0]]), torch.randn(2, 3)
+    gm = _raw_args(MaskBias(), (mask, x))
+    assert aten.rsub.Scalar in _targets(gm)
+    assert rsub_to_add(gm) == 2
+    assert aten.rsub.Scalar not in _targets(gm)
+    torch.testing.assert_close(gm(mask, x), MaskBias()(mask, x))
+    assert gm(mask, x)[1, 2] < -9000  # still the int mask path: ints stay ints until the mul
+
+
+def _raw_args(model, args):
+    return torch.export.export(model.eval(), args, strict=False).module()
