@@ -26,9 +26,10 @@ import numpy as np
 import torch
 
 from simulator.arith import fixedpoint
-from stages.evaluate import LOWER_IS_BETTER, agreement, first_output
+from stages.evaluate import LOWER_IS_BETTER, agreement
 from stages.fake_quant import QAT_OBSERVERS, QFakeQuantize, QuantState, set_model_state
 from stages.modelio import load_qat, name_quantizers
+from stages.outputs import first_output
 from stages.quantizer import QuantPolicy
 from stages.stage_models import load_stage_artifact
 

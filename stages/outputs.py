@@ -60,6 +60,12 @@ def flat_outputs(out) -> dict[str, torch.Tensor]:
     return flat
 
 
+def first_output(out) -> torch.Tensor:
+    """The first tensor of a model's output, in canonical-id order (the whole output of a
+    one-tensor model)."""
+    return next(iter(flat_outputs(out).values()))
+
+
 def output_arrays(out) -> dict[str, np.ndarray]:
     """A model's outputs as arrays by canonical id."""
     return {k: np.asarray(v.detach().numpy()) for k, v in flat_outputs(out).items()}

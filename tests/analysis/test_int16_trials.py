@@ -14,9 +14,9 @@ from analysis.int16_trials import (
     output_quantizers,
     run_trials,
 )
-from stages.evaluate import first_output
 from stages.fake_quant import QuantState, freeze_model, set_model_state
 from stages.modelio import prepare_qat
+from stages.outputs import first_output
 from stages.quantizer import QuantPolicy
 
 

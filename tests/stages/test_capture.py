@@ -1,11 +1,13 @@
 """Capture on a graph with multi-output ops: torchvision's ShuffleNetV2 block (chunk)."""
 
 import torch
-from torchvision.models.shufflenetv2 import InvertedResidual
 
+from examples.zoo import libs
 from stages.capture import capture
 from stages.modelio import prepare_qat
 from stages.quantizer import QuantPolicy
+
+InvertedResidual = libs.torchvision().models.shufflenetv2.InvertedResidual  # examples/zoo/libs.py
 
 
 def test_every_captured_value_is_a_tensor_and_the_chunks_are_captured():

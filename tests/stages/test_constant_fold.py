@@ -3,10 +3,12 @@ builds it (``new_zeros`` then slice-by-slice in-place fills)."""
 
 import torch
 from torch import nn
-from torchvision.models.swin_transformer import shifted_window_attention
 
+from examples.zoo import libs
 from stages.constant_fold import FOLDED_PREFIX, fold_constants
 from stages.functionalize import functional_variant, out_of_place
+
+shifted_window_attention = libs.torchvision().models.swin_transformer.shifted_window_attention
 
 
 class ShiftedWindow(nn.Module):

@@ -8,9 +8,8 @@ eval mode, on the same input.
 import pytest
 import torch
 from torch import nn
-from torchvision.models.resnet import BasicBlock
-from torchvision.ops import StochasticDepth
 
+from examples.zoo import libs
 from schemas.errors import StageError
 from stages.functionalize import (
     TRAINING_ONLY_KEY,
@@ -19,6 +18,10 @@ from stages.functionalize import (
     remove_training_noise,
 )
 from stages.modelio import export_graph
+
+_tv = libs.torchvision()  # the registry's wheel beside a CPU torch: examples/zoo/libs.py
+BasicBlock = _tv.models.resnet.BasicBlock
+StochasticDepth = _tv.ops.StochasticDepth
 
 aten = torch.ops.aten
 
