@@ -30,14 +30,14 @@ def layer_tensors(model: onnx.ModelProto) -> dict[str, str]:
 def qdq_model(stage: str, path, x: np.ndarray, integer: dict) -> StageModel:
     """A QDQ ONNX stage (calibrated, ptq)."""
     tensors = layer_tensors(onnx.load(str(path)))
-    return float_graph(stage, path, lambda idx: x[idx], tensors, integer)
+    return float_graph(stage, path, lambda idx: (x[idx],), tensors, integer)
 
 
 def integer_model(stage: str, path, x: np.ndarray, integer: dict) -> StageModel:
     """The integer graph (quantized), dequantized per layer."""
-    return integer_graph(stage, path, lambda idx: x[idx], integer)
+    return integer_graph(stage, path, lambda idx: (x[idx],), integer)
 
 
 def hbm_model(stage: str, path, x: np.ndarray, integer: dict) -> StageModel:
     """The .hbm on the simulator (outputs and captured layers, dequantized)."""
-    return program(stage, path, lambda idx: x[idx], integer)
+    return program(stage, path, lambda idx: (x[idx],), integer)
