@@ -56,6 +56,8 @@ def spec_for(name: str, small: bool, frames: int, ptq: bool, store: Path) -> dic
     spec["name"] = f"zoo-{name.replace('_', '-')}"
     spec["model"]["factory"] = f"examples.zoo.models:{attr}"
     spec["data"].update(data)
+    if ZOO[name].task == "segment":  # no labels: the class map's mIoU against the float one
+        spec["data"]["metric"] = "examples.zoo.data:miou"
     return spec
 
 

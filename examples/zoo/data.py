@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from examples.zoo import images
-from examples.zoo.models import build, entry_of
+from examples.zoo.models import ZOO, build, entry_of
 
 CALIBRATION = 256
 
@@ -30,10 +30,16 @@ def evaluation_frames() -> int:
 
 @functools.cache
 def dataset(name: str, size: int, frames: int) -> dict:
-    """Calibration and evaluation crops of zoo model ``name`` at ``size``, labelled."""
-    model = build(name, size)
+    """Calibration and evaluation crops of zoo model ``name`` at ``size``, labelled
+    (segmentation models: no labels; judged by output agreement and :func:`miou`)."""
     train = images.crops(CALIBRATION, size, seed=1)
     evaluation = images.crops(frames, size, seed=2)
+    if ZOO[name].task == "segment":
+        return {
+            "train": {"inputs": {"x": train}, "labels": None},
+            "evaluation": {"inputs": {"x": evaluation}, "labels": None},
+        }
+    model = build(name, size)
     return {
         "train": (train, _labels(model, train)),
         "evaluation": (evaluation, _labels(model, evaluation)),
@@ -52,3 +58,17 @@ def __getattr__(attr: str):
         raise AttributeError(attr)
     entry, size = entry_of(attr)
     return lambda: dataset(entry.name, size, evaluation_frames())
+
+
+def miou(outputs, reference, labels) -> dict[str, float]:
+    """``data.metric`` of the segmentation models: mean IoU of the stage's class map
+    (argmax over channels of ``out``) against the float model's, over the classes the
+    float map holds: ``mean_c |S_c & F_c| / |S_c | F_c|``."""
+    out = outputs["output.out"] if isinstance(outputs, dict) else outputs
+    ref = reference["output.out"] if isinstance(reference, dict) else reference
+    got, want = np.asarray(out).argmax(1), np.asarray(ref).argmax(1)
+    ious = [
+        np.logical_and(got == c, want == c).sum() / np.logical_or(got == c, want == c).sum()
+        for c in np.unique(want)
+    ]
+    return {"miou": float(np.mean(ious))}

@@ -30,9 +30,11 @@ class Entry:
     kwargs: dict = field(default_factory=dict)
     small: int | None = 64  # reduced input size for tests (None: the model needs its own)
     size_arg: str | None = None  # the constructor's input-size argument, when it has one
+    task: str = "classify"  # or "segment": a dict output {"out": N x C x H x W}, no labels
 
 
 CLASSES = 10
+_NO_BACKBONE = {"weights_backbone": None}  # segmentation builders download one by default
 ZOO: dict[str, Entry] = {
     e.name: e
     for e in [
@@ -68,6 +70,11 @@ ZOO: dict[str, Entry] = {
         Entry("timm", "resnet18d"),
         Entry("timm", "lcnet_050"),
         Entry("timm", "convnext_atto"),
+        Entry("torchvision", "lraspp_mobilenet_v3_large", kwargs=_NO_BACKBONE, task="segment"),
+        Entry(
+            "torchvision", "deeplabv3_mobilenet_v3_large", kwargs=_NO_BACKBONE, task="segment"
+        ),  # fmt: skip
+        Entry("torchvision", "fcn_resnet50", kwargs=_NO_BACKBONE, task="segment"),
     ]
 }
 
@@ -80,7 +87,9 @@ def construct(entry: Entry, size: int | None = None) -> nn.Module:
     if entry.size_arg and size and size != entry.size:
         kwargs[entry.size_arg] = size
     if entry.library == "torchvision":
-        return getattr(libs.torchvision().models, entry.name)(**kwargs)
+        models = libs.torchvision().models
+        where = models.segmentation if entry.task == "segment" else models
+        return getattr(where, entry.name)(**kwargs)
     return libs.timm().create_model(entry.name, pretrained=False, **kwargs)
 
 

@@ -118,3 +118,17 @@ def test_the_onnx_export_keeps_module_scopes_and_a_dynamic_batch(tmp_path):
     assert any(n.name.startswith("/features/features.0/") for n in model.graph.node)
     with pytest.raises(AttributeError, match="resnet18"):
         onnx_export.small_resnet9000  # noqa: B018
+
+
+def test_segmentation_models_are_judged_by_miou_against_the_float_map():
+    from examples.zoo.data import miou
+
+    ref = np.zeros((1, 3, 2, 2))
+    ref[0, 1, 0, :] = 1  # class 1 on the top row, class 0 below
+    same = miou({"output.out": ref}, {"output.out": ref}, None)
+    assert same == {"miou": 1.0}
+    moved = ref.copy()
+    moved[0, 1, 1, 0] = 2  # one more pixel of class 1
+    assert miou(moved, ref, None)["miou"] == pytest.approx((2 / 3 + 1 / 2) / 2)  # classes 1, 0
+    spec = yaml.safe_load(make_specs.spec_text("lraspp_mobilenet_v3_large"))
+    assert spec["data"]["metric"] == "examples.zoo.data:miou"
