@@ -11,6 +11,7 @@ Labels are computed once per process and model.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 
 import numpy as np
@@ -34,12 +35,13 @@ def dataset(name: str, size: int, frames: int) -> dict:
     (segmentation models: no labels; judged by output agreement and :func:`miou`)."""
     train = images.crops(CALIBRATION, size, seed=1)
     evaluation = images.crops(frames, size, seed=2)
-    if ZOO[name].task == "segment":
-        return {
-            "train": {"inputs": {"x": train}, "labels": None},
-            "evaluation": {"inputs": {"x": evaluation}, "labels": None},
-        }
     model = build(name, size)
+    if ZOO[name].task == "segment":  # named as forward names it (torchvision's: ``input``)
+        arg = next(iter(inspect.signature(model.forward).parameters))
+        return {
+            "train": {"inputs": {arg: train}, "labels": None},
+            "evaluation": {"inputs": {arg: evaluation}, "labels": None},
+        }
     return {
         "train": (train, _labels(model, train)),
         "evaluation": (evaluation, _labels(model, evaluation)),
