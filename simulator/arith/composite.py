@@ -67,8 +67,10 @@ def build_softmax(in_scale, in_dtype, out_scale, out_dtype, rounding, n_max, seg
                   recip_fn: Callable | None = None, dividing="curvature") -> SoftmaxTables:  # fmt: skip
     """Tables and constants of :func:`int_softmax`.
 
-    FORMULA: ``sum_shift = ceil(log2(n_max))`` where ``n_max`` bounds the row sum of exp
-    in real units (at most the axis length; a sum above it saturates). exp table domain
+    FORMULA: ``sum_shift = max(1, ceil(log2(n_max)))`` where ``n_max`` bounds the row sum
+    of exp in real units (at most the axis length; a sum above it saturates); at least 1,
+    or a one-element axis (levit's attention over one token at small input sizes) leaves
+    the reciprocal table the empty domain ``[2^15 / 32767, 32767 * 2^-15]``. exp table domain
     ``[max(qmin16 * in_scale, ln 2^-17), 0]``; reciprocal table input scale
     ``2^(sum_shift - 15)``, domain from ``2^15 / 32767`` (where ``1/x`` first fits int16
     at ``2^-15``; smaller inputs saturate to 32767, correctly) to the top of int16;
@@ -77,7 +79,7 @@ def build_softmax(in_scale, in_dtype, out_scale, out_dtype, rounding, n_max, seg
     if not n_max >= 1:
         raise SimulatorError(f"n_max {n_max} < 1", where="softmax", hint="pass the axis length")
     fp.qrange(in_dtype)
-    sh = max(0, int(np.ceil(np.log2(n_max))))
+    sh = max(1, int(np.ceil(np.log2(n_max))))
     if sh > 16:
         raise SimulatorError(f"n_max {n_max} above 2**16", where="softmax")
     exp_t = build_segmented_table("exp", exp_fn or np.exp, in_scale, 2.0**-EXP_FRAC, "int16",
