@@ -265,13 +265,16 @@ def _roll(b, node):
 
 
 def _index(b, node):
-    """x[idx] with one constant integer index tensor on dim 0 (relative position bias
-    tables): Gather(x, idx) on axis 0."""
+    """x[..., idx] with one integer index tensor, after any number of whole dims (``None``:
+    swin's ``table[idx]``, levit's ``biases[:, idx]``): Gather on that dim."""
     a = b.args(node)
     indices = list(a["indices"])
-    if len(indices) != 1 or not isinstance(indices[0], torch.fx.Node):
-        raise b.fail("indexing with several index tensors or None", hint="index one dim")
-    return b.emit("Gather", [b.arg(a["self"]), b.arg(indices[0])], axis=0)
+    axis = next((k for k, i in enumerate(indices) if i is not None), None)
+    if axis is None or any(i is not None for i in indices[axis + 1 :]):
+        raise b.fail("indexing with several index tensors", hint="index one dim")
+    if not isinstance(indices[axis], torch.fx.Node):
+        raise b.fail("indexing with a Python value", hint="index with an integer tensor")
+    return b.emit("Gather", [b.arg(a["self"]), b.arg(indices[axis])], axis=axis)
 
 
 def _getitem(b, node):

@@ -323,3 +323,25 @@ def test_every_op_prepare_accepts_has_an_onnx_translation():
 
     missing = sorted(op for target, (op, _) in OP_TABLE.items() if target not in onnx_rules())
     assert missing == []
+
+
+class BiasTable(nn.Module):
+    """levit's attention bias: ``biases[:, idxs]``, a parameter indexed on dim 1."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 1)
+        self.biases = nn.Parameter(torch.randn(2, 5))
+        self.register_buffer("idxs", torch.randint(0, 5, (8, 8)), persistent=False)
+
+    def forward(self, x):
+        return self.conv(x) + self.biases[:, self.idxs]
+
+
+def test_a_table_indexed_on_a_later_dim_exports_as_a_gather_on_that_dim():
+    gm, _ = _calibrated(BiasTable(), X)
+    set_model_state(gm, QuantState.FLOAT)
+    result = export_onnx(gm, X[:2])
+    gathers = [n for n in result.model.graph.node if n.op_type == "Gather"]
+    assert [a.i for n in gathers for a in n.attribute if a.name == "axis"] == [1]
+    _compare_layers(gm, result, X[:3], tol=1e-5)
