@@ -168,24 +168,21 @@ def _keep_ids(gm: torch.fx.GraphModule, rewrite) -> None:
     """Run a torchao graph rewrite, then give back the ids of nodes it replaced.
 
     The eval rewrite replaces batch_norm / dropout nodes without their meta; a replacement
-    is found by the op it computes and the input it reads.
+    is found by the op it computes and the nodes it reads (all of them: LeViT's two head
+    batch norms read one input and differ only in their weights).
     """
-    before = {
-        (classify(n)[0], n.args[0].name): n.meta[ID_KEY]
-        for n in gm.graph.nodes
-        if ID_KEY in n.meta and n.args and isinstance(n.args[0], torch.fx.Node)
-    }
+    before = {_reads(n): n.meta[ID_KEY] for n in gm.graph.nodes if ID_KEY in n.meta and n.args}
     rewrite(gm)
     for n in gm.graph.nodes:
-        if (
-            ID_KEY not in n.meta
-            and is_tensor_node(n)
-            and n.args
-            and isinstance(n.args[0], torch.fx.Node)
-        ):
-            lid = before.get((classify(n)[0], n.args[0].name))
+        if ID_KEY not in n.meta and is_tensor_node(n) and n.args:
+            lid = before.get(_reads(n))
             if lid:
                 n.meta[ID_KEY] = lid
+
+
+def _reads(n: torch.fx.Node) -> tuple:
+    """(op, names of the nodes among its arguments): what identifies a rewritten node."""
+    return (classify(n)[0], *(a.name for a in n.args if isinstance(a, torch.fx.Node)))
 
 
 def load_qat(art, ctx) -> torch.fx.GraphModule:

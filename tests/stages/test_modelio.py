@@ -28,3 +28,34 @@ def test_a_factory_refusing_its_kwargs_is_named():
     assert e.value.where == "model.factory"
     linear = build_float("torch.nn:Linear", kwargs={"in_features": 3, "out_features": 2})
     assert linear.weight.shape == (2, 3)
+
+
+def test_two_batch_norms_reading_one_input_keep_their_own_ids():
+    """LeViT's head and distillation head: BatchNorm1d on one input, then a linear each; the
+    eval rewrite replaces both norms, and each must get its own module path back."""
+    from torch import nn
+
+    from stages.modelio import prepare_qat
+    from stages.quantizer import QuantPolicy
+
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn, self.linear = nn.BatchNorm1d(4), nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.linear(self.bn(x))
+
+    class TwoHeads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head, self.head_dist = Head(), Head()
+
+        def forward(self, x):
+            return (self.head(x) + self.head_dist(x)) / 2
+
+    from stages.layers import ID_KEY, classify
+
+    gm, _, _ = prepare_qat(TwoHeads().eval(), torch.randn(2, 4), QuantPolicy())
+    ids = [n.meta.get(ID_KEY) for n in gm.graph.nodes if classify(n)[0] == "batch_norm"]
+    assert sorted(ids) == ["head.bn", "head_dist.bn"]
