@@ -18,14 +18,19 @@ from examples.digits.model import build
 
 def export_onnx(path: str | Path) -> Path:
     """Write the digits CNN to ``path`` (opset 17, dynamic batch); returns the path."""
+    return torchscript_export(build(), torch.zeros(1, 1, 8, 8), path)
+
+
+def torchscript_export(model: torch.nn.Module, example: torch.Tensor, path: str | Path) -> Path:
+    """``model`` as ONNX by torch's TorchScript exporter: opset 17, input ``x``, output
+    ``logits``, dynamic batch, constant folding off (batch norms stay); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    model = build()
     with warnings.catch_warnings():  # the TorchScript exporter's deprecation notice
-        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore")
         torch.onnx.export(
             model,
-            (torch.zeros(1, 1, 8, 8),),
+            (example,),
             str(path),
             dynamo=False,
             input_names=["x"],

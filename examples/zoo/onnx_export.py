@@ -10,34 +10,18 @@ constant folding off (batch norms stay for the optimized stage to fuse).
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import torch
 
+from examples.digits_ptq.export import torchscript_export
 from examples.zoo.models import build, entry_of
 
 
 def export(attr: str, path: str | Path) -> Path:
     """Write zoo model ``attr`` (``resnet18``, ``small_resnet18``) to ``path``."""
     entry, size = entry_of(attr)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    model = build(entry.name, size)
-    with warnings.catch_warnings():  # the TorchScript exporter's deprecation notice
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            model,
-            (torch.zeros(1, 3, size, size),),
-            str(path),
-            dynamo=False,
-            input_names=["x"],
-            output_names=["logits"],
-            dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}},
-            opset_version=17,
-            do_constant_folding=False,
-        )
-    return path
+    return torchscript_export(build(entry.name, size), torch.zeros(1, 3, size, size), path)
 
 
 def __getattr__(attr: str):
