@@ -66,7 +66,7 @@ class TrialModel:
     gm: torch.fx.GraphModule
     by_layer: dict[str, list[QFakeQuantize]]
     policy: QuantPolicy
-    x: torch.Tensor
+    x: tuple[torch.Tensor, ...]
     reference: np.ndarray
     metric: str
 
@@ -80,7 +80,7 @@ class TrialModel:
 
     def measure(self) -> float:
         with torch.no_grad():
-            out = first_output(self.gm(self.x)).detach().numpy()
+            out = first_output(self.gm(*self.x)).detach().numpy()
         return agreement(out, self.reference)[self.metric]
 
 
@@ -89,9 +89,9 @@ def trial_model(ctx, probes: np.ndarray, primary: str) -> TrialModel:
     gm = load_qat(load_stage_artifact(ctx, "calibrate"), ctx)
     set_model_state(gm, QuantState.VALIDATION)
     by_layer = output_quantizers(gm)
-    x = torch.from_numpy(np.ascontiguousarray(ctx.evaluation.x[probes]))
+    x = ctx.evaluation.take(probes)
     with torch.no_grad():
-        ref = first_output(ctx.float_model(x)).detach().numpy()
+        ref = first_output(ctx.float_model(*x)).detach().numpy()
     metric = METRICS.get(primary, "cosine")
     metric = metric if metric != "top1_agreement" or ref.ndim == 2 else "cosine"
     return TrialModel(gm, by_layer, ctx.policy, x, ref, metric)

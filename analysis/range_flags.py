@@ -14,8 +14,10 @@ frames and its calibrated scale ``s``):
 
 Each flag also says what the layer is: a residual add (an add one of whose inputs comes
 from an earlier add through norm and passthrough ops only: the residual stream, whose
-origin is named), a mask add (an add of a constant: the constant's range swamps the other
-input's), or its op type. Softmax, sigmoid and tanh outputs (``FIXED_RANGE_OPS``) are
+origin is named), a mask add (an add of a constant, or of a mask: an input whose values are
+all ``<= 0`` and reach ``MASK_VALUE_MAX`` or below, like BERT's ``(1 - attention_mask) *
+-10000`` built from the tokenizer's mask; its range swamps the other input's), or its op
+type. Softmax, sigmoid and tanh outputs (``FIXED_RANGE_OPS``) are
 never flagged.
 """
 
@@ -34,6 +36,8 @@ BULK_MIN_STEPS = 0.5
 FIXED_RANGE_OPS = frozenset({"softmax", "sigmoid", "tanh"})
 """Ops whose output range is fixed by the op, not by the data (never flagged: their small
 values are lost by design, e.g. masked attention probabilities)."""
+MASK_VALUE_MAX = -1e3
+"""An add input whose values are all ``<= 0`` and reach this is an additive mask."""
 STREAM_OPS = frozenset({"layer_norm", "identity", "reshape", "permute", "dropout", "to"})
 """Ops the residual stream passes through between two adds (post-norm blocks: the norm)."""
 
@@ -98,7 +102,7 @@ def range_flags(
         nonzero = a[a > 0]
         if not nonzero.size:
             continue
-        kind, origin = _kind(lid, layers)
+        kind, origin = _kind(lid, layers, values)
         flag = RangeFlag(lid, layer.op_type, kind, float(a.max()), float(np.percentile(a, 99)),
                          float(np.median(nonzero)), float(scales[lid]), origin)  # fmt: skip
         if flag.outlier or flag.lost_bulk:
@@ -106,19 +110,27 @@ def range_flags(
     return out
 
 
-def _kind(lid: str, layers: dict[str, Layer]) -> tuple[str, str | None]:
+def _kind(lid: str, layers: dict[str, Layer], values: dict) -> tuple[str, str | None]:
     """(kind, the earlier add of a residual add's stream)."""
     layer = layers[lid]
     if layer.op_type != "add":
         return layer.op_type, None
     producers = [p for p in layer.producers if p in layers or p.startswith("input:")]
-    if len(producers) < 2:
+    if len(producers) < 2 or any(_is_mask(values.get(p)) for p in producers):
         return "mask add", None
     for p in producers:
         origin = stream_origin(p, layers)
         if origin:
             return "residual add", origin
     return "add", None
+
+
+def _is_mask(value) -> bool:
+    """All values ``<= 0``, the most negative at or below ``MASK_VALUE_MAX``."""
+    if value is None:
+        return False
+    a = np.asarray(value, np.float64)
+    return a.size > 0 and a.max() <= 0 and a.min() <= MASK_VALUE_MAX
 
 
 def stream_origin(lid: str, layers: dict[str, Layer]) -> str | None:

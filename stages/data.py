@@ -82,6 +82,12 @@ class Split:
         """Every input's samples ``start:stop``, in the model's parameter order."""
         return tuple(torch.from_numpy(a[start:stop]) for a in self.inputs.values())
 
+    def take(self, indices) -> tuple[torch.Tensor, ...]:
+        """Every input's samples at ``indices`` (e.g. the probe frames), in parameter order."""
+        return tuple(
+            torch.from_numpy(np.ascontiguousarray(a[indices])) for a in self.inputs.values()
+        )
+
     def _check_finite(self, input_name: str, x: np.ndarray, start: int) -> None:
         if not np.issubdtype(x.dtype, np.floating):
             return

@@ -2,13 +2,16 @@
 
 `build()` returns :class:`SentenceEncoder` in eval mode: a ``transformers`` BertModel built
 from a :class:`BertConfig` in code (6 layers, hidden 384, 12 heads, intermediate 1536;
-nothing downloaded, ``HF_HUB_OFFLINE=1``), fed float token embeddings ``x`` of shape
-(N, SEQ, HIDDEN) in place of ``inputs_embeds`` and returning the mean-pooled embedding of
-the unpadded tokens.
+nothing downloaded, ``HF_HUB_OFFLINE=1``; the vocabulary of ``examples/bert/vocab.txt``),
+fed what its tokenizer gives (``input_ids`` and ``attention_mask``, int64 (N, SEQ)) and
+returning the mean of the unpadded tokens' last hidden states, as sentence-transformers
+pools them.
 
-The attention mask is folded in as a constant: the last ``PADDED`` of ``SEQ`` positions
-are padding, masked by the original BERT's additive ``MASK_VALUE`` (-10000) in every
-attention layer's ``scores + mask`` add.
+The attention mask reaches every attention layer as the original BERT's additive mask,
+``(1 - attention_mask) * MASK_VALUE`` (-10000), built by :class:`SentenceEncoder` and handed
+to ``BertModel`` in its 4D form (transformers passes a 4D float mask through unchanged; its
+own mask builder, ``masking_utils``, indexes a bool mask by ``arange``s, which prepare
+refuses: the ops are listed in examples/bert/README.md).
 
 Random init has none of a trained transformer's outlier dimensions, so they are put in,
 seeded: trained BERTs carry a few hidden dimensions whose LayerNorm weights and biases are
@@ -36,8 +39,8 @@ import numpy as np
 import torch
 from torch import nn
 
-SEQ = 16
-PADDED = 4
+from examples.bert.data import SEQ, VOCAB, split
+
 MASK_VALUE = -10000.0
 OUTLIER_DIMS = 2
 OUTLIER_SCALE = 3.0
@@ -47,36 +50,33 @@ MINILM = {"layers": 6, "hidden": 384, "heads": 12, "intermediate": 1536}
 
 
 class SentenceEncoder(nn.Module):
-    """BERT embeddings (position and token-type added to ``x``) -> encoder (constant
-    additive mask) -> mean over the unpadded tokens."""
+    """BertModel (``input_ids``, BERT's additive mask) -> mean over the unpadded tokens ->
+    the per-dimension ``standardizer``."""
 
-    def __init__(self, bert: nn.Module, seq: int = SEQ, padded: int = PADDED) -> None:
+    def __init__(self, bert: nn.Module) -> None:
         super().__init__()
-        self.embeddings, self.encoder = bert.embeddings, bert.encoder
-        self.kept = seq - padded
-        mask = torch.zeros(1, 1, 1, seq)
-        mask[..., self.kept :] = MASK_VALUE
-        self.register_buffer("mask", mask)
+        self.bert = bert
         hidden = bert.config.hidden_size
         self.standardizer = nn.Linear(hidden, hidden)
         with torch.no_grad():
             self.standardizer.weight.copy_(torch.eye(hidden))
             self.standardizer.bias.zero_()
 
-    def pooled(self, x: torch.Tensor) -> torch.Tensor:
+    def pooled(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The mean of the unpadded tokens' last hidden states."""
-        h = self.embeddings(inputs_embeds=x)
-        h = self.encoder(h, attention_mask=self.mask).last_hidden_state
-        return h[:, : self.kept].mean(1)
+        mask = ((1 - attention_mask) * MASK_VALUE)[:, None, None, :]
+        h = self.bert(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        keep = attention_mask.unsqueeze(-1)
+        return (h * keep).sum(1) / keep.sum(1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.standardizer(self.pooled(x))
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.standardizer(self.pooled(input_ids, attention_mask))
 
     @torch.no_grad()
-    def standardize(self, x: torch.Tensor) -> None:
+    def standardize(self, inputs: dict) -> None:
         """Fix the ``standardizer`` (diagonal: ``(e - mean) / std`` per dimension) from
-        the pooled embeddings ``e`` of ``x``."""
-        e = self.pooled(x)
+        the pooled embeddings ``e`` of the tokenized ``inputs``."""
+        e = self.pooled(*(torch.from_numpy(inputs[k]) for k in ("input_ids", "attention_mask")))
         inv_std = 1.0 / e.std(0).clamp_min(1e-6)
         self.standardizer.weight.copy_(torch.diag(inv_std))
         self.standardizer.bias.copy_(-e.mean(0) * inv_std)
@@ -88,7 +88,7 @@ def config(layers: int, hidden: int, heads: int, intermediate: int, seq: int = S
     from transformers import BertConfig
 
     return BertConfig(
-        vocab_size=32, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        vocab_size=len(VOCAB.read_text().split()), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
         intermediate_size=intermediate, max_position_embeddings=max(seq, 64),
         attn_implementation="eager",
     )  # fmt: skip
@@ -115,9 +115,7 @@ def build(
             norm.weight[dims] *= outlier_scale
             norm.bias[dims] = norm.weight[dims] * 0.1
     model = SentenceEncoder(bert).eval()
-    rng = np.random.default_rng(OUTLIER_SEED)
-    x = rng.standard_normal((STATS_SAMPLES, SEQ, hidden)).astype(np.float32)
-    model.standardize(torch.from_numpy(x))
+    model.standardize(split(STATS_SAMPLES, OUTLIER_SEED)["inputs"])
     return model
 
 

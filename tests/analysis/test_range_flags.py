@@ -59,3 +59,21 @@ def test_int16_layers_are_not_flagged():
 def test_stream_origin_passes_norms_only():
     assert stream_origin("ln0", LAYERS) == "emb.add"
     assert stream_origin("dense", LAYERS) is None  # a linear is not the stream
+
+
+def test_an_add_of_a_mask_built_from_the_tokenizers_mask_is_a_mask_add():
+    """BERT's ``(1 - attention_mask) * -10000`` is a layer (computed from an input), not a
+    constant: its values (all <= 0, reaching -1e4) make the add a mask add."""
+    layers = dict(LAYERS) | {
+        "ext": Layer("ext", "mul", 4, ("input:attention_mask",)),
+        "mask": Layer("mask", "add", 5, ("scores", "ext")),
+    }
+    values = _values()
+    values["ext"] = np.where(np.arange(16) < 12, 0.0, -10000.0) * np.ones((4, 1, 16))
+    flags = {f.layer_id: f for f in range_flags(values, layers, _scales(values),
+                                                dict.fromkeys(values, "int8"))}  # fmt: skip
+    assert flags["mask"].kind == "mask add"
+    values["ext"] = -values["ext"]  # a positive operand is no mask
+    flags = {f.layer_id: f for f in range_flags(values, layers, _scales(values),
+                                                dict.fromkeys(values, "int8"))}  # fmt: skip
+    assert flags["mask"].kind == "add"
