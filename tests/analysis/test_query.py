@@ -419,3 +419,20 @@ def test_sql_leaves_out_a_table_part_changed_after_its_run_wrote_it(tmp_path):
         found = run_sql(tmp_path, "SELECT run_id, value FROM metrics").to_pylist()
     assert found == [{"run_id": b.run_id, "value": 0.7}]
     assert any(str(part) in str(w.message) for w in caught)
+
+
+def test_the_output_metrics_view_has_one_row_per_stage_and_output(tmp_path):
+    s = RunStore(tmp_path / "runs")
+    run = _run(s, "2026-01-01T00:00:00", "m", {})
+    rows = [{"run_id": run.run_id, "stage": stage, "metric": metric, "value": value,
+             "n_samples": 8, "output": output}
+            for stage, output, metric, value in (
+                ("convert", "output.boxes", "cosine", 0.9), ("convert", "output.boxes", "l1", 0.2),
+                ("export", "output.boxes", "cosine", 0.99), ("export", "output.scores", "cosine", 1.0),
+                ("export", None, "map50", 0.8))]  # fmt: skip
+    write_rows(run, "metrics", rows, "evaluate")
+    got = run_sql(s.root, "SELECT stage, output, cosine, l1 FROM output_metrics").to_pylist()
+    assert [tuple(r.values()) for r in got] == [
+        ("export", "output.boxes", 0.99, None), ("export", "output.scores", 1.0, None),
+        ("convert", "output.boxes", 0.9, 0.2),
+    ]  # fmt: skip
