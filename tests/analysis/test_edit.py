@@ -29,6 +29,12 @@ def test_numbers_and_ranges():
         parse_numbers("x", 10)
 
 
+def test_no_numbers_at_all_are_refused_as_such():
+    """Was: every number "kept" and an empty "nothing to remove: " message."""
+    with pytest.raises(SpecError, match="no node number in ' , '"):
+        parse_numbers(" , ", 10)
+
+
 def _linear_3d() -> onnx.ModelProto:
     """Export's linear on a 3-D input: DQ(Q(W)) -> Transpose -> MatMul -> Add(bias) -> Q/DQ."""
     h, f32 = onnx.helper, onnx.TensorProto.FLOAT
@@ -186,3 +192,38 @@ def test_an_edit_that_breaks_the_graph_is_refused_naming_the_nodes(run, monkeypa
     monkeypatch.setattr(edit_run_module, "Converter", BreaksOnEdits)
     with pytest.raises(StageError, match=r"node\(s\) 9 of qat.onnx removed.*leave node\(s\) 9"):
         edit_run(root, run_id, "9")
+
+
+SHAPES = {
+    # a PReLU's slope reshaped by a constant-only node (folded by convert), two heads
+    # with the judged one (class scores) second
+    "two heads": {"model": {"factory": "tests.models:two_heads"},
+                  "data": {**tiny_spec_dict()["data"], "dataset": "tests.models:two_head_data"},
+                  "compare": {"enabled": False, "output": "output.1"}},
+    # two int64 inputs, token ids and an attention mask
+    "two inputs": {"model": {"factory": "tests.models:masked_mean"},
+                   "data": {**tiny_spec_dict()["data"], "dataset": "tests.models:tokens_data"},
+                   "compare": {"enabled": False}},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=sorted(SHAPES))
+def shaped(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp("shaped")
+    data = tiny_spec_dict(stages={"stop_after": "convert"}, **SHAPES[request.param])
+    result = run_chain(parse_spec(data, "t"), yaml.safe_dump(data), root, use_prefect=False)
+    return root, result.run_id
+
+
+def test_the_unedited_graph_is_the_run_integer_graph_on_every_input_and_judged_output(shaped):
+    """Was: only the first input fed (a two-input model failed to run, blamed on the
+    model), the first output compared, and constant-only nodes left unfolded (a PReLU a
+    float island the run's convert never made)."""
+    root, run_id = shaped
+    run_dir = root / run_id
+    ctx = RunContext(spec=load_spec(run_dir / "spec.yaml"), run=None, code_version="")
+    x, at = ctx.evaluation.arrays(0, SAMPLES), 1 if ctx.spec.compare.output else 0
+    qat = OnnxRunner(run_dir / "artifacts/export/qat.onnx").run(x)[at]
+    as_run = OnnxRunner(run_dir / "artifacts/convert/quantized.onnx").run(x)[at]
+    result = edit_run(root, run_id, "1")
+    assert result.base["l1"] == agreement(qat, as_run)["l1"] > 0
