@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 
 from analysis.edit import agreement, edit_name, parse_numbers, remove_fake_quant, why_kept
+from analysis.ptq_analysis import is_ptq_run
 from schemas.artifacts import QatOnnxModel
 from schemas.errors import SpecError, StageError
 from schemas.spec import load_spec
@@ -71,6 +72,12 @@ class EditResult:
 def edit_run(store_root: str | Path, run_id: str, numbers_text: str) -> EditResult:
     """Edit the numbered nodes of a run's qat.onnx, write the edit, rank the fallbacks."""
     run = RunStore(store_root).open(run_id)
+    if is_ptq_run(run):
+        raise SpecError(
+            f"run {run_id} is a PTQ chain run: it has no qat.onnx to edit",
+            where="qparity edit",
+            hint="edit a QAT chain run (qparity run SPEC), whose export stage writes qat.onnx",
+        )
     ctx = RunContext(spec=load_spec(run.path("spec.yaml")), run=run, code_version="")
     model = onnx.load(str(run.path(run.load_artifact("export", QatOnnxModel).onnx_file)))
     numbers = parse_numbers(numbers_text, len(model.graph.node))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -227,3 +230,15 @@ def test_the_unedited_graph_is_the_run_integer_graph_on_every_input_and_judged_o
     as_run = OnnxRunner(run_dir / "artifacts/convert/quantized.onnx").run(x)[at]
     result = edit_run(root, run_id, "1")
     assert result.base["l1"] == agreement(qat, as_run)["l1"] > 0
+
+
+def test_a_ptq_run_is_refused_as_one(run, tmp_path):
+    """Was: "pipeline: unknown named pipeline 'ptq_chain'", blaming the PTQ spec."""
+    root, run_id, _ = run
+    shutil.copytree(root / run_id, tmp_path / run_id)
+    (tmp_path / run_id / "spec.yaml").write_text(Path("examples/digits_ptq/spec.yaml").read_text())
+    manifest = json.loads((tmp_path / run_id / "manifest.json").read_text())
+    manifest["stages"]["calibrated"] = {**manifest["stages"]["calibrate"], "stage": "calibrated"}
+    (tmp_path / run_id / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SpecError, match=f"run {run_id} is a PTQ chain run: it has no qat.onnx"):
+        edit_run(tmp_path, run_id, "1")
