@@ -64,7 +64,7 @@ def diff_runs(root: str | Path, a: str, b: str) -> dict[str, pa.Table]:
                 where=str(root),
                 hint="`qparity runs` lists runs; a run still running has no row yet",
             )
-        specs = {"a_spec": spec_json(root, a), "b_spec": spec_json(root, b)}
+        specs = _comparable_specs(spec_json(root, a), spec_json(root, b))
         return {
             section: named(con, query, a=a, b=b, **(specs if section == "run" else {}))
             for section, query in SECTIONS.items()
@@ -90,6 +90,18 @@ def spec_json(root: str | Path, run_id: str) -> str | None:
         return None
     data.pop("tags", None)
     return json.dumps(data, sort_keys=True, default=str)
+
+
+def _comparable_specs(a: str | None, b: str | None) -> dict[str, str | None]:
+    """The spec parameters of ``run_diff_run``: both specs, or when either run's spec.yaml
+    is missing or unreadable, one ``file`` leaf per side saying which (the other side's
+    fields alone would show every field as a difference, with no word of why)."""
+    if a is not None and b is not None:
+        return {"a_spec": a, "b_spec": b}
+    state = {True: "read", False: "spec.yaml missing or unreadable"}
+    return {
+        k: json.dumps({"file": state[s is not None]}) for k, s in (("a_spec", a), ("b_spec", b))
+    }
 
 
 def _verify_runs(root: str | Path, run_ids: tuple[str, ...]) -> None:

@@ -27,7 +27,7 @@ QDQ = ("QuantizeLinear", "DequantizeLinear")
 
 
 def parse_numbers(text: str, count: int) -> list[int]:
-    """``"1-100,102"`` -> [1, ..., 100, 102]; each within 0..count-1."""
+    """``"1-100,102"`` -> [1, ..., 100, 102]; each within 0..count-1, at least one."""
     out: list[int] = []
     for part in filter(None, (p.strip() for p in text.split(","))):
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
@@ -45,6 +45,12 @@ def parse_numbers(text: str, count: int) -> list[int]:
                 hint="see debug/qat_onnx.txt for the numbers",
             )
         out.extend(range(lo, hi + 1))
+    if not out:
+        raise SpecError(
+            f"no node number in {text!r}",
+            where="--remove-fake-quant",
+            hint="give node numbers of debug/qat_onnx.txt, e.g. 1-100,102",
+        )
     return sorted(set(out))
 
 

@@ -1,9 +1,11 @@
 """Run the editor on a run: edit qat.onnx, reconvert, rank the fallbacks (analysis.edit).
 
 Every model compared is the run's model as the run computed it: qat.onnx already holds
-pre_export's faults (its tables), and each reconverted integer graph gets the run's convert
-faults again (stages.faults.reapply_convert), so an edit's gain is measured against the
-faulty model the run localized, not a clean one. The edit of all the numbers together is
+pre_export's faults (its tables), and each reconverted integer graph is converted as the
+convert stage does (constant-only nodes folded first) and gets the run's convert faults
+again (stages.faults.reapply_convert), so an edit's gain is measured against the faulty
+model the run localized, not a clean one. Every input of the model is fed, and a model
+with several outputs is compared on its judged one (``compare.output``; stages/outputs.py). The edit of all the numbers together is
 written to ``artifacts/edit/<name>/qat_modified.onnx`` (the vendor's qat_modified.bc).
 """
 
@@ -16,6 +18,7 @@ import numpy as np
 import onnx
 
 from analysis.edit import agreement, edit_name, parse_numbers, remove_fake_quant, why_kept
+from analysis.ptq_analysis import is_ptq_run
 from schemas.artifacts import QatOnnxModel
 from schemas.errors import SpecError, StageError
 from schemas.spec import load_spec
@@ -23,9 +26,20 @@ from schemas.store import RunStore
 from stages.context import RunContext, convert_settings
 from stages.convert.graph import Converter
 from stages.faults import faults_of, reapply_convert
+from stages.onnx_fold import fold_constant_nodes
 from stages.onnx_runner import OnnxRunner
+from stages.stage_runners import judged_index
 
 SAMPLES = 200
+
+
+@dataclass(frozen=True)
+class Samples:
+    """What every model is compared on: the first evaluation samples of each input, and
+    the position of the judged output among the graph's outputs."""
+
+    x: tuple[np.ndarray, ...]
+    at: int
 
 
 @dataclass
@@ -58,10 +72,16 @@ class EditResult:
 def edit_run(store_root: str | Path, run_id: str, numbers_text: str) -> EditResult:
     """Edit the numbered nodes of a run's qat.onnx, write the edit, rank the fallbacks."""
     run = RunStore(store_root).open(run_id)
+    if is_ptq_run(run):
+        raise SpecError(
+            f"run {run_id} is a PTQ chain run: it has no qat.onnx to edit",
+            where="qparity edit",
+            hint="edit a QAT chain run (qparity run SPEC), whose export stage writes qat.onnx",
+        )
     ctx = RunContext(spec=load_spec(run.path("spec.yaml")), run=run, code_version="")
     model = onnx.load(str(run.path(run.load_artifact("export", QatOnnxModel).onnx_file)))
     numbers = parse_numbers(numbers_text, len(model.graph.node))
-    x = ctx.evaluation.x[:SAMPLES]
+    x = _samples(ctx, model)
     base = _agreement(model, ctx, x)
     singles = [_fallback(model, [k], str(k), ctx, x, base) for k in numbers]
     out = [f for f in singles if f.removed]
@@ -97,13 +117,21 @@ def _fallback(model, numbers, label, ctx, x, base) -> Fallback:
     return Fallback(label, removed, got["l1"], got["cosine"], gain, got["faults_skipped"])
 
 
-def _agreement(qat: onnx.ModelProto, ctx: RunContext, x: np.ndarray) -> dict:
-    """Convert ``qat`` as the run's convert did, its faults too; run both on ``x``;
-    compare outputs (and name the faults left nothing to hit)."""
-    quantized, layers = Converter(qat, convert_settings(ctx.spec)).run()
+def _samples(ctx: RunContext, model: onnx.ModelProto) -> Samples:
+    """Every input's first SAMPLES evaluation samples; the judged output's position (the
+    float model runs only to tell several outputs apart)."""
+    at = judged_index(ctx) if len(model.graph.output) > 1 else 0
+    return Samples(ctx.evaluation.arrays(0, SAMPLES), at)
+
+
+def _agreement(qat: onnx.ModelProto, ctx: RunContext, x: Samples) -> dict:
+    """Convert ``qat`` as the run's convert did (constant-only nodes folded first), its
+    faults too; run both on ``x``; compare the judged outputs (and name the faults left
+    nothing to hit)."""
+    quantized, layers = Converter(fold_constant_nodes(qat)[0], convert_settings(ctx.spec)).run()
     skipped = reapply_convert(ctx, quantized, layers)
-    qat_out = OnnxRunner(qat).run(x)[0]
-    int_out = OnnxRunner(quantized).run(x)[0]
+    qat_out = OnnxRunner(qat).run(x.x)[x.at]
+    int_out = OnnxRunner(quantized).run(x.x)[x.at]
     return {**agreement(qat_out, int_out), "faults_skipped": skipped}
 
 

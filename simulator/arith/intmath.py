@@ -189,7 +189,10 @@ def aligned_multipliers(ratios, bits: int, rounding: str = "half_even"):
     rs = [np.asarray(r, dtype=np.float64) for r in ratios]
     if not rs or any(r.size == 0 or not np.all(np.isfinite(r) & (r > 0)) for r in rs):
         raise SimulatorError(
-            f"ratios {rs} must be finite and positive", where="aligned_multipliers"
+            f"multiplier ratios {rs} must be finite and positive (at least one)",
+            where="aligned_multipliers",
+            hint="a scale is zero, negative or not finite: recalibrate (the layer's observer "
+            "must see data) or check the scales in the model",
         )
     parts = [fixed_multiplier(r, bits, rounding) for r in rs]
     common = int(max(int(np.max(sh)) for _, sh in parts))

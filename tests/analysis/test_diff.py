@@ -111,6 +111,19 @@ def test_diff_shows_the_spec_fields_that_differ(tmp_path):
     ]
 
 
+def test_a_missing_spec_file_is_shown_not_left_out(tmp_path):
+    """Was: every field of a's spec shown as a difference (b's side empty), with no word
+    that b's spec.yaml is gone."""
+    runs = RunStore(tmp_path)
+    a = _run(runs, tiny_spec_dict(), "a" * 64, [])
+    b = _run(runs, tiny_spec_dict(faults=[{"kind": "bias_drop", "layer": "conv"}]), "b" * 64, [])
+    runs.open(b).path("spec.yaml").unlink()
+    rows = {(r["section"], r["key"]): (r["a_value"], r["b_value"])
+            for r in diff_runs(tmp_path, a, b)["run"].to_pylist()}  # fmt: skip
+    assert [k for k in rows if k[0] == "spec"] == [("spec", "file")]
+    assert rows[("spec", "file")] == ("read", "spec.yaml missing or unreadable")
+
+
 def test_diff_pairs_localization_rows_by_stage(tmp_path):
     """a diverges at convert and again at board_sim, b only at convert; b ranks the
     sensitive ops the other way round."""

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -27,6 +30,12 @@ def test_numbers_and_ranges():
         parse_numbers("5-12", 10)
     with pytest.raises(SpecError, match="'x' is not a number"):
         parse_numbers("x", 10)
+
+
+def test_no_numbers_at_all_are_refused_as_such():
+    """Was: every number "kept" and an empty "nothing to remove: " message."""
+    with pytest.raises(SpecError, match="no node number in ' , '"):
+        parse_numbers(" , ", 10)
 
 
 def _linear_3d() -> onnx.ModelProto:
@@ -186,3 +195,50 @@ def test_an_edit_that_breaks_the_graph_is_refused_naming_the_nodes(run, monkeypa
     monkeypatch.setattr(edit_run_module, "Converter", BreaksOnEdits)
     with pytest.raises(StageError, match=r"node\(s\) 9 of qat.onnx removed.*leave node\(s\) 9"):
         edit_run(root, run_id, "9")
+
+
+SHAPES = {
+    # a PReLU's slope reshaped by a constant-only node (folded by convert), two heads
+    # with the judged one (class scores) second
+    "two heads": {"model": {"factory": "tests.models:two_heads"},
+                  "data": {**tiny_spec_dict()["data"], "dataset": "tests.models:two_head_data"},
+                  "compare": {"enabled": False, "output": "output.1"}},
+    # two int64 inputs, token ids and an attention mask
+    "two inputs": {"model": {"factory": "tests.models:masked_mean"},
+                   "data": {**tiny_spec_dict()["data"], "dataset": "tests.models:tokens_data"},
+                   "compare": {"enabled": False}},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=sorted(SHAPES))
+def shaped(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp("shaped")
+    data = tiny_spec_dict(stages={"stop_after": "convert"}, **SHAPES[request.param])
+    result = run_chain(parse_spec(data, "t"), yaml.safe_dump(data), root, use_prefect=False)
+    return root, result.run_id
+
+
+def test_the_unedited_graph_is_the_run_integer_graph_on_every_input_and_judged_output(shaped):
+    """Was: only the first input fed (a two-input model failed to run, blamed on the
+    model), the first output compared, and constant-only nodes left unfolded (a PReLU a
+    float island the run's convert never made)."""
+    root, run_id = shaped
+    run_dir = root / run_id
+    ctx = RunContext(spec=load_spec(run_dir / "spec.yaml"), run=None, code_version="")
+    x, at = ctx.evaluation.arrays(0, SAMPLES), 1 if ctx.spec.compare.output else 0
+    qat = OnnxRunner(run_dir / "artifacts/export/qat.onnx").run(x)[at]
+    as_run = OnnxRunner(run_dir / "artifacts/convert/quantized.onnx").run(x)[at]
+    result = edit_run(root, run_id, "1")
+    assert result.base["l1"] == agreement(qat, as_run)["l1"] > 0
+
+
+def test_a_ptq_run_is_refused_as_one(run, tmp_path):
+    """Was: "pipeline: unknown named pipeline 'ptq_chain'", blaming the PTQ spec."""
+    root, run_id, _ = run
+    shutil.copytree(root / run_id, tmp_path / run_id)
+    (tmp_path / run_id / "spec.yaml").write_text(Path("examples/digits_ptq/spec.yaml").read_text())
+    manifest = json.loads((tmp_path / run_id / "manifest.json").read_text())
+    manifest["stages"]["calibrated"] = {**manifest["stages"]["calibrate"], "stage": "calibrated"}
+    (tmp_path / run_id / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SpecError, match=f"run {run_id} is a PTQ chain run: it has no qat.onnx"):
+        edit_run(tmp_path, run_id, "1")
