@@ -25,6 +25,7 @@ from tests.catalog import (
     cases_cli,
     cases_contract,
     cases_data,
+    cases_exact,
     cases_files,
     cases_hostile,
     cases_inputs,
@@ -124,6 +125,7 @@ def all_cases() -> dict:
         **cases_tables.cases(),
         **cases_hostile.cases(),
         **cases_outputs.cases(),
+        **cases_exact.cases(),
     }
 
 
