@@ -88,3 +88,14 @@ def test_the_security_section_says_dask_moves_specs_and_records_with_pickle():
     section = " ".join(_security_section().split())
     assert "Dask sweep ships each run's spec" in section and "records back" in section
     assert "pickle (cloudpickle)" in section
+
+
+def test_every_superseded_bench_table_names_its_successor():
+    """bench/README promises that a superseded table says so and names its successor: a
+    bare "(superseded)" left the reader to guess which later table holds the numbers."""
+    text = (REPO / "bench/README.md").read_text()
+    headings = re.findall(r"^#+ (.+)$", text, re.M)
+    bare = re.findall(r"^.*\(superseded\b(?! by).*$", text, re.M | re.I)
+    named = [" ".join(n.split()) for n in re.findall(r"superseded by \"([^\"]+)\"", text, re.I)]
+    assert bare == []
+    assert [n for n in named if not any(h.startswith(n) for h in headings)] == []
