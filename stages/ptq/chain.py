@@ -11,10 +11,9 @@ executors that give hbm's and board's metrics are checked on the evaluation's ba
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import onnx
 
@@ -152,7 +151,7 @@ def hbm_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
     executor, name = Executor(program), next(iter(program.inputs))
     runner = OnnxRunner(path)
     runs = check_evaluation(executor, _feeds(ctx, name), lambda f: runner.run(f[name]), "hbm")
-    ctx.write_debug("bit_exact.txt", dataclasses.replace(exact, evaluation=runs).render())
+    ctx.write_debug("bit_exact.txt", replace(exact, evaluation=runs).render())
     metrics = [
         *ctx.measure("hbm", lambda x: next(iter(executor.run({name: x})[0].values()))),
         Metric(stage="hbm", metric="bit_exact_layers", value=len(exact.layers), n_samples=len(x)),
