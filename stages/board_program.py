@@ -1,7 +1,7 @@
 """The board's input path, inserted by compile in front of the model (board.hbm).
 
 The featuremap QUANTIZE of the compiled model is replaced by what the board does with a
-camera frame (VENDOR-FACTS, "Board input"):
+camera frame (docs/design.md, "Board input"):
 1. PREPROCESS (simulator.arith.board_input.preprocess): nv12 -> YUV444 by nearest chroma
    upsampling, colour conversion to the training format if needed, minus 128 -> int8 NHWC;
 2. LAYOUT Transpose to NCHW;

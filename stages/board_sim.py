@@ -5,6 +5,10 @@ are (model.hbm). Otherwise the dataset's camera frames (``camera_evaluation``) a
 as the camera delivers them (nv12, yuv444, rgb, bgr, gray) and board.hbm takes them through
 the board's input path. Training on RGB and deploying on nv12 is the classic user-side
 divergence: it shows here as a metric difference against compile.
+
+Before it evaluates, the executor is checked on the evaluation's batch geometries: its
+replays and frozen plan must give what the program gives run instruction by instruction
+(:func:`stages.exactness.check_evaluation`; debug/board_exact.txt).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from simulator.runtime.executor import Executor
 from stages.board_program import camera_inputs
 from stages.context import RunContext
 from stages.evaluate import stage_metrics
+from stages.exactness import batch_ranges, check_evaluation, render_runs
 from stages.faults import inject_board, record_board
 from stages.registry_types import StageCall
 
@@ -38,6 +43,7 @@ def board_sim(upstream: HbmModel, ctx: RunContext, call: StageCall) -> BoardRun:
             )
         executor = Executor(hbm.load(ctx.run.path(upstream.board_file)))
         split = ctx.splits["camera"]
+    _check_paths(executor, split, cfg, ctx)
     metrics = stage_metrics(
         ctx,
         "board_sim",
@@ -53,6 +59,18 @@ def board_sim(upstream: HbmModel, ctx: RunContext, call: StageCall) -> BoardRun:
         training_format=ctx.spec.data.input_format,
         metrics=metrics,
     )
+
+
+def _check_paths(executor: Executor, split, cfg, ctx: RunContext) -> None:
+    """The executor that gives board_sim's metrics, on the evaluation's batch geometries,
+    against the same program run instruction by instruction by a fresh Executor (board.hbm
+    has no ONNX twin; model.hbm was checked against quantized.onnx by compile): the
+    replays and the frozen plan must not change a number (stages.exactness)."""
+    ranges = batch_ranges(len(split), ctx.spec.data.batch_size)
+    feeds = [_feed(executor, split.arrays(a, b), cfg, ctx) for a, b in ranges]
+    kernels = lambda feed: list(Executor(executor.program).run(feed)[0].values())  # noqa: E731
+    runs = check_evaluation(executor, feeds, kernels, "board_sim", "its kernels")
+    ctx.write_debug("board_exact.txt", render_runs(runs) + "\n")
 
 
 def _board_out(executor: Executor, x: tuple, cfg, ctx: RunContext) -> list[np.ndarray]:

@@ -2,9 +2,12 @@
 
 Compile must not change a number: after compiling, the program and quantized.onnx are run
 on probe samples (:func:`stages.exactness.check_exact`: the program through every path
-the executor takes, kernels, replays and the frozen plan that gives the metrics) and every
-layer the program holds and every model output must be bit-identical, else the stage fails
-naming the first layer or output that differs; debug/bit_exact.txt says what was compared.
+the executor takes, kernels, replays and the frozen plan) and every layer the program holds
+and every model output must be bit-identical; then the executor that gives the metrics is
+checked on the evaluation's own batch geometries (its first batch through every path, its
+last when smaller: :func:`stages.exactness.check_evaluation`), outputs against
+quantized.onnx's. Else the stage fails naming the first layer or output that differs, the
+path and the batch; debug/bit_exact.txt says what was compared.
 debug/hbm.txt lists the instructions with the layer ids they cover; debug/latency.txt is
 the cost model's per-layer estimate. When the board's camera delivers something other than
 a featuremap, compile also writes board.hbm: the same program behind the board's input
@@ -13,6 +16,7 @@ path (stages.board_program).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -26,7 +30,7 @@ from stages.board_program import board_program
 from stages.compile_graph import Compiler
 from stages.context import RunContext
 from stages.evaluate import stage_metrics
-from stages.exactness import check_exact
+from stages.exactness import batch_ranges, check_evaluation, check_exact
 from stages.onnx_runner import OnnxRunner
 from stages.outputs import numpy_fed
 from stages.registry_types import StageCall
@@ -50,8 +54,9 @@ def compile_model(upstream: QuantizedModel, ctx: RunContext, call: StageCall) ->
     ctx.write_debug("hbm.txt", hbm_render.render(program))
     probe = ctx.evaluation.arrays(0, max(ctx.spec.compare.probe_samples, 2))
     exact = check_exact(program, ctx.run.root, upstream, probe, "compile")
-    ctx.write_debug("bit_exact.txt", exact.render())
     executor = Executor(program)
+    exact = dataclasses.replace(exact, evaluation=_check_evaluation(executor, path, ctx))
+    ctx.write_debug("bit_exact.txt", exact.render())
     ctx.write_debug("latency.txt", render_latency(program, executor, ctx, march))
     metrics = stage_metrics(
         ctx, "compile", numpy_fed(lambda xs: _outputs(executor, xs)), graph=True
@@ -71,6 +76,15 @@ def compile_model(upstream: QuantizedModel, ctx: RunContext, call: StageCall) ->
         fused=[list(i.layer_ids) for i in program.instructions if len(i.layer_ids) > 1],
         metrics=metrics,
     )
+
+
+def _check_evaluation(executor: Executor, path, ctx: RunContext) -> tuple[tuple[int, str], ...]:
+    """The executor that gives compile's metrics against quantized.onnx (at ``path``), on
+    the evaluation's own batch geometries (stages.exactness.check_evaluation)."""
+    ev, inputs, runner = ctx.evaluation, executor.program.inputs, OnnxRunner(path)
+    feeds = [dict(zip(inputs, ev.arrays(a, b), strict=True))
+             for a, b in batch_ranges(len(ev), ctx.spec.data.batch_size)]  # fmt: skip
+    return check_evaluation(executor, feeds, lambda f: runner.run(tuple(f.values())), "compile")
 
 
 def _outputs(executor: Executor, xs: tuple) -> list[np.ndarray]:

@@ -6,11 +6,21 @@ probe samples, then feeds the same samples five times to one fresh
 :class:`~simulator.runtime.executor.Executor`, exactly as the evaluation feeds its batches
 (:data:`RUNS`): the first runs execute each instruction's kernel while the replays learn
 (:mod:`simulator.runtime.replay`), the third is served by the replays, the fourth is recorded and
-the fifth is the frozen plan (:mod:`simulator.runtime.frozen`), the path that gives compile's,
-hbm's and board_sim's top-1. Each run's model outputs must equal quantized.onnx's outputs,
-and on the three capture runs every layer the program holds (``program.captures``) must
-equal quantized.onnx's integers. A fresh Executor: the evaluation's own Executor then
-learns its replays on the evaluation's batch geometry, not on the probe batch's.
+the fifth is the frozen plan (:mod:`simulator.runtime.frozen`), the path that gives the
+stages' metrics. Each run's model outputs must equal quantized.onnx's outputs, and on the
+three capture runs every layer the program holds (``program.captures``) must equal
+quantized.onnx's integers.
+
+The probe batch is not the evaluation's: a replay and the frozen plan hold for one input
+geometry, so the executor that gives the stage's metrics learns them again on the
+evaluation's batches. :func:`check_evaluation` therefore checks that executor itself,
+before it evaluates, on the geometries the evaluation feeds (:func:`batch_ranges`): its
+first batch through the same five runs, ending in the frozen plan every later batch of
+that size runs, and its last batch when the split does not divide into whole batches
+(another geometry, which runs the kernels). Every run's outputs must equal the reference's
+on that batch: quantized.onnx's (compile, hbm), or for board_sim (and the PTQ chain's
+board), whose board.hbm has no ONNX twin, the same program run instruction by instruction
+by a fresh Executor. The runs are listed in debug/bit_exact.txt and debug/board_exact.txt.
 
 Layers the program names but the reference lacks are an error, never skipped: a captured
 layer, or a layer id of the debug map (``Instruction.layer_ids``), missing from
@@ -22,6 +32,7 @@ instruction, such as a conv's int32 accumulator) are not compared; they are list
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +60,7 @@ class Exactness:
     not_held: tuple[str, ...]  # reference layers the program no longer holds (fused)
     paths: tuple[str, ...]  # how each run executed (Executor.last_path)
     samples: int
+    evaluation: tuple[tuple[int, str], ...] = ()  # (batch size, path): check_evaluation
 
     def render(self) -> str:
         """``debug/bit_exact.txt``."""
@@ -59,6 +71,7 @@ class Exactness:
             f"outputs compared on every run: {', '.join(self.outputs)}",
             f"layers compared on runs 1-3: {', '.join(self.layers) or '-'}",
             f"not held by the program (fused, not compared): {', '.join(self.not_held) or '-'}",
+            *([render_runs(self.evaluation)] if self.evaluation else []),
         ]) + "\n"  # fmt: skip
 
 
@@ -78,7 +91,8 @@ def check_exact(
     want = dict(zip(program.outputs, ref_outs, strict=True))
     xs = x if isinstance(x, tuple) else (x,)
     executor, feed = Executor(program), dict(zip(program.inputs, xs, strict=True))
-    paths = tuple(_run(executor, feed, capture, want, ref, stage) for capture in RUNS)
+    by = _Against(stage)
+    paths = tuple(_run(executor, feed, capture, want, ref, by) for capture in RUNS)
     return Exactness(
         layers=tuple(program.captures),
         outputs=tuple(want),
@@ -86,6 +100,46 @@ def check_exact(
         paths=paths,
         samples=len(xs[0]),
     )
+
+
+def batch_ranges(n: int, batch_size: int) -> list[tuple[int, int]]:
+    """The sample ranges of the batch geometries an evaluation of ``n`` samples feeds
+    (:func:`stages.evaluate.collect`): its first batch, and its last one when ``n`` does
+    not divide into whole batches."""
+    ranges = [(0, min(batch_size, n))]
+    if n > batch_size and n % batch_size:
+        ranges.append((n - n % batch_size, n))
+    return ranges
+
+
+def check_evaluation(
+    executor: Executor,
+    feeds: list[dict],
+    reference: Callable[[dict], list],
+    stage: str,
+    against: str = "quantized.onnx",
+) -> tuple[tuple[int, str], ...]:
+    """Check the executor that is about to give ``stage``'s metrics, on the evaluation's
+    own batches (``feeds``, from :func:`batch_ranges`): the first fed once per entry of
+    :data:`RUNS` (kernels, replays, recorded, frozen plan), every other one once (another
+    geometry: the kernels, as the evaluation's last batch). Each run's outputs must equal
+    ``reference(feed)`` (the outputs in program order; ``against`` names it); (batch
+    size, path) per run, or a StageError naming the output, the path and the batch."""
+    runs = []
+    for k, feed in enumerate(feeds):
+        want = dict(zip(executor.program.outputs, reference(feed), strict=True))
+        n = len(next(iter(feed.values())))
+        by = _Against(stage, against, f", the evaluation's batch of {n} samples")
+        runs += [
+            (n, _run(executor, feed, False, want, {}, by)) for _ in (RUNS if k == 0 else RUNS[:1])
+        ]
+    return tuple(runs)
+
+
+def render_runs(runs: tuple[tuple[int, str], ...]) -> str:
+    """One line: how each checked run of the evaluation's executor went."""
+    text = ", ".join(f"{i + 1}: {p} ({n} samples)" for i, (n, p) in enumerate(runs))
+    return f"outputs of the evaluation's own executor on its batch geometries: {text}"
 
 
 def _unquantized(path: Path, ref: dict) -> set[str]:
@@ -113,30 +167,40 @@ def _check_known(program: Program, ref: dict, stage: str, islands: set[str] = fr
         )
 
 
-def _run(executor: Executor, feed: dict, capture: bool, want: dict, ref: dict, stage: str):
+@dataclass(frozen=True)
+class _Against:
+    """What a run is compared with, for the error: the stage, the reference, the batch."""
+
+    stage: str
+    reference: str = "quantized.onnx"
+    batch: str = ""  # ", the evaluation's batch of N samples" (check_evaluation)
+
+
+def _run(executor: Executor, feed: dict, capture: bool, want: dict, ref: dict, by: _Against):
     """One run compared with the reference; the path that served it. A function of its
     own so the captures (views of the replays' buffers) are released before the next run,
     which could not reuse those buffers otherwise."""
     outs, got = executor.run(feed, capture=capture)
     path = executor.last_path
     for lid, ints in got.items():  # layers first: the first to differ is the cause
-        _same(ints, ref[lid][0], f"layer {lid}", path, stage)
+        _same(ints, ref[lid][0], f"layer {lid}", path, by)
     for name, value in outs.items():
-        _same(value, want[name], f"output {name}", path, stage)
+        _same(value, want[name], f"output {name}", path, by)
     return path
 
 
-def _same(got: np.ndarray, want: np.ndarray, what: str, path: str, stage: str) -> None:
+def _same(got: np.ndarray, want: np.ndarray, what: str, path: str, by: _Against) -> None:
     got, want = np.asarray(got), np.asarray(want)
+    on = f"on the {path} path{by.batch}"
     if got.shape != want.shape:
-        raise StageError(f"{what} has shape {got.shape} on the {path} path, quantized.onnx "
-                         f"{want.shape}", where=stage, hint=HINT)  # fmt: skip
+        raise StageError(f"{what} has shape {got.shape} {on}, {by.reference} {want.shape}",
+                         where=by.stage, hint=HINT)  # fmt: skip
     diff = got != want
     if diff.any():
         at = tuple(int(i) for i in np.argwhere(diff)[0])
         raise StageError(
-            f"{what} differs from quantized.onnx on the {path} path: {int(diff.sum())} of "
+            f"{what} differs from {by.reference} {on}: {int(diff.sum())} of "
             f"{diff.size} values, first at {at}: {got[at]} vs {want[at]}",
-            where=stage,
+            where=by.stage,
             hint=HINT,
         )

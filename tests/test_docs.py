@@ -35,6 +35,22 @@ def test_every_doc_a_file_names_is_in_the_repository():
     assert missing == []
 
 
+OUTSIDE_DOC = re.compile(r"\b(DESIGN|NOTES|VENDOR-FACTS|VENDOR_FACTS)(\.md)?\b")
+"""The notes this project was written from, kept outside the repository: a name of one,
+with or without ``.md`` ("VENDOR-FACTS, 'Board input'"), points a reader at nothing."""
+
+
+def test_no_file_points_at_the_notes_outside_the_repository():
+    named = [
+        f"{path.relative_to(REPO)}:{n}: {m.group(0)}"
+        for path in _tracked()
+        if path != Path(__file__).resolve()
+        for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+        for m in OUTSIDE_DOC.finditer(line)
+    ]
+    assert named == []
+
+
 def test_every_section_a_file_names_is_a_heading_of_that_doc():
     headings = {
         doc: set(re.findall(r"^#+ (.+)$", (REPO / doc).read_text(), re.M))
@@ -72,3 +88,14 @@ def test_the_security_section_says_dask_moves_specs_and_records_with_pickle():
     section = " ".join(_security_section().split())
     assert "Dask sweep ships each run's spec" in section and "records back" in section
     assert "pickle (cloudpickle)" in section
+
+
+def test_every_superseded_bench_table_names_its_successor():
+    """bench/README promises that a superseded table says so and names its successor: a
+    bare "(superseded)" left the reader to guess which later table holds the numbers."""
+    text = (REPO / "bench/README.md").read_text()
+    headings = re.findall(r"^#+ (.+)$", text, re.M)
+    bare = re.findall(r"^.*\(superseded\b(?! by).*$", text, re.M | re.I)
+    named = [" ".join(n.split()) for n in re.findall(r"superseded by \"([^\"]+)\"", text, re.I)]
+    assert bare == []
+    assert [n for n in named if not any(h.startswith(n) for h in headings)] == []

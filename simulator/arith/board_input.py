@@ -2,8 +2,8 @@
 
 Frames reach the BPU as uint8 images in a *runtime* format (nv12, yuv444, rgb, bgr, gray);
 the model was trained on a *training* format (rgb, bgr, yuv444 centered, gray). This module
-turns the first into the int8 tensor the first layer receives (VENDOR-FACTS "Board input",
-docs/design.md "Numerics": board input). Everything is numpy, vectorized, NHWC.
+turns the first into the int8 tensor the first layer receives (docs/design.md "Board input",
+the vendor's public material). Everything is numpy, vectorized, NHWC.
 
 Conventions:
 
@@ -37,7 +37,8 @@ COLOR_STANDARDS: dict[str, tuple[np.ndarray, np.ndarray]] = {
         np.array([16.0, 128.0, 128.0]),
     ),
 }
-"""``standard -> (M, o)`` with ``[Y, U, V] = M @ [R, G, B] + o`` (VENDOR-FACTS formulas)."""
+"""``standard -> (M, o)`` with ``[Y, U, V] = M @ [R, G, B] + o`` (the formulas of
+docs/design.md "Board input")."""
 
 RUNTIME_FORMATS = ("nv12", "yuv444", "rgb", "bgr", "gray")
 TRAINING_FORMATS = ("rgb", "bgr", "yuv444", "gray", "featuremap")

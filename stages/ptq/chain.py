@@ -4,14 +4,16 @@
 the run's manifest and tables. Every stage writes its vendor-named file (VENDOR_FILES) and
 top-1 on the evaluation split; quantized and hbm reuse convert's Converter and compile's
 Compiler unchanged, and hbm must equal quantized bit for bit on the probe samples, on
-every execution path (compile's check, :func:`stages.exactness.check_exact`).
+every execution path (compile's check, :func:`stages.exactness.check_exact`), and the
+executors that give hbm's and board's metrics are checked on the evaluation's batches
+(:func:`stages.exactness.check_evaluation`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import onnx
 
@@ -22,7 +24,7 @@ from stages.compile import tensor_shapes
 from stages.compile_graph import Compiler
 from stages.convert.graph import Converter, ConvertSettings
 from stages.convert.stage import ISLANDS, layer_json
-from stages.exactness import check_exact
+from stages.exactness import batch_ranges, check_evaluation, check_exact, render_runs
 from stages.onnx_export import render_graph_text
 from stages.onnx_runner import OnnxRunner
 from stages.ptq import calibrate_onnx as cal
@@ -146,8 +148,10 @@ def hbm_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
     program = hbm.load(ctx.run.path(rel))
     x = ctx.evaluation.x[: max(ctx.probe_samples, 2)]
     exact = check_exact(program, ctx.run.root, up, x, "hbm")
-    ctx.write_debug("bit_exact.txt", exact.render())
     executor, name = Executor(program), next(iter(program.inputs))
+    runner = OnnxRunner(path)
+    runs = check_evaluation(executor, _feeds(ctx, name), lambda f: runner.run(f[name]), "hbm")
+    ctx.write_debug("bit_exact.txt", replace(exact, evaluation=runs).render())
     metrics = [
         *ctx.measure("hbm", lambda x: next(iter(executor.run({name: x})[0].values()))),
         Metric(stage="hbm", metric="bit_exact_layers", value=len(exact.layers), n_samples=len(x)),
@@ -156,10 +160,20 @@ def hbm_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
                      onnx_file=up.onnx_file, metrics=metrics)  # fmt: skip
 
 
+def _feeds(ctx: PtqContext, name: str) -> list[dict]:
+    """The evaluation's batch geometries as the PTQ stages feed them (stages.exactness)."""
+    ranges = batch_ranges(len(ctx.evaluation), ctx.batch_size)
+    return [{name: ctx.evaluation.x[a:b]} for a, b in ranges]
+
+
 def board_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
-    """The .hbm loaded fresh and run by the simulated BPU on the evaluation inputs."""
+    """The .hbm loaded fresh and run by the simulated BPU on the evaluation inputs; its
+    replays and frozen plan checked first against its own kernels (stages.exactness)."""
     executor = Executor(hbm.load(ctx.run.path(up.hbm_file)))
     name = next(iter(executor.program.inputs))
+    kernels = lambda f: list(Executor(executor.program).run(f)[0].values())  # noqa: E731
+    runs = check_evaluation(executor, _feeds(ctx, name), kernels, "board", "its kernels")
+    ctx.write_debug("board_exact.txt", render_runs(runs) + "\n")
     metrics = ctx.measure("board", lambda x: next(iter(executor.run({name: x})[0].values())))
     return call.make(PtqModel, ctx.run, [], hbm_file=up.hbm_file, metrics=metrics)
 

@@ -26,6 +26,7 @@ from tests.catalog import (
     cases_contract,
     cases_data,
     cases_edit,
+    cases_exact,
     cases_files,
     cases_hostile,
     cases_inputs,
@@ -126,6 +127,7 @@ def all_cases() -> dict:
         **cases_hostile.cases(),
         **cases_outputs.cases(),
         **cases_edit.cases(),
+        **cases_exact.cases(),
     }
 
 

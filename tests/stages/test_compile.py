@@ -10,13 +10,15 @@ from schemas.errors import ArtifactError, StageError
 from simulator.kernels import exec_ops
 from simulator.program import hbm
 from simulator.program.isa import Op
+from simulator.runtime import executor as executor_module
 from simulator.runtime import native
 from simulator.runtime.executor import Executor
 from simulator.runtime.frozen import Frozen
 from simulator.runtime.replay import Replays
 from stages.compile import compile_model
 from stages.convert.stage import run_integer
-from stages.exactness import check_exact
+from stages.exactness import batch_ranges, check_evaluation, check_exact
+from stages.onnx_runner import OnnxRunner
 from stages.registry_types import StageCall
 from tests.stages.helpers import H, break_frozen_plan, run_stages
 
@@ -255,3 +257,53 @@ def test_a_class_token_expanded_to_the_batch_compiles_exact(tmp_path_factory):
         outs, _ = ex.run({"x": x[:batch]})
         ref_outs, _ = run_integer(ctx.run.root, arts["convert"], x[:batch])
         assert np.array_equal(next(iter(outs.values())), ref_outs[0]), batch
+
+
+@pytest.mark.skipif(native.library() is None, reason="no frozen plan without the kernels")
+def test_a_frozen_plan_wrong_only_on_the_evaluation_batches_fails_compile(compiled, monkeypatch):
+    """The probe batch (4 samples) and the evaluation's batches (32) are two geometries,
+    two frozen plans: a plan wrong only on the evaluation's gave compile's metrics unseen.
+    The executor that evaluates is now checked on its own batches first."""
+    ctx, _ = compiled
+    break_frozen_plan(monkeypatch, rows=ctx.spec.data.batch_size)
+    with pytest.raises(StageError, match="output head differs from quantized.onnx on the "
+                       "frozen plan path, the evaluation's batch of 32 samples: 1 of"):  # fmt: skip
+        _recompile(*compiled)
+
+
+def test_the_evaluation_batches_are_its_geometries():
+    assert batch_ranges(64, 32) == [(0, 32)]
+    assert batch_ranges(64, 48) == [(0, 48), (48, 64)]
+    assert batch_ranges(10, 32) == [(0, 10)]
+
+
+def test_the_last_smaller_batch_is_checked_on_its_own_geometry(compiled, monkeypatch):
+    """A split that does not divide into batches ends on a smaller one, which the kernels
+    run (replays and the plan hold for the first batch's geometry): a kernel wrong only
+    there is caught, naming that batch."""
+    ctx, arts = compiled
+    program = hbm.load(ctx.run.path(arts["compile"].hbm_file))
+    runner = OnnxRunner(ctx.run.path(arts["convert"].onnx_file))
+    feeds = [{"x": ctx.evaluation.x[a:b]} for a, b in batch_ranges(64, 48)]
+    reference = lambda feed: runner.run(feed["x"])  # noqa: E731
+    runs = check_evaluation(Executor(program), feeds, reference, "compile")
+    assert [n for n, _ in runs] == [48] * 5 + [16] and runs[5][1].startswith("kernels")
+    assert runs[4][1] == "frozen plan" or native.library() is None
+    last = program.instructions[-1]
+    real = executor_module.KERNELS[last.op]
+
+    def off_on_16_rows(instr, bufs, consts):
+        ys = real(instr, bufs, consts)
+        if instr is last and ys[0].shape[0] == 16:
+            ys = [ys[0].clone(), *ys[1:]]
+            ys[0].view(-1)[0] += 1
+        return ys
+
+    monkeypatch.setitem(executor_module.KERNELS, last.op, off_on_16_rows)
+    with pytest.raises(StageError, match="on the kernels .* the evaluation's batch of 16 samples"):
+        check_evaluation(Executor(program), feeds, reference, "compile")
+    ok = check_evaluation(Executor(program), feeds[:1], reference, "compile")
+    assert [n for n, _ in ok] == [48] * 5
+    text = ctx.run.path("debug/bit_exact.txt").read_text()
+    assert "outputs of the evaluation's own executor on its batch geometries: 1: kernels" in text
+    assert "(32 samples)" in text

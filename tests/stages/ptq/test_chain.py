@@ -18,7 +18,7 @@ from simulator.runtime import native
 from simulator.runtime.executor import Executor
 from stages.onnx_runner import OnnxRunner
 from stages.ptq import equivalence
-from stages.ptq.chain import STAGES, hbm_stage
+from stages.ptq.chain import STAGES, board_stage, hbm_stage
 from stages.ptq.context import PtqModel
 from stages.registry_types import StageCall
 from tests.models import data
@@ -101,6 +101,25 @@ def test_hbm_checks_the_frozen_plan_like_compile(int8_run, tiny_onnx, monkeypatc
     break_frozen_plan(monkeypatch)
     with pytest.raises(StageError, match="output head differs .* on the frozen plan path"):
         hbm_stage(up, ctx, StageCall("hbm", H, H, "test"))
+
+
+@pytest.mark.skipif(native.library() is None, reason="no frozen plan without the kernels")
+def test_hbm_and_board_check_the_executors_of_their_metrics(int8_run, tiny_onnx, monkeypatch):
+    """The frozen plan of the evaluation's 32-sample batches is not the probe batch's: one
+    wrong only there gave hbm's and board's top-1 unseen. Both stages now check the
+    executor they evaluate with, on those batches, before evaluating."""
+    text = (int8_run.root / "debug/bit_exact.txt").read_text()
+    assert "5: frozen plan (32 samples)" in text
+    assert "5: frozen plan (32 samples)" in (int8_run.root / "debug/board_exact.txt").read_text()
+    ctx = _context(int8_run, "tiny", tiny_onnx, spec())
+    up = int8_run.load_artifact("quantized", PtqModel)
+    break_frozen_plan(monkeypatch, rows=32)
+    with pytest.raises(StageError, match="output head differs from quantized.onnx on the "
+                       "frozen plan path, the evaluation's batch of 32 samples"):  # fmt: skip
+        hbm_stage(up, ctx, StageCall("hbm", H, H, "test"))
+    hbm_art = int8_run.load_artifact("hbm", PtqModel)
+    with pytest.raises(StageError, match="differs from its kernels on the frozen plan path"):
+        board_stage(hbm_art, ctx, StageCall("board", H, H, "test"))
 
 
 def test_sigmoid_becomes_a_lookup_table(int8_run):
