@@ -20,11 +20,11 @@ import numpy as np
 
 from schemas.errors import SpecError, StageError
 from schemas.spec import PipelineSpec
-from simulator.arith.board_input import fold_mean_std
+from simulator.arith.board_input import FOLD_WEIGHT, fold_mean_std, folded_bias
 from simulator.arith.intmath import fixed_multiplier
 from simulator.program.isa import Instruction, Op, Program
 
-WEIGHT = 64
+WEIGHT = FOLD_WEIGHT
 
 
 def board_program(program: Program, spec: PipelineSpec) -> Program:
@@ -97,7 +97,7 @@ def _fold_conv(quantize: Instruction, data, channels: int, rounding: str):
     mult, shift = fixed_multiplier(w / WEIGHT, 31, rounding)
     consts = {
         "board:weight": np.full((channels, 1, 1, 1), WEIGHT, np.int8),
-        "board:bias": np.round(WEIGHT * b / w).astype(np.int32),
+        "board:bias": folded_bias(w, b),
         "board:mult": np.asarray(mult, np.int64),
         "board:shift": np.asarray(shift, np.int64),
     }
