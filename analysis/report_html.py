@@ -26,6 +26,8 @@ NOT_JUDGED = "#dde3ee"
 QUANTIZATION_BASE = "prepare"
 """The float model's stage (analysis.localize.FLOAT_STAGE), not imported: the report does
 not load the chain."""
+CAMERA_PAIR = ("compile", "board_sim")
+"""The pair whose analysis stage is fed camera frames when board_sim has a camera."""
 
 METRICS = (("cosine", "cosine"), ("max_qscale_diff", "max_qscale_diff (quantization steps)"))
 """The heatmaps: (layer_stats column, title)."""
@@ -87,14 +89,21 @@ def table(columns: list[tuple[str, str]], rows: list[dict], css: str = "") -> st
     return f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def judged(metric: str, row: dict | None) -> bool:
+def judged(metric: str, row: dict | None, camera: bool = False) -> bool:
     """Whether the localizer judges this cell's total error. Not on the float -> calibrate
     pair (base ``prepare``: analysis.localize.FLOAT_STAGE), the quantization loss, whose
     totals carry every layer's rounding and clipping in every clean run: it is judged on
-    each layer's own quantization cosine and the quantized input's cosine only."""
-    if row is None or row.get("base_stage") != QUANTIZATION_BASE:
+    each layer's own quantization cosine and the quantized input's cosine only. Nor, behind
+    a ``camera``, on the steps of compile -> board_sim's layers: they inherit the input's
+    allowed rounding, and each layer is judged on its own error (compile fed the board's
+    input), the input against its modelled rounding."""
+    if row is None:
         return True
-    return metric == "cosine" and str(row.get("layer_id", "")).startswith("input:")
+    is_input = str(row.get("layer_id", "")).startswith("input:")
+    if row.get("base_stage") == QUANTIZATION_BASE:
+        return metric == "cosine" and is_input
+    behind = camera and (row.get("base_stage"), row.get("analysis_stage")) == CAMERA_PAIR
+    return not behind or metric == "cosine" or is_input
 
 
 def severity(metric: str, row: dict | None, hm: Heatmap) -> float | None:
@@ -150,7 +159,8 @@ def _cell(hm: Heatmap, metric: str, layer: dict, base: str, stage: str) -> str:
 
 
 def _background(metric: str, row: dict | None, hm: Heatmap) -> str:
-    return colour(severity(metric, row, hm)) if judged(metric, row) else NOT_JUDGED
+    camera = any(stage == CAMERA_PAIR[1] for _, stage in hm.limits)
+    return colour(severity(metric, row, hm)) if judged(metric, row, camera) else NOT_JUDGED
 
 
 def heatmap(hm: Heatmap, metric: str, title: str) -> str:
@@ -175,9 +185,7 @@ def _legend(hm: Heatmap) -> str:
     t = hm.thresholds
     marks = [(0.0, "clean"), (0.5, "at threshold"), (0.8, "past threshold"), (None, "no value")]
     spans = "".join(f'<span style="background:{colour(s)}">{esc(text)}</span>' for s, text in marks)
-    spans += (
-        f'<span style="background:{NOT_JUDGED}">not judged (float -&gt; calibrate totals)</span>'
-    )
+    spans += f'<span style="background:{NOT_JUDGED}">total not judged (own errors are)</span>'
     first = (
         f"first divergent cell (&#9670;, outlined): layer {esc(hm.first[1])} at {esc(hm.first[0])}"
         if hm.first

@@ -236,3 +236,21 @@ def test_a_camera_input_is_coloured_against_its_modelled_rounding():
     assert hm.limits[("input:x", "board_sim")] == pytest.approx(3.0)
     assert severity("max_qscale_diff", row, hm) < 0.5
     assert severity("max_qscale_diff", {**row, "max_qscale_diff": 12.0}, hm) > 0.6
+
+
+def test_behind_a_camera_the_board_layers_totals_are_not_coloured():
+    """A clean yuv444 camera run of examples/colour: board_sim's body.relu is 2 steps off
+    compile's (inherited from the input's allowed one-step rounding; its own error is 0):
+    not coloured past the threshold; the camera input itself still is judged."""
+    relu = {**_stats("int8", 2.0, 0.01, 1.27), "layer_id": "body.relu",
+            "base_stage": "compile", "analysis_stage": "board_sim"}  # fmt: skip
+    layer = {"layer_id": "body.relu", "op_type": "relu", "topo_index": 0}
+    pairs, cells = [("compile", "board_sim")], {("body.relu", "board_sim"): relu}
+    camera = Heatmap(pairs=pairs, layers=[layer], cells=cells, first=None,
+                     thresholds=Thresholds(), limits={("input:x", "board_sim"): 1.0})  # fmt: skip
+    assert _hue(heatmap(camera, "max_qscale_diff", "t")) is None
+    featuremap = Heatmap(
+        pairs=pairs, layers=[layer], cells=cells, first=None, thresholds=Thresholds()
+    )
+    assert _hue(heatmap(featuremap, "max_qscale_diff", "t")) < 65
+    assert judged("max_qscale_diff", {**relu, "layer_id": "input:x"}, camera=True)
