@@ -39,7 +39,7 @@ from analysis.layer_graph import Layer
 from analysis.own_error import OwnErrors, own_errors, sensitivity
 from analysis.primary import Primary
 from analysis.tolerance import EPS, factor, limit, span_of, total_limit
-from simulator.arith.board_input import rounding_pixels
+from analysis.tolerance import camera_limit as tolerance_camera_limit
 from stages.context import RunContext
 from stages.stage_models import StageModel
 
@@ -82,15 +82,9 @@ def tolerance(ctx: RunContext, base: str, analysis: str) -> float:
 
 def camera_limit(ctx: RunContext, step: float) -> float | None:
     """Steps the board's first-layer input may be off behind a camera (None: the board is
-    fed featuremaps): one step for the folded mean/std conv (stages/board_program.py:
-    rounded to 1/64 pixel, then to the input scale, where QUANTIZE rounds once), plus
-    the camera path's own rounding (simulator.arith.board_input.rounding_pixels) in input
-    steps, ``pixels / (std_c * step)`` for the smallest ``std_c``."""
-    cfg, data = ctx.spec.stages.board_sim, ctx.spec.data
-    if cfg.runtime_format == "featuremap" or not step:
-        return None
-    pixels = rounding_pixels(cfg.runtime_format, data.input_format, cfg.color)
-    return 1.0 + pixels / (min(data.std or [1.0]) * step)
+    fed featuremaps): the camera path's modelled rounding and the folded mean/std conv's,
+    in input steps (:func:`analysis.tolerance.camera_limit`)."""
+    return tolerance_camera_limit(ctx.spec, step)
 
 
 def judged_samples(ctx: RunContext, samples: np.ndarray) -> np.ndarray:

@@ -20,9 +20,10 @@ from urllib.parse import quote
 
 from analysis.primary import run_primary
 from analysis.report_html import render
+from analysis.tolerance import camera_limit
 from schemas.errors import QparityError
 from schemas.fileio import atomic_write_text
-from schemas.spec import STAGE_NAMES, load_spec
+from schemas.spec import STAGE_NAMES, PipelineSpec, load_spec
 from schemas.spec_sections import Thresholds
 from schemas.store import Run
 from schemas.tables import read_run_table
@@ -56,6 +57,10 @@ class Heatmap:
     """(analysis_stage, layer_id) of the first divergent cell, if any."""
     thresholds: Thresholds
     """The run's pass/fail thresholds (they set the colour scale)."""
+    limits: dict[tuple[str, str], float] = field(default_factory=dict)
+    """(layer_id, analysis_stage) -> the steps that layer may be off where the localizer
+    allows it more than the thresholds: board_sim's camera input
+    (:func:`analysis.tolerance.camera_limit`)."""
 
 
 @dataclass
@@ -169,21 +174,35 @@ def _heatmap(run: Run, loc: list[dict]) -> Heatmap | None:
     for r in rows:
         layers.setdefault(r["layer_id"], {k: r[k] for k in ("layer_id", "op_type", "topo_index")})
     first = next((r for r in loc if r["kind"] == "layer" and r["rank"] == 1), None)
+    spec = _spec(run)
     return Heatmap(
         pairs=pairs,
         layers=sorted(layers.values(), key=lambda x: (x["topo_index"], x["layer_id"])),
         cells={(r["layer_id"], r["analysis_stage"]): r for r in rows},
         first=(first["stage"], first["layer_id"]) if first else None,
-        thresholds=_thresholds(run),
+        thresholds=spec.compare.thresholds if spec else Thresholds(),
+        limits=_camera_limits(spec, rows) if spec else {},
     )
 
 
-def _thresholds(run: Run) -> Thresholds:
-    """The spec's compare thresholds; the schema's defaults if the spec cannot be read."""
+def _spec(run: Run) -> PipelineSpec | None:
+    """The run's spec; None if it cannot be read (the schema's thresholds are used)."""
     try:
-        return load_spec(run.path("spec.yaml")).compare.thresholds
+        return load_spec(run.path("spec.yaml"))
     except QparityError:
-        return Thresholds()
+        return None
+
+
+def _camera_limits(spec: PipelineSpec, rows: list[dict]) -> dict[tuple[str, str], float]:
+    """board_sim's camera input against compile's: the camera path's modelled rounding."""
+    out = {}
+    for r in rows:
+        camera = (r["base_stage"], r["analysis_stage"]) == ("compile", "board_sim")
+        if camera and r["layer_id"].startswith("input:"):
+            allowed = camera_limit(spec, r["scale"] or 0.0)
+            if allowed is not None:
+                out[(r["layer_id"], r["analysis_stage"])] = allowed
+    return out
 
 
 def _links(run: Run, report_dir: Path) -> list[tuple[str, str]]:

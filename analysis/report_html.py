@@ -12,7 +12,7 @@ import html
 import math
 from typing import TYPE_CHECKING
 
-from analysis.tolerance import total_limit
+from analysis.tolerance import EPS, total_limit
 
 if TYPE_CHECKING:
     from analysis.report import Heatmap, ReportData
@@ -21,6 +21,13 @@ HUE_CLEAN, HUE_BAD = 130.0, 0.0
 """HSL hues of a perfect cell and of an infinitely bad one."""
 LIGHT_CLEAN, LIGHT_BAD = 88.0, 58.0
 """HSL lightness (%) of the same two ends: bad cells are darker too."""
+NOT_JUDGED = "#dde3ee"
+"""The colour of a cell whose total error the localizer does not judge (:func:`judged`)."""
+QUANTIZATION_BASE = "prepare"
+"""The float model's stage (analysis.localize.FLOAT_STAGE), not imported: the report does
+not load the chain."""
+CAMERA_PAIR = ("compile", "board_sim")
+"""The pair whose analysis stage is fed camera frames when board_sim has a camera."""
 
 METRICS = (("cosine", "cosine"), ("max_qscale_diff", "max_qscale_diff (quantization steps)"))
 """The heatmaps: (layer_stats column, title)."""
@@ -82,16 +89,37 @@ def table(columns: list[tuple[str, str]], rows: list[dict], css: str = "") -> st
     return f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
+def judged(metric: str, row: dict | None, camera: bool = False) -> bool:
+    """Whether the localizer judges this cell's total error. Not on the float -> calibrate
+    pair (base ``prepare``: analysis.localize.FLOAT_STAGE), the quantization loss, whose
+    totals carry every layer's rounding and clipping in every clean run: it is judged on
+    each layer's own quantization cosine and the quantized input's cosine only. Nor, behind
+    a ``camera``, on the steps of compile -> board_sim's layers: they inherit the input's
+    allowed rounding, and each layer is judged on its own error (compile fed the board's
+    input), the input against its modelled rounding."""
+    if row is None:
+        return True
+    is_input = str(row.get("layer_id", "")).startswith("input:")
+    if row.get("base_stage") == QUANTIZATION_BASE:
+        return metric == "cosine" and is_input
+    behind = camera and (row.get("base_stage"), row.get("analysis_stage")) == CAMERA_PAIR
+    return not behind or metric == "cosine" or is_input
+
+
 def severity(metric: str, row: dict | None, hm: Heatmap) -> float | None:
     """0 (clean) .. 0.5 (at the threshold) .. 1 (far past it) of a layer_stats ``row``; None
     if there is no value. Steps of a wide layer are judged as the localizer judges a total
-    error (:func:`analysis.tolerance.total_limit`: int16 and int32 get their allowance)."""
+    error (:func:`analysis.tolerance.total_limit`: int16 and int32 get their allowance), a
+    layer with an allowance of its own (``hm.limits``: a camera input) by that."""
     value = row[metric] if row else None
     if value is None or math.isnan(value):
         return None
     t = hm.thresholds
+    own = hm.limits.get((row.get("layer_id"), row.get("analysis_stage")))
     if metric == "cosine":
         err, limit = 1.0 - value, 1.0 - t.cosine
+    elif own is not None:
+        err, limit = value, own + EPS
     else:
         err = value
         limit = total_limit(t.max_qscale_diff, row.get("dtype"), row, row.get("scale") or 0.0)
@@ -125,9 +153,14 @@ def _cell(hm: Heatmap, metric: str, layer: dict, base: str, stage: str) -> str:
     mark = " &#9670;" if first else ""
     title = "first divergent layer" if first else f"{layer['layer_id']} at {stage}"
     return (
-        f'<td class="cell{" first" if first else ""}" style="background:'
-        f'{colour(severity(metric, row, hm))}" title="{esc(title)}" {data}>{esc(text)}{mark}</td>'
+        f'<td class="cell{" first" if first else ""}" style="background:{_background(metric, row, hm)}" '
+        f'title="{esc(title)}" {data}>{esc(text)}{mark}</td>'
     )
+
+
+def _background(metric: str, row: dict | None, hm: Heatmap) -> str:
+    camera = any(stage == CAMERA_PAIR[1] for _, stage in hm.limits)
+    return colour(severity(metric, row, hm)) if judged(metric, row, camera) else NOT_JUDGED
 
 
 def heatmap(hm: Heatmap, metric: str, title: str) -> str:
@@ -152,6 +185,7 @@ def _legend(hm: Heatmap) -> str:
     t = hm.thresholds
     marks = [(0.0, "clean"), (0.5, "at threshold"), (0.8, "past threshold"), (None, "no value")]
     spans = "".join(f'<span style="background:{colour(s)}">{esc(text)}</span>' for s, text in marks)
+    spans += f'<span style="background:{NOT_JUDGED}">total not judged (own errors are)</span>'
     first = (
         f"first divergent cell (&#9670;, outlined): layer {esc(hm.first[1])} at {esc(hm.first[0])}"
         if hm.first

@@ -1,13 +1,17 @@
 """How many of its own steps a layer may be off, given a tolerance in int8 steps.
 
 One rule for the localizer (analysis/localize.py: own errors and the triage's total
-errors) and the report's heatmap colours (analysis/report_html.py), kept free of heavy
-imports so the report does not load the chain.
+errors, a camera input's modelled rounding) and the report's heatmap colours
+(analysis/report_html.py), kept free of heavy imports so the report does not load the chain.
 """
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
+
+from simulator.arith.board_input import fold_rounding_pixels, rounding_pixels
 
 EPS = 1e-2
 """Float slack on own errors in steps (float32 values of int16 layers are not exact)."""
@@ -47,3 +51,22 @@ def total_limit(tolerance: float, dtype: str | None, stats: dict, step: float) -
     ``step``): inherited error grows an accumulator's total error with its fan-in, so it
     is judged against its range."""
     return limit(tolerance, dtype, span_of(stats, step))
+
+
+def camera_limit(spec, step: float) -> float | None:
+    """Steps the board's first-layer input may be off behind a camera, for a spec
+    (``stages.board_sim``, ``data``) and the input's ``step`` (None: the board is fed
+    featuremaps, or no step).
+
+    FORMULA: ``1 + max_c (pixels + bias_c) / (std_c * step)``: two roundings of values
+    that lie ``d`` steps apart land at most ``d + 1`` steps apart, and ``d`` is the camera
+    path's own rounding (``simulator.arith.board_input.rounding_pixels``) plus how far the
+    folded mean/std conv's integer bias moves the mean (``fold_rounding_pixels``: up to
+    1/128 pixel, two int16 steps), each pixel ``1 / (std_c * step)`` steps."""
+    cfg, data = spec.stages.board_sim, spec.data
+    if cfg.runtime_format == "featuremap" or not step:
+        return None
+    pixels = rounding_pixels(cfg.runtime_format, data.input_format, cfg.color)
+    mean, std = np.asarray(data.mean or [0.0]), np.asarray(data.std or [1.0])
+    bias = fold_rounding_pixels(mean, std, step)
+    return 1.0 + float(np.max((pixels + bias) / (std * step)))

@@ -19,7 +19,7 @@ from importlib import metadata
 
 from pipelines.gc import mark_interrupted
 from pipelines.limits import guard
-from pipelines.stage_debug import keep_debug, restore_debug
+from pipelines.stage_debug import keep_debug, keep_faults, restore_debug, restore_faults
 from schemas.artifacts import Artifact, combined_digest
 from schemas.errors import ArtifactError, SpecError, StageError
 from schemas.fileio import json_digest
@@ -142,6 +142,7 @@ def run_recorded(
         written = len(run.debug_written)
         art = cached[0] if cached else keep_debug(run, compute(call), run.debug_written[written:])
         if cached is None:
+            art = keep_faults(run, art)
             run.save_artifact(art)
             store.cache_record(key, {"run_id": run.run_id, "stage": name})
     except BaseException as e:  # interrupts too: never leave a stage marked running
@@ -190,6 +191,7 @@ def from_cache(
     store.reuse_files(src, run, list(art.files))
     run.save_artifact(art)
     restore_debug(run, art)
+    restore_faults(run, art)
     return art, hit["run_id"]
 
 

@@ -17,6 +17,7 @@ stage whose artifact it corrupts:
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
@@ -31,6 +32,15 @@ FAULT_STAGES = {
     "preprocess_swap": "board_sim",
 }
 """Fault kind -> the stage it is injected at."""
+
+AMOUNTS = {
+    "lut_coarsen": ("a whole number >= 0", lambda a: a >= 0 and a == int(a)),
+    "shift_off": ("a whole number", lambda a: a == int(a)),
+    "preprocess_swap": ("0 (RGB <-> BGR) or 1 (the other BT.601 range)", lambda a: a in (0, 1)),
+}
+"""Kinds whose ``amount`` is not any finite number: (what it must be, the check). A
+fractional shift or coarsening applied nothing and was recorded as applied; a negative
+coarsening crashed pre_export."""
 
 
 class FaultSpec(BaseModel):
@@ -65,4 +75,7 @@ class FaultSpec(BaseModel):
         object.__setattr__(self, "stage", want)
         if self.kind != "preprocess_swap" and not (self.layer or self.op_type):
             raise ValueError(f"a {self.kind} fault needs a layer or an op_type")
+        need, ok = AMOUNTS.get(self.kind, ("a finite number", math.isfinite))
+        if not (math.isfinite(self.amount) and ok(self.amount)):
+            raise ValueError(f"a {self.kind} fault's amount must be {need}, not {self.amount}")
         return self

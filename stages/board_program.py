@@ -20,11 +20,11 @@ import numpy as np
 
 from schemas.errors import SpecError, StageError
 from schemas.spec import PipelineSpec
-from simulator.arith.board_input import fold_mean_std
+from simulator.arith.board_input import FOLD_WEIGHT, SUPPORTED, fold_mean_std, folded_bias
 from simulator.arith.intmath import fixed_multiplier
 from simulator.program.isa import Instruction, Op, Program
 
-WEIGHT = 64
+WEIGHT = FOLD_WEIGHT
 
 
 def board_program(program: Program, spec: PipelineSpec) -> Program:
@@ -35,6 +35,13 @@ def board_program(program: Program, spec: PipelineSpec) -> Program:
             "a featuremap-trained model has no camera input path",
             where="stages.board_sim.runtime_format",
             hint="use runtime_format: featuremap, or state data.input_format",
+        )
+    if cfg.runtime_format not in SUPPORTED[data.input_format]:
+        raise SpecError(
+            f"a model trained on {data.input_format} cannot take {cfg.runtime_format} frames",
+            where="stages.board_sim.runtime_format",
+            hint=f"use one of {', '.join(sorted(SUPPORTED[data.input_format]))}, "
+            "or state the training format in data.input_format",
         )
     first = program.instructions[0]
     if first.op is not Op.QUANTIZE:
@@ -97,7 +104,7 @@ def _fold_conv(quantize: Instruction, data, channels: int, rounding: str):
     mult, shift = fixed_multiplier(w / WEIGHT, 31, rounding)
     consts = {
         "board:weight": np.full((channels, 1, 1, 1), WEIGHT, np.int8),
-        "board:bias": np.round(WEIGHT * b / w).astype(np.int32),
+        "board:bias": folded_bias(w, b),
         "board:mult": np.asarray(mult, np.int64),
         "board:shift": np.asarray(shift, np.int64),
     }

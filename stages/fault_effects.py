@@ -10,6 +10,8 @@ reason, judged here:
 - convert: the layer's initializers and node attributes before and after; when they
   differ, the outputs of the layer's edited nodes on a calibration batch, run on both
   graphs (a flipped attribute may compute the same integers);
+- calibrate: the layer's frozen output scale before and after (a factor this close to 1
+  rounds away in float32);
 - pre_export: the layer's table entries before and after;
 - board_sim: whether the camera path the fault corrupts is used, and alters the frames.
 """
@@ -82,6 +84,14 @@ def integer_effect(
     if differ == 0:
         return Effect(False, f"no output value of {lid} changes {where}; e.g. no ties to round")
     return Effect(True, f"{differ} of {total} output values of {lid} change {where}")
+
+
+def scale_effect(before: np.ndarray, after: np.ndarray) -> Effect:
+    """A calibrate fault's effect: whether the layer's frozen output scale changed."""
+    old, new = np.asarray(before, np.float64), np.asarray(after, np.float64)
+    if np.array_equal(old, new):
+        return Effect(False, f"the output scale stays {old.max():.6g} (the factor rounds away)")
+    return Effect(True, f"output scale {old.max():.6g} -> {new.max():.6g}")
 
 
 def table_effect(before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> Effect:

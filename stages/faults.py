@@ -18,7 +18,14 @@ from schemas.spec_faults import FaultSpec
 from schemas.tables import write_rows
 from stages.context import RunContext
 from stages.fake_quant import quantizers
-from stages.fault_effects import Effect, board_effect, copy_model, integer_effect, table_effect
+from stages.fault_effects import (
+    Effect,
+    board_effect,
+    copy_model,
+    integer_effect,
+    scale_effect,
+    table_effect,
+)
 from stages.modelio import name_quantizers
 
 MULT_TAGS = ("/req_mult#", "/mult#", "/ma#", "/mb#")
@@ -177,9 +184,9 @@ def inject_calibrate(ctx: RunContext, gm) -> None:
     outputs = {roles[n][0]: fq for n, fq in quantizers(gm) if roles.get(n, ("", ""))[1] == "output"}
 
     def rescale(fault, lid):
-        factor = 2 ** (fault.amount / 4)
-        outputs[lid].scale.mul_(factor)
-        return Effect(factor != 1, f"output scale x {factor:.4g}")
+        before = outputs[lid].scale.detach().cpu().numpy().copy()
+        outputs[lid].scale.mul_(2 ** (fault.amount / 4))
+        return scale_effect(before, outputs[lid].scale.detach().cpu().numpy())
 
     _inject(ctx, "calibrate", outputs, rescale)
 

@@ -248,6 +248,26 @@ def rounding_pixels(runtime: str, training: str, color: str = "bt601_full") -> f
     return float(np.floor(0.5 * np.abs(inverse).sum(axis=1).max() + 0.5))
 
 
+FOLD_WEIGHT = 64
+"""The int8 weight of the folded mean/std conv (stages/board_program.py): its int32 bias
+holds ``FOLD_WEIGHT * bias / weight``, the mean to ``1 / FOLD_WEIGHT`` of a pixel."""
+
+
+def folded_bias(weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """The folded conv's int32 bias: ``round(FOLD_WEIGHT * bias_c / weight_c)`` (float32, as
+    :func:`fold_mean_std` gives them; ``weight`` C x 1 x 1 x 1 or C)."""
+    return np.round(FOLD_WEIGHT * bias / np.reshape(weight, -1)).astype(np.int32)
+
+
+def fold_rounding_pixels(mean: Any, std: Any, in_scale: Any) -> np.ndarray:
+    """Per channel, how far (in pixels) the folded conv's integer bias moves a pixel:
+    ``|folded_bias - FOLD_WEIGHT * b / w| / FOLD_WEIGHT``, at most ``1 / (2 * FOLD_WEIGHT)``.
+    One pixel is ``1 / (std_c * s)`` input steps: with an int16 input (s about
+    ``255 / (std_c * 65535)``) this alone may move the input by two steps."""
+    exact = FOLD_WEIGHT * (128.0 - np.atleast_1d(np.asarray(mean, dtype=np.float64)))
+    return np.abs(folded_bias(*fold_mean_std(mean, std, in_scale)) - exact) / FOLD_WEIGHT
+
+
 def fold_mean_std(mean: Any, std: Any, in_scale: Any) -> tuple[np.ndarray, np.ndarray]:
     """Weight (C x 1 x 1 x 1) and bias (C) of the grouped 1x1 conv (groups = C) that applies
     ``((x_int8 + 128) - mean) / std`` and lands on the first layer's input scale ``s``.

@@ -11,8 +11,9 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from analysis.report import Heatmap, write_report
-from analysis.report_html import fmt, severity
+from analysis.localize import FLOAT_STAGE
+from analysis.report import Heatmap, _camera_limits, write_report
+from analysis.report_html import QUANTIZATION_BASE, fmt, heatmap, judged, severity
 from pipelines.flow import run_chain
 from qparity.cli_report import report_command
 from schemas.spec import parse_spec
@@ -185,3 +186,71 @@ def test_wide_layers_of_a_clean_run_are_not_red():
     faulty = [_stats("int16", 2000.0, 1e-4, 32767e-4), _stats("int32", 1e4, 1.3e-5, 0.646)]
     assert all(severity("max_qscale_diff", row, hm) > 0.5 for row in faulty)
     assert severity("max_qscale_diff", _stats("int8", 221.0, 0.01, 1.27), hm) > 0.9
+
+
+def _hue(cell_html: str) -> float | None:
+    """The HSL hue of a rendered cell's background (None: not an error colour)."""
+    found = re.search(r"background:hsl\(([\d.]+),", cell_html)
+    return float(found.group(1)) if found else None
+
+
+def test_the_quantization_loss_column_is_not_red_in_a_clean_run():
+    """float -> calibrate carries every layer's rounding and clipping (the tiny model's clean
+    run: 26.7 steps at conv): the localizer judges that pair on own cosines and the quantized
+    input only, so its totals are not coloured as errors; later pairs still are."""
+    loss = {**_stats("int8", 26.7, 0.01, 1.27), "cosine": 0.9981, "layer_id": "conv",
+            "base_stage": "prepare", "analysis_stage": "calibrate"}  # fmt: skip
+    later = {**loss, "base_stage": "calibrate", "analysis_stage": "pre_export"}
+    layer = {"layer_id": "conv", "op_type": "conv", "topo_index": 0}
+    for metric in ("cosine", "max_qscale_diff"):
+        for pairs, row in (
+            ([("prepare", "calibrate")], loss),
+            ([("calibrate", "pre_export")], later),
+        ):
+            cells = {("conv", pairs[0][1]): row}
+            hm = Heatmap(
+                pairs=pairs, layers=[layer], cells=cells, first=None, thresholds=Thresholds()
+            )
+            hue = _hue(heatmap(hm, metric, "t"))
+            assert (hue is None) if row is loss else (hue is not None and hue < 65), (metric, row)
+    quantized_input = {**loss, "layer_id": "input:x", "cosine": 0.9}
+    assert judged("cosine", quantized_input) and not judged("max_qscale_diff", quantized_input)
+    assert QUANTIZATION_BASE == FLOAT_STAGE
+
+
+def test_a_camera_input_is_coloured_against_its_modelled_rounding():
+    """An RGB model behind a BT.601 video-range yuv444 camera: the colour round trip moves
+    the int8 input by up to 3 steps in clean runs; 2 steps is clean, 12 is not."""
+    spec = parse_spec(
+        tiny_spec_dict(
+            data={**tiny_spec_dict()["data"], "input_format": "rgb", "mean": [127.5] * 3,
+                  "std": [127.5] * 3},
+            stages={"board_sim": {"runtime_format": "yuv444", "color": "bt601_video"}},
+        ),
+        "s.yaml",
+    )  # fmt: skip
+    row = {**_stats("int8", 2.0, 1 / 127.5, 1.0), "layer_id": "input:x",
+           "base_stage": "compile", "analysis_stage": "board_sim"}  # fmt: skip
+    hm = Heatmap(pairs=[], layers=[], cells={}, first=None, thresholds=Thresholds(),
+                 limits=_camera_limits(spec, [row]))  # fmt: skip
+    assert hm.limits[("input:x", "board_sim")] == pytest.approx(3.0)
+    assert severity("max_qscale_diff", row, hm) < 0.5
+    assert severity("max_qscale_diff", {**row, "max_qscale_diff": 12.0}, hm) > 0.6
+
+
+def test_behind_a_camera_the_board_layers_totals_are_not_coloured():
+    """A clean yuv444 camera run of examples/colour: board_sim's body.relu is 2 steps off
+    compile's (inherited from the input's allowed one-step rounding; its own error is 0):
+    not coloured past the threshold; the camera input itself still is judged."""
+    relu = {**_stats("int8", 2.0, 0.01, 1.27), "layer_id": "body.relu",
+            "base_stage": "compile", "analysis_stage": "board_sim"}  # fmt: skip
+    layer = {"layer_id": "body.relu", "op_type": "relu", "topo_index": 0}
+    pairs, cells = [("compile", "board_sim")], {("body.relu", "board_sim"): relu}
+    camera = Heatmap(pairs=pairs, layers=[layer], cells=cells, first=None,
+                     thresholds=Thresholds(), limits={("input:x", "board_sim"): 1.0})  # fmt: skip
+    assert _hue(heatmap(camera, "max_qscale_diff", "t")) is None
+    featuremap = Heatmap(
+        pairs=pairs, layers=[layer], cells=cells, first=None, thresholds=Thresholds()
+    )
+    assert _hue(heatmap(featuremap, "max_qscale_diff", "t")) < 65
+    assert judged("max_qscale_diff", {**relu, "layer_id": "input:x"}, camera=True)

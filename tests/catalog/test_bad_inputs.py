@@ -22,6 +22,7 @@ from schemas.spec import load_spec, parse_spec
 from schemas.store import RunStore
 from tests.catalog import (
     cases_analysis,
+    cases_cam,
     cases_cli,
     cases_contract,
     cases_data,
@@ -128,6 +129,7 @@ def all_cases() -> dict:
         **cases_outputs.cases(),
         **cases_edit.cases(),
         **cases_exact.cases(),
+        **cases_cam.cases(),
     }
 
 

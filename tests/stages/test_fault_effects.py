@@ -65,3 +65,14 @@ def test_camera_faults_change_nothing_where_the_camera_path_is_not_what_they_hit
     assert not board_effect(other_range, rgb, colour).changed
     fm = SimpleNamespace(runtime_format="featuremap", color="bt601_full")
     assert "feature maps" in board_effect(swap, fm, colour).reason
+
+
+def test_a_calib_scale_fault_is_judged_by_the_scale_it_leaves(make_ctx):
+    """A factor this close to 1 rounds away in the float32 scale: recorded as applied, but
+    changing nothing (it was recorded as a change because the factor was not 1)."""
+    faults = [{"kind": "calib_scale", "layer": "conv", "amount": a} for a in (1e-9, -4)]
+    ctx = make_ctx(faults=faults)
+    run_stages(ctx, "prepare", "calibrate")
+    tiny, halved = read_run_table(ctx.run, "faults")
+    assert tiny["changed"] is False and "rounds away" in tiny["reason"]
+    assert halved["changed"] is True and halved["reason"].startswith("output scale ")
