@@ -21,11 +21,11 @@
 - Its first divergent layer is the first layer, in topological order, whose own error is
   above the tolerance (else a camera input past its limit, else the layer with the
   largest own error).
-- Triage reads own errors first, since a layer's total error may all be inherited: an
-  input off -> input or preprocessing; the first divergent layer adding more than the
-  tolerance of its own -> a stage/op problem at that layer; no layer off, only the output
-  -> post-processing; else the first layer off in total says where (see :func:`triage`
-  and, for the float pair, :func:`quantization_triage`).
+- Triage (analysis.triage) reads own errors first, since a layer's total error may all be
+  inherited: an input off -> input or preprocessing; the first divergent layer adding more
+  than the tolerance of its own -> a stage/op problem at that layer; no layer off, the
+  output off -> post-processing; else the first layer off in total says where. An input
+  or the output is blamed only when it is compared and off itself.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from analysis.compare import OUTPUT, PairResult
 from analysis.layer_graph import Layer
 from analysis.own_error import OwnErrors, own_errors, sensitivity
 from analysis.primary import Primary
-from analysis.tolerance import EPS, factor, limit, span_of, total_limit
+from analysis.tolerance import EPS, factor, limit, span_of
+from analysis.triage import lost_input, quantization_triage, triage
 from simulator.arith.board_input import rounding_pixels
 from stages.context import RunContext
 from stages.stage_models import StageModel
@@ -153,7 +154,7 @@ def _output_reasons(ctx: RunContext, result: PairResult, primary: Primary, v: Pa
     if cos < th.cosine and not v.quantization:
         out.append(f"output cosine {cos:.5f} (< {th.cosine})")
     inp = _input(result)
-    if v.quantization and inp is not None and _lost(result, inp, th.cosine):
+    if v.quantization and inp is not None and lost_input(result, inp, th.cosine):
         out.append(f"quantized input {inp} cosine {result.aggregates[inp]['cosine']:.5f} "
                    f"(< {th.cosine})")  # fmt: skip
     if v.input_limit is not None and inp is not None:
@@ -230,78 +231,6 @@ def _upstream(lid: str, size: dict[str, float], layers: dict[str, Layer]) -> flo
         elif p in layers:
             todo += layers[p].producers
     return found
-
-
-def triage(result: PairResult, v: PairVerdict, dtypes: dict[str, str]) -> str:
-    """Where to look, from the first divergent layer's own error and the layers' total
-    error on the whole split (a total error may be inherited, an own error is not):
-
-    - an input (``input:*``) off in total -> the input data or preprocessing;
-    - the first divergent layer adds more than the tolerance of its own -> a stage/op
-      problem at that layer (also when it is the first or the output layer);
-    - no layer off in total, only the model output -> post-processing of the output;
-    - else the first layer off in total: when it is the first compared layer and own
-      errors are exact, it only passes on what its inputs bring (input or preprocessing);
-      otherwise a stage/op problem there.
-    """
-    off = _off_in_total(result, v, dtypes)
-    if any(lid.startswith("input:") for lid in off):
-        return "the input is off: check the input data or preprocessing"
-    lid, own = v.first_layer, v.own
-    if own.exact and lid in own.steps and own.steps[lid] > limit(v.tolerance, dtypes.get(lid)):
-        return (
-            f"{lid} adds {own.steps[lid]:.3g} step(s) of its own: "
-            f"a {result.analysis} stage/op problem at {lid}"
-        )
-    if not off:
-        return "no layer is off, only the output: check post-processing of the model output"
-    layers = [i for i in result.layer_ids if not i.startswith("input:")]
-    if own.exact and off[0] == layers[0]:
-        return (
-            f"every layer is off from {off[0]} on and none adds error of its own: "
-            "check the input data or preprocessing"
-        )
-    return f"{off[0]} is the first layer off: a {result.analysis} stage/op problem at {off[0]}"
-
-
-def _off_in_total(result: PairResult, v: PairVerdict, dtypes: dict[str, str]) -> list[str]:
-    """Layers (and inputs) whose total error on the whole split is past the tolerance
-    (at least one step; an input: ``v.input_limit`` when set), in topological order."""
-    tol = max(v.tolerance, 1.0)
-
-    def allowed(lid: str) -> float:
-        if lid.startswith("input:") and v.input_limit is not None:
-            return v.input_limit + EPS
-        stats, step = result.aggregates[lid], result.steps.get(lid, 0.0)
-        return total_limit(tol, dtypes.get(lid), stats, step)
-
-    return [
-        lid for lid in result.layer_ids if result.aggregates[lid]["max_qscale_diff"] > allowed(lid)
-    ]
-
-
-def quantization_triage(result: PairResult, v: PairVerdict, over: list[str], cosine: float) -> str:
-    """Where to look when the float -> calibrate pair diverges (the quantization loss): the
-    first layer losing too much on its own, else a quantized input far from the float one
-    (cosine under ``cosine``), else the loss adds up over layers that each stay within."""
-    lid = v.first_layer
-    if lid in over:
-        return (
-            f"{lid} loses the most to its own quantization (cosine {v.own.cosine[lid]:.5f}): "
-            f"a calibrate stage/op problem at {lid}: check its observer, scale (clipping) "
-            "or bit width"
-        )
-    lost = [i for i in result.layer_ids if i.startswith("input:") and _lost(result, i, cosine)]
-    if lost:
-        return f"the quantized input {lost[0]} is far from the float input: check its scale"
-    return (
-        "no layer loses much on its own, the loss adds up over the layers: check the "
-        "quant section (observer, bit widths) or fine-tune with QAT"
-    )
-
-
-def _lost(result: PairResult, lid: str, cosine: float) -> bool:
-    return result.aggregates[lid]["cosine"] < cosine
 
 
 def first_divergence(verdicts: list[PairVerdict]) -> PairVerdict | None:

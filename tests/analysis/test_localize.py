@@ -8,8 +8,7 @@ import yaml
 
 from analysis.compare import OUTPUT, PairResult
 from analysis.layer_graph import Layer
-from analysis.localize import PairVerdict, judge_pair, triage
-from analysis.own_error import OwnErrors
+from analysis.localize import judge_pair
 from analysis.primary import Primary
 from pipelines.flow import run_chain
 from schemas.errors import SpecError
@@ -121,44 +120,6 @@ def test_with_qat_fine_tuning_the_qat_model_is_the_reference(store):
     pairs = [(v.base, v.analysis) for v in result.analysis.verdicts]
     assert pairs[:2] == [("prepare", "calibrate"), ("qat", "pre_export")]
     assert result.analysis.first is None
-
-
-LAYERS = ["input:x", "conv", "relu", "head"]
-DTYPES = {"input:x": "int8", "conv": "int8", "relu": "int8", "head": "int32"}
-
-
-def _triage(total: dict[str, float], own: dict[str, float], first: str, exact=True) -> str:
-    """The triage of a convert pair whose layers have these total and own errors (steps)."""
-    result = PairResult("export", "convert", layer_ids=LAYERS)
-    result.aggregates = {lid: {"max_qscale_diff": total.get(lid, 0.0)} for lid in LAYERS}
-    steps = {lid: own.get(lid, 0.0) for lid in LAYERS[1:]}
-    v = PairVerdict("export", "convert", reasons=["x"], tolerance=1.0, first_layer=first)
-    v.own = OwnErrors(steps, {}, exact)
-    return triage(result, v, DTYPES)
-
-
-def test_triage_blames_a_first_layer_that_adds_error_of_its_own():
-    got = _triage({"conv": 19, "relu": 19, "head": 9e3}, {"conv": 19}, "conv")
-    assert "stage/op problem at conv" in got and "input" not in got
-
-
-def test_triage_blames_an_output_layer_that_adds_error_of_its_own():
-    got = _triage({"head": 2e4}, {"head": 2e4}, "head")
-    assert "stage/op problem at head" in got and "post-processing" not in got
-
-
-def test_triage_sends_inherited_errors_to_the_input():
-    assert "check the input data" in _triage({"input:x": 3, "conv": 5}, {}, "conv")
-    assert "check the input data" in _triage({"conv": 5, "relu": 5}, {"conv": 0.5}, "conv")
-
-
-def test_triage_without_any_layer_off_is_post_processing():
-    assert "post-processing" in _triage({}, {"relu": 0.5}, "relu")
-
-
-def test_triage_without_exact_own_errors_names_the_first_layer_off():
-    got = _triage({"relu": 4, "head": 9e3}, {"relu": 4, "head": 9e3}, "relu", exact=False)
-    assert got.startswith("relu is the first layer off")
 
 
 def _fixed(values: dict[str, float], out: float, substitutable: bool) -> StageModel:
