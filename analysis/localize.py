@@ -21,6 +21,9 @@
 - Its first divergent layer is the first layer, in topological order, whose own error is
   above the tolerance (else a camera input past its limit, else the layer with the
   largest own error).
+- Sensitive ops: each candidate reverted to the base stage's behaviour (own_error.sensitivity);
+  a simulator pair, which cannot be re-run layer by layer, ranks by the estimate of
+  analysis.sensitive_rank (the layer where the error enters before what amplifies it).
 - Triage (analysis.triage) reads own errors first, since a layer's total error may all be
   inherited: an input off -> input or preprocessing; the first divergent layer adding more
   than the tolerance of its own -> a stage/op problem at that layer; no layer off, the
@@ -38,7 +41,8 @@ from analysis.compare import OUTPUT, PairResult
 from analysis.layer_graph import Layer
 from analysis.own_error import OwnErrors, own_errors, sensitivity
 from analysis.primary import Primary
-from analysis.tolerance import EPS, factor, limit, span_of
+from analysis.sensitive_rank import in_int8_steps
+from analysis.tolerance import EPS, limit
 from analysis.triage import lost_input, quantization_triage, triage
 from simulator.arith.board_input import rounding_pixels
 from stages.context import RunContext
@@ -115,7 +119,7 @@ def judge_pair(
     Own errors are judged in int8 steps (analysis.tolerance.limit): an int16 layer may add
     256 times the tolerance in its own (256x finer) steps. The float -> calibrate pair is
     judged by :func:`_quantization_over` instead. ``layers`` (their producers) rank the
-    sensitive ops when only total errors are known (:func:`in_int8_steps`)."""
+    sensitive ops when only total errors are known (analysis.sensitive_rank)."""
     v = PairVerdict(result.base, result.analysis, samples=[int(i) for i in samples])
     v.tolerance = tolerance(ctx, result.base, result.analysis)
     if (result.base, result.analysis) == ("compile", "board_sim"):
@@ -186,7 +190,7 @@ def _localize(v, result, models, idx, ids, over, dtypes, layers, cosine) -> None
     if v.quantization:
         size = {i: 1.0 - v.own.cosine[i] for i in ids}
     else:
-        size = in_int8_steps(result, v.own, dtypes, layers)
+        size = in_int8_steps(result, v.own, dtypes, layers, over)
     camera = [r for r in v.reasons if r.startswith("camera input")]
     v.first_layer = over[0] if over else (_input(result) if camera else None)
     v.first_layer = v.first_layer or max(ids, key=size.__getitem__)
@@ -197,40 +201,6 @@ def _localize(v, result, models, idx, ids, over, dtypes, layers, cosine) -> None
         v.triage = quantization_triage(result, v, over, cosine)
     else:
         v.triage = triage(result, v, dtypes)
-
-
-def in_int8_steps(
-    result: PairResult, own: OwnErrors, dtypes: dict[str, str], layers: dict[str, Layer]
-) -> dict[str, float]:
-    """Own errors in int8 steps (an int32 accumulator's: in 1/127 of its range), so layers
-    of different dtypes rank together: raw steps of an int16 or int32 layer are far finer
-    than an int8 layer's. When total errors stand in (``own.exact`` False), each layer
-    keeps only what it adds to the largest error upstream of it (:func:`_upstream`): a
-    total error carries everything upstream, which would rank the last layers first."""
-    size = {
-        lid: steps / factor(dtypes.get(lid), span_of(result.aggregates[lid], result.steps[lid]))
-        for lid, steps in own.steps.items()
-    }
-    if own.exact:
-        return size
-    return {lid: max(s - _upstream(lid, size, layers), 0.0) for lid, s in size.items()}
-
-
-def _upstream(lid: str, size: dict[str, float], layers: dict[str, Layer]) -> float:
-    """The largest ``size`` among the nearest layers upstream of ``lid`` that have one
-    (a layer the stage does not capture, e.g. a conv fused with its relu, is passed
-    through to its own producers)."""
-    found, todo, seen = 0.0, list(layers[lid].producers) if lid in layers else [], set()
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        if p in size:
-            found = max(found, size[p])
-        elif p in layers:
-            todo += layers[p].producers
-    return found
 
 
 def first_divergence(verdicts: list[PairVerdict]) -> PairVerdict | None:

@@ -176,6 +176,30 @@ def test_sensitive_ops_from_total_errors_rank_where_the_error_enters(make_ctx):
     assert [lid for lid, *_ in v.sensitive][:2] == ["conv", "head"]
 
 
+def test_sensitive_ops_from_total_errors_rank_the_entry_above_what_amplifies_it(make_ctx):
+    """The conv's 2 steps grow to 6 in conv2 (a fan-in sums them) and 7 in the head: conv2
+    adds nothing, it only amplifies, yet it added the most steps to what it inherits."""
+    ids = ["conv", "conv2", "head"]
+    result = PairResult("compile", "board_sim", layer_ids=ids, steps=dict.fromkeys(ids, 0.01))
+    totals = {"conv": 2.0, "conv2": 6.0, "head": 7.0}
+    result.aggregates = {lid: {"base_min": -1.0, "base_max": 1.0, "max_qscale_diff": t}
+                         for lid, t in totals.items()} | {OUTPUT: {"cosine": 0.5}}  # fmt: skip
+    models = {
+        "compile": _fixed(dict.fromkeys(ids, 0.0), 0.0, substitutable=False),
+        "board_sim": _fixed({k: t * 0.01 for k, t in totals.items()}, 1.0, substitutable=False),
+    }
+    layers = {
+        "conv": Layer("conv", "conv", 0, ("input:x",)),
+        "conv2": Layer("conv2", "conv", 1, ("conv",)),
+        "head": Layer("head", "linear", 2, ("conv2",)),
+    }
+    v = judge_pair(
+        make_ctx(), models, result, _top1({}), np.arange(3), dict.fromkeys(ids, "int8"), layers
+    )
+    assert v.first_layer == "conv"
+    assert [lid for lid, *_ in v.sensitive] == ["conv", "conv2", "head"]
+
+
 def _noisy(values: dict[str, np.ndarray], noise: dict[str, np.ndarray]) -> StageModel:
     """A stage model whose layers are ``values`` plus ``noise`` (rows: samples), whatever
     it is fed."""
