@@ -50,9 +50,14 @@ from stages.stage_models import StageModel
 
 FLOAT_STAGE = "prepare"
 """The float model's stage: prepare's model with every quantizer in FLOAT state."""
+FLOAT_STAGES = {FLOAT_STAGE, "optimized"}
+"""The float model of each chain (a PTQ run's: the optimized float ONNX), whose pair with
+the first quantized model is the quantization loss."""
 EXACT_PAIRS = {("convert", "compile"), ("compile", "board_sim"), ("quantized", "hbm"),
                ("hbm", "board")}  # fmt: skip
 TOP_SENSITIVE = 10
+JUDGED_PROBES = 4
+"""Probe samples own errors are judged on whatever ``compare.probe_samples`` keeps."""
 
 
 @dataclass
@@ -74,7 +79,7 @@ class PairVerdict:
     @property
     def quantization(self) -> bool:
         """Whether this is the float -> first quantized stage pair (the quantization loss)."""
-        return self.base == FLOAT_STAGE
+        return self.base in FLOAT_STAGES
 
 
 def tolerance(ctx: RunContext, base: str, analysis: str) -> float:
@@ -99,9 +104,11 @@ def camera_limit(ctx: RunContext, step: float) -> float | None:
 
 
 def judged_samples(ctx: RunContext, samples: np.ndarray) -> np.ndarray:
-    """The samples own errors are judged on: the bad cases and the probe samples (a fault
-    that moves every sample alike need not be among the worst by output L1)."""
-    probes = range(min(ctx.spec.compare.probe_samples, len(ctx.evaluation)))
+    """The samples own errors are judged on: the bad cases and the probe samples, at least
+    :data:`JUDGED_PROBES` of them (a fault that moves every sample alike need not be among
+    the worst by output L1; ``compare.probe_samples: 0`` only keeps no full tensors)."""
+    n = max(ctx.spec.compare.probe_samples, JUDGED_PROBES)
+    probes = range(min(n, len(ctx.evaluation)))
     return np.asarray(list(dict.fromkeys([*map(int, samples), *probes])), dtype=np.int64)
 
 

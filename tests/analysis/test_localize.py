@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import yaml
 
+from analysis import ptq_analysis
+from analysis.analyze import _reference, chain_pairs
 from analysis.compare import OUTPUT, PairResult
 from analysis.layer_graph import Layer
 from analysis.localize import judge_pair
@@ -238,26 +240,37 @@ def _top1(values: dict) -> Primary:
     return Primary("top1", values, 0.05)
 
 
-def test_the_float_pair_allows_the_noise_of_quantization(make_ctx):
+FLOAT_PAIRS = [("prepare", "calibrate"), ("optimized", "calibrated")]  # QAT chain, PTQ chain
+
+
+@pytest.mark.parametrize(("fp", "q"), FLOAT_PAIRS)
+def test_the_float_pair_allows_the_noise_of_quantization(make_ctx, fp, q):
     """Every layer adds a few steps of its own (weights rounded): expected, not a
     divergence; nor is the output cosine, which sums every layer's noise."""
     calibrated = _noisy(FLOAT, {"conv": _rounding(0.03, 3), "head": _rounding(0.03, -2)})
-    models = {"prepare": _noisy(FLOAT, {}), "calibrate": calibrated}
-    result = _result("prepare", "calibrate", FLOAT, STEPS, {"conv": 3, "head": 2}, cosine=0.99)
-    v = judge_pair(
-        make_ctx(), models, result, _top1({"prepare": 1.0, "calibrate": 1.0}), np.arange(3), {}
-    )
+    models = {fp: _noisy(FLOAT, {}), q: calibrated}
+    result = _result(fp, q, FLOAT, STEPS, {"conv": 3, "head": 2}, cosine=0.99)
+    v = judge_pair(make_ctx(), models, result, _top1({fp: 1.0, q: 1.0}), np.arange(3), {})
     assert v.reasons == [] and v.own.steps["conv"] > 2.5
 
 
-def test_the_float_pair_diverges_on_a_top1_drop_or_a_clipping_layer(make_ctx):
+@pytest.mark.parametrize(("fp", "q"), FLOAT_PAIRS)
+def test_the_float_pair_diverges_on_a_top1_drop_or_a_clipping_layer(make_ctx, fp, q):
     clipped = dict(FLOAT, conv=np.clip(FLOAT["conv"], -0.2, 0.2))
-    models = {"prepare": _noisy(FLOAT, {}), "calibrate": _noisy(clipped, {})}
-    result = _result("prepare", "calibrate", FLOAT, STEPS, {"conv": 60})
-    top1 = _top1({"prepare": 1.0, "calibrate": 0.75})
-    v = judge_pair(make_ctx(), models, result, top1, np.arange(3), {})
+    models = {fp: _noisy(FLOAT, {}), q: _noisy(clipped, {})}
+    result = _result(fp, q, FLOAT, STEPS, {"conv": 60})
+    v = judge_pair(make_ctx(), models, result, _top1({fp: 1.0, q: 0.75}), np.arange(3), {})
     assert v.reasons[0] == "top-1 drops 0.2500 (> 0.05)" and v.first_layer == "conv"
-    assert "lose more than cosine" in v.reasons[1] and "problem at conv" in v.triage
+    assert "lose more than cosine" in v.reasons[1] and f"{q} stage/op problem at conv" in v.triage
+
+
+def test_a_ptq_run_compares_its_float_model_and_judges_against_calibrated():
+    """The PTQ chain starts at its float model (optimized): optimized -> calibrated is the
+    quantization loss, and the later stages are also compared against calibrated."""
+    chain = ["optimized", "calibrated", "ptq", "quantized"]
+    assert chain_pairs(chain)[0] == ("optimized", "calibrated")
+    assert _reference(chain) == 1 and chain[0] in ptq_analysis.CHAIN
+    assert set(ptq_analysis.CHAIN) - {"board"} <= set(ptq_analysis.LOADERS)
 
 
 def test_own_errors_are_judged_on_the_probe_samples_too(make_ctx):
@@ -269,6 +282,18 @@ def test_own_errors_are_judged_on_the_probe_samples_too(make_ctx):
     v = judge_pair(make_ctx(), models, result, _top1({}), np.arange(10, 20), {"conv": "int8"})
     assert v.first_layer == "conv" and "add more than 1 step" in v.reasons[0]
     assert v.samples == list(range(10, 20))  # the bad cases stay what they were
+
+
+def test_own_errors_are_judged_on_probe_frames_when_no_tensors_are_kept(make_ctx):
+    """``compare.probe_samples: 0`` keeps no full tensors; the table fault on the first
+    frames (not among the bad cases) is still judged."""
+    shifted = {k: v.copy() for k, v in FLOAT.items()}
+    shifted["conv"][:4] += 2 * STEPS["conv"]
+    models = {"calibrate": _noisy(FLOAT, {}), "pre_export": _noisy(shifted, {})}
+    result = _result("calibrate", "pre_export", FLOAT, STEPS, {"conv": 2})
+    ctx = make_ctx(compare={"probe_samples": 0})
+    v = judge_pair(ctx, models, result, _top1({}), np.arange(10, 20), {"conv": "int8"})
+    assert v.first_layer == "conv" and "add more than 1 step" in v.reasons[0]
 
 
 def _camera(make_ctx):
