@@ -28,6 +28,7 @@ from tests.catalog import (
     cases_files,
     cases_hostile,
     cases_inputs,
+    cases_loc,
     cases_outputs,
     cases_tables,
 )
@@ -124,6 +125,7 @@ def all_cases() -> dict:
         **cases_tables.cases(),
         **cases_hostile.cases(),
         **cases_outputs.cases(),
+        **cases_loc.cases(),
     }
 
 
