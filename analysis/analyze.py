@@ -19,7 +19,7 @@ from analysis.advice import Advice, advise, render_trials
 from analysis.compare import PairResult, compare_stages
 from analysis.flops import layer_flops
 from analysis.layer_graph import Layer, load_layers
-from analysis.localize import FLOAT_STAGE, PairVerdict, first_divergence, judge_pair
+from analysis.localize import FLOAT_STAGES, PairVerdict, first_divergence, judge_pair
 from analysis.primary import read_primary
 from analysis.records import localization_rows, sensitivity_rows, trial_rows, write_tensors
 from schemas.errors import QueryError
@@ -138,7 +138,7 @@ def _reference(chain: list[str]) -> int:
     """Index of the QAT model in ``chain``: qat's when it ran, else the first quantized."""
     if "qat" in chain:
         return chain.index("qat")
-    return 1 if chain[0] == FLOAT_STAGE else 0
+    return 1 if chain[0] in FLOAT_STAGES else 0
 
 
 def comparable_stages(ctx: RunContext) -> list[str]:

@@ -21,11 +21,14 @@
 - Its first divergent layer is the first layer, in topological order, whose own error is
   above the tolerance (else a camera input past its limit, else the layer with the
   largest own error).
-- Triage reads own errors first, since a layer's total error may all be inherited: an
-  input off -> input or preprocessing; the first divergent layer adding more than the
-  tolerance of its own -> a stage/op problem at that layer; no layer off, only the output
-  -> post-processing; else the first layer off in total says where (see :func:`triage`
-  and, for the float pair, :func:`quantization_triage`).
+- Sensitive ops: each candidate reverted to the base stage's behaviour (own_error.sensitivity);
+  a simulator pair, which cannot be re-run layer by layer, ranks by the estimate of
+  analysis.sensitive_rank (the layer where the error enters before what amplifies it).
+- Triage (analysis.triage) reads own errors first, since a layer's total error may all be
+  inherited: an input off -> input or preprocessing; the first divergent layer adding more
+  than the tolerance of its own -> a stage/op problem at that layer; no layer off, the
+  output off -> post-processing; else the first layer off in total says where. An input
+  or the output is blamed only when it is compared and off itself.
 """
 
 from __future__ import annotations
@@ -38,16 +41,23 @@ from analysis.compare import OUTPUT, PairResult
 from analysis.layer_graph import Layer
 from analysis.own_error import OwnErrors, own_errors, sensitivity
 from analysis.primary import Primary
-from analysis.tolerance import EPS, factor, limit, span_of, total_limit
+from analysis.sensitive_rank import in_int8_steps
+from analysis.tolerance import EPS, limit
 from analysis.tolerance import camera_limit as tolerance_camera_limit
+from analysis.triage import lost_input, quantization_triage, triage
 from stages.context import RunContext
 from stages.stage_models import StageModel
 
 FLOAT_STAGE = "prepare"
 """The float model's stage: prepare's model with every quantizer in FLOAT state."""
+FLOAT_STAGES = {FLOAT_STAGE, "optimized"}
+"""The float model of each chain (a PTQ run's: the optimized float ONNX), whose pair with
+the first quantized model is the quantization loss."""
 EXACT_PAIRS = {("convert", "compile"), ("compile", "board_sim"), ("quantized", "hbm"),
                ("hbm", "board")}  # fmt: skip
 TOP_SENSITIVE = 10
+JUDGED_PROBES = 4
+"""Probe samples own errors are judged on whatever ``compare.probe_samples`` keeps."""
 
 
 @dataclass
@@ -69,7 +79,7 @@ class PairVerdict:
     @property
     def quantization(self) -> bool:
         """Whether this is the float -> first quantized stage pair (the quantization loss)."""
-        return self.base == FLOAT_STAGE
+        return self.base in FLOAT_STAGES
 
 
 def tolerance(ctx: RunContext, base: str, analysis: str) -> float:
@@ -88,9 +98,11 @@ def camera_limit(ctx: RunContext, step: float) -> float | None:
 
 
 def judged_samples(ctx: RunContext, samples: np.ndarray) -> np.ndarray:
-    """The samples own errors are judged on: the bad cases and the probe samples (a fault
-    that moves every sample alike need not be among the worst by output L1)."""
-    probes = range(min(ctx.spec.compare.probe_samples, len(ctx.evaluation)))
+    """The samples own errors are judged on: the bad cases and the probe samples, at least
+    :data:`JUDGED_PROBES` of them (a fault that moves every sample alike need not be among
+    the worst by output L1; ``compare.probe_samples: 0`` only keeps no full tensors)."""
+    n = max(ctx.spec.compare.probe_samples, JUDGED_PROBES)
+    probes = range(min(n, len(ctx.evaluation)))
     return np.asarray(list(dict.fromkeys([*map(int, samples), *probes])), dtype=np.int64)
 
 
@@ -108,7 +120,7 @@ def judge_pair(
     Own errors are judged in int8 steps (analysis.tolerance.limit): an int16 layer may add
     256 times the tolerance in its own (256x finer) steps. The float -> calibrate pair is
     judged by :func:`_quantization_over` instead. ``layers`` (their producers) rank the
-    sensitive ops when only total errors are known (:func:`in_int8_steps`)."""
+    sensitive ops when only total errors are known (analysis.sensitive_rank)."""
     v = PairVerdict(result.base, result.analysis, samples=[int(i) for i in samples])
     v.tolerance = tolerance(ctx, result.base, result.analysis)
     if (result.base, result.analysis) == ("compile", "board_sim"):
@@ -147,7 +159,7 @@ def _output_reasons(ctx: RunContext, result: PairResult, primary: Primary, v: Pa
     if cos < th.cosine and not v.quantization:
         out.append(f"output cosine {cos:.5f} (< {th.cosine})")
     inp = _input(result)
-    if v.quantization and inp is not None and _lost(result, inp, th.cosine):
+    if v.quantization and inp is not None and lost_input(result, inp, th.cosine):
         out.append(f"quantized input {inp} cosine {result.aggregates[inp]['cosine']:.5f} "
                    f"(< {th.cosine})")  # fmt: skip
     if v.input_limit is not None and inp is not None:
@@ -179,7 +191,7 @@ def _localize(v, result, models, idx, ids, over, dtypes, layers, cosine) -> None
     if v.quantization:
         size = {i: 1.0 - v.own.cosine[i] for i in ids}
     else:
-        size = in_int8_steps(result, v.own, dtypes, layers)
+        size = in_int8_steps(result, v.own, dtypes, layers, over)
     camera = [r for r in v.reasons if r.startswith("camera input")]
     v.first_layer = over[0] if over else (_input(result) if camera else None)
     v.first_layer = v.first_layer or max(ids, key=size.__getitem__)
@@ -190,112 +202,6 @@ def _localize(v, result, models, idx, ids, over, dtypes, layers, cosine) -> None
         v.triage = quantization_triage(result, v, over, cosine)
     else:
         v.triage = triage(result, v, dtypes)
-
-
-def in_int8_steps(
-    result: PairResult, own: OwnErrors, dtypes: dict[str, str], layers: dict[str, Layer]
-) -> dict[str, float]:
-    """Own errors in int8 steps (an int32 accumulator's: in 1/127 of its range), so layers
-    of different dtypes rank together: raw steps of an int16 or int32 layer are far finer
-    than an int8 layer's. When total errors stand in (``own.exact`` False), each layer
-    keeps only what it adds to the largest error upstream of it (:func:`_upstream`): a
-    total error carries everything upstream, which would rank the last layers first."""
-    size = {
-        lid: steps / factor(dtypes.get(lid), span_of(result.aggregates[lid], result.steps[lid]))
-        for lid, steps in own.steps.items()
-    }
-    if own.exact:
-        return size
-    return {lid: max(s - _upstream(lid, size, layers), 0.0) for lid, s in size.items()}
-
-
-def _upstream(lid: str, size: dict[str, float], layers: dict[str, Layer]) -> float:
-    """The largest ``size`` among the nearest layers upstream of ``lid`` that have one
-    (a layer the stage does not capture, e.g. a conv fused with its relu, is passed
-    through to its own producers)."""
-    found, todo, seen = 0.0, list(layers[lid].producers) if lid in layers else [], set()
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        if p in size:
-            found = max(found, size[p])
-        elif p in layers:
-            todo += layers[p].producers
-    return found
-
-
-def triage(result: PairResult, v: PairVerdict, dtypes: dict[str, str]) -> str:
-    """Where to look, from the first divergent layer's own error and the layers' total
-    error on the whole split (a total error may be inherited, an own error is not):
-
-    - an input (``input:*``) off in total -> the input data or preprocessing;
-    - the first divergent layer adds more than the tolerance of its own -> a stage/op
-      problem at that layer (also when it is the first or the output layer);
-    - no layer off in total, only the model output -> post-processing of the output;
-    - else the first layer off in total: when it is the first compared layer and own
-      errors are exact, it only passes on what its inputs bring (input or preprocessing);
-      otherwise a stage/op problem there.
-    """
-    off = _off_in_total(result, v, dtypes)
-    if any(lid.startswith("input:") for lid in off):
-        return "the input is off: check the input data or preprocessing"
-    lid, own = v.first_layer, v.own
-    if own.exact and lid in own.steps and own.steps[lid] > limit(v.tolerance, dtypes.get(lid)):
-        return (
-            f"{lid} adds {own.steps[lid]:.3g} step(s) of its own: "
-            f"a {result.analysis} stage/op problem at {lid}"
-        )
-    if not off:
-        return "no layer is off, only the output: check post-processing of the model output"
-    layers = [i for i in result.layer_ids if not i.startswith("input:")]
-    if own.exact and off[0] == layers[0]:
-        return (
-            f"every layer is off from {off[0]} on and none adds error of its own: "
-            "check the input data or preprocessing"
-        )
-    return f"{off[0]} is the first layer off: a {result.analysis} stage/op problem at {off[0]}"
-
-
-def _off_in_total(result: PairResult, v: PairVerdict, dtypes: dict[str, str]) -> list[str]:
-    """Layers (and inputs) whose total error on the whole split is past the tolerance
-    (at least one step; an input: ``v.input_limit`` when set), in topological order."""
-    tol = max(v.tolerance, 1.0)
-
-    def allowed(lid: str) -> float:
-        if lid.startswith("input:") and v.input_limit is not None:
-            return v.input_limit + EPS
-        stats, step = result.aggregates[lid], result.steps.get(lid, 0.0)
-        return total_limit(tol, dtypes.get(lid), stats, step)
-
-    return [
-        lid for lid in result.layer_ids if result.aggregates[lid]["max_qscale_diff"] > allowed(lid)
-    ]
-
-
-def quantization_triage(result: PairResult, v: PairVerdict, over: list[str], cosine: float) -> str:
-    """Where to look when the float -> calibrate pair diverges (the quantization loss): the
-    first layer losing too much on its own, else a quantized input far from the float one
-    (cosine under ``cosine``), else the loss adds up over layers that each stay within."""
-    lid = v.first_layer
-    if lid in over:
-        return (
-            f"{lid} loses the most to its own quantization (cosine {v.own.cosine[lid]:.5f}): "
-            f"a calibrate stage/op problem at {lid}: check its observer, scale (clipping) "
-            "or bit width"
-        )
-    lost = [i for i in result.layer_ids if i.startswith("input:") and _lost(result, i, cosine)]
-    if lost:
-        return f"the quantized input {lost[0]} is far from the float input: check its scale"
-    return (
-        "no layer loses much on its own, the loss adds up over the layers: check the "
-        "quant section (observer, bit widths) or fine-tune with QAT"
-    )
-
-
-def _lost(result: PairResult, lid: str, cosine: float) -> bool:
-    return result.aggregates[lid]["cosine"] < cosine
 
 
 def first_divergence(verdicts: list[PairVerdict]) -> PairVerdict | None:

@@ -1,5 +1,8 @@
-"""Localization of a PTQ run: the QAT chain's analysis on calibrated -> ptq -> quantized
--> hbm -> board (the stages from calibrate on, which the chains share).
+"""Localization of a PTQ run: the QAT chain's analysis on optimized -> calibrated -> ptq ->
+quantized -> hbm -> board. optimized -> calibrated is the quantization loss (the float ONNX
+against the QDQ model that quantizes it, layer ids alike), judged like the QAT chain's
+float -> calibrate pair (analysis.localize); the later stages are also compared against
+calibrated, the chain's first quantized model.
 
 original -> optimized is checked by the optimized stage itself (every layer's cosine
 against the original >= the spec's bound, debug/optimize_equivalence.txt): BN folding
@@ -25,8 +28,9 @@ from stages.data import Split, load_splits
 from stages.ptq import runners
 from stages.ptq.context import PtqModel
 
-CHAIN = ("calibrated", "ptq", "quantized", "hbm", "board")
+CHAIN = ("optimized", "calibrated", "ptq", "quantized", "hbm", "board")
 LOADERS = {
+    "optimized": runners.qdq_model,  # a float graph: the layer's last node holds its value
     "calibrated": runners.qdq_model,
     "ptq": runners.qdq_model,
     "quantized": runners.integer_model,
@@ -66,7 +70,8 @@ def analyze_ptq(run: Run, spec) -> Analysis:
     arts = {s: run.load_artifact(s, PtqModel) for s in done}
     integer = _integer(run, arts)
     models = {s: _model(run, s, arts, evaluation.x, integer) for s in done}
-    calibrated = onnx.load(str(run.path(arts[done[0]].onnx_file)))
+    graph = next(s for s in ("calibrated", *done) if s in arts)  # the QDQ graph's layers
+    calibrated = onnx.load(str(run.path(arts[graph].onnx_file)))
     return analyze_models(ctx, done, models, layer_graph(calibrated), integer)
 
 

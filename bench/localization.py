@@ -3,7 +3,8 @@
 For each fault (a random kind, stage and layer of a bundled example) the chain reruns from
 the faulted stage (upstream stages are cache hits) and the analysis names the first
 divergent stage, its first divergent layer and the top sensitive ops. Printed: the share of
-faults where the stage is right, the layer is right, and the layer is in the top 3.
+faults where the stage is right, the layer is right, the layer is the first sensitive op
+(top1), and the layer is in the top 3.
 A camera-preprocessing fault has no layer of its own: its layer counts as right when the
 triage says "input or preprocessing". Kinds drawn: convert's four, lut_coarsen, calib_scale
 (layers with an output quantizer, scale cut to 1/4 or 1/8: the values clip) and, on colour,
@@ -112,16 +113,16 @@ def observable(store: RunStore, clean_id: str, run_id: str, stage: str) -> bool:
     return any(abs(faulted.get(k, 0.0) - v) > 1e-9 for k, v in clean.items())
 
 
-def judge(analysis, fault: FaultSpec) -> tuple[bool, bool, bool]:
-    """(stage right, layer right, layer in the top 3)."""
+def judge(analysis, fault: FaultSpec) -> tuple[bool, bool, bool, bool]:
+    """(stage right, layer right, layer the first sensitive op, layer in the top 3)."""
     first = analysis.first
     if first is None or first.analysis != fault.stage:
-        return False, False, False
+        return False, False, False, False
     if fault.kind == "preprocess_swap":
         ok = "input" in first.triage
-        return True, ok, ok
+        return True, ok, ok, ok
     top3 = [lid for lid, *_ in first.sensitive[:3]]
-    return True, first.first_layer == fault.layer, fault.layer in top3
+    return True, first.first_layer == fault.layer, top3[:1] == [fault.layer], fault.layer in top3
 
 
 def sql_first(root: Path, run_id: str) -> tuple | None:
@@ -169,7 +170,7 @@ def report(tally: dict, seen: dict, alarms: int, runs: int, mismatches: list, t0
     n, m = max(tally["n"], 1), max(seen["n"], 1)
     print(f"\nfaults {tally['n']} ({seen['n']} with an effect) in {time.perf_counter() - t0:.0f} s")
     print(f"{'':<8}{'all':>8}{'effect':>8}{'target':>8}")
-    for key, target in (("stage", 0.99), ("layer", 0.90), ("top3", 0.98)):
+    for key, target in (("stage", 0.99), ("layer", 0.90), ("top1", 0.90), ("top3", 0.98)):
         print(f"{key:<8}{tally[key] / n:>8.3f}{seen[key] / m:>8.3f}{target:>8.2f}")
     print(f"false alarms on clean runs: {alarms}/{runs - tally['n']}")
     print(f"first_divergences == localize on {runs - len(mismatches)}/{runs} runs")
@@ -189,8 +190,8 @@ def main() -> None:
     store = RunStore(Path(tempfile.mkdtemp(prefix="qparity-loc-")))
     mismatches, t0 = [], time.perf_counter()
     pools, alarms = clean_runs(args, store, mismatches)
-    tally = {"n": 0, "stage": 0, "layer": 0, "top3": 0}
-    seen = {"n": 0, "stage": 0, "layer": 0, "top3": 0}  # observable faults only
+    tally = dict.fromkeys(("n", "stage", "layer", "top1", "top3"), 0)
+    seen = dict(tally)  # observable faults only
     misses = []
     for i in range(args.faults):
         name = args.examples[i % len(args.examples)]
@@ -198,15 +199,16 @@ def main() -> None:
         fault = rng.choice(pool)
         faulted = spec.model_copy(update={"faults": [fault]})
         result = run_chain(faulted, EXAMPLES[name].read_text(), store.root, use_prefect=False)
-        s, lay, top = judge(result.analysis, fault)
+        s, lay, top1, top = judge(result.analysis, fault)
         obs = observable(store, clean_id, result.run_id, fault.stage)
-        for key, ok in (("n", True), ("stage", s), ("layer", lay), ("top3", top)):
+        for key, ok in (("n", True), ("stage", s), ("layer", lay), ("top1", top1), ("top3", top)):
             tally[key] += ok
             seen[key] += ok and obs
         if not lay:
             misses.append((name, fault, result.analysis.summary().splitlines()[0]))
         print(f"{i + 1:4d} {name:<12} {fault.kind:<16} {fault.layer or '-':<24} "
-              f"stage={'ok' if s else 'MISS'} layer={'ok' if lay else 'MISS'} top3={'ok' if top else 'MISS'} "
+              f"stage={'ok' if s else 'MISS'} layer={'ok' if lay else 'MISS'} "
+              f"top1={'ok' if top1 else 'MISS'} top3={'ok' if top else 'MISS'} "
               f"{sql_check(store, result, mismatches)}{'' if obs else '  (no effect on ' + fault.stage + ')'}",
               flush=True)  # fmt: skip
     report(tally, seen, alarms, len(pools) + tally["n"], mismatches, t0)

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import yaml
 
+from analysis import ptq_analysis
+from analysis.analyze import _reference, chain_pairs
 from analysis.compare import OUTPUT, PairResult
 from analysis.layer_graph import Layer
-from analysis.localize import PairVerdict, judge_pair, triage
-from analysis.own_error import OwnErrors
+from analysis.localize import judge_pair
 from analysis.primary import Primary
 from pipelines.flow import run_chain
 from schemas.errors import SpecError
@@ -123,44 +124,6 @@ def test_with_qat_fine_tuning_the_qat_model_is_the_reference(store):
     assert result.analysis.first is None
 
 
-LAYERS = ["input:x", "conv", "relu", "head"]
-DTYPES = {"input:x": "int8", "conv": "int8", "relu": "int8", "head": "int32"}
-
-
-def _triage(total: dict[str, float], own: dict[str, float], first: str, exact=True) -> str:
-    """The triage of a convert pair whose layers have these total and own errors (steps)."""
-    result = PairResult("export", "convert", layer_ids=LAYERS)
-    result.aggregates = {lid: {"max_qscale_diff": total.get(lid, 0.0)} for lid in LAYERS}
-    steps = {lid: own.get(lid, 0.0) for lid in LAYERS[1:]}
-    v = PairVerdict("export", "convert", reasons=["x"], tolerance=1.0, first_layer=first)
-    v.own = OwnErrors(steps, {}, exact)
-    return triage(result, v, DTYPES)
-
-
-def test_triage_blames_a_first_layer_that_adds_error_of_its_own():
-    got = _triage({"conv": 19, "relu": 19, "head": 9e3}, {"conv": 19}, "conv")
-    assert "stage/op problem at conv" in got and "input" not in got
-
-
-def test_triage_blames_an_output_layer_that_adds_error_of_its_own():
-    got = _triage({"head": 2e4}, {"head": 2e4}, "head")
-    assert "stage/op problem at head" in got and "post-processing" not in got
-
-
-def test_triage_sends_inherited_errors_to_the_input():
-    assert "check the input data" in _triage({"input:x": 3, "conv": 5}, {}, "conv")
-    assert "check the input data" in _triage({"conv": 5, "relu": 5}, {"conv": 0.5}, "conv")
-
-
-def test_triage_without_any_layer_off_is_post_processing():
-    assert "post-processing" in _triage({}, {"relu": 0.5}, "relu")
-
-
-def test_triage_without_exact_own_errors_names_the_first_layer_off():
-    got = _triage({"relu": 4, "head": 9e3}, {"relu": 4, "head": 9e3}, "relu", exact=False)
-    assert got.startswith("relu is the first layer off")
-
-
 def _fixed(values: dict[str, float], out: float, substitutable: bool) -> StageModel:
     """A stage model whose every layer and output is a constant, whatever it is fed."""
 
@@ -215,6 +178,30 @@ def test_sensitive_ops_from_total_errors_rank_where_the_error_enters(make_ctx):
     assert [lid for lid, *_ in v.sensitive][:2] == ["conv", "head"]
 
 
+def test_sensitive_ops_from_total_errors_rank_the_entry_above_what_amplifies_it(make_ctx):
+    """The conv's 2 steps grow to 6 in conv2 (a fan-in sums them) and 7 in the head: conv2
+    adds nothing, it only amplifies, yet it added the most steps to what it inherits."""
+    ids = ["conv", "conv2", "head"]
+    result = PairResult("compile", "board_sim", layer_ids=ids, steps=dict.fromkeys(ids, 0.01))
+    totals = {"conv": 2.0, "conv2": 6.0, "head": 7.0}
+    result.aggregates = {lid: {"base_min": -1.0, "base_max": 1.0, "max_qscale_diff": t}
+                         for lid, t in totals.items()} | {OUTPUT: {"cosine": 0.5}}  # fmt: skip
+    models = {
+        "compile": _fixed(dict.fromkeys(ids, 0.0), 0.0, substitutable=False),
+        "board_sim": _fixed({k: t * 0.01 for k, t in totals.items()}, 1.0, substitutable=False),
+    }
+    layers = {
+        "conv": Layer("conv", "conv", 0, ("input:x",)),
+        "conv2": Layer("conv2", "conv", 1, ("conv",)),
+        "head": Layer("head", "linear", 2, ("conv2",)),
+    }
+    v = judge_pair(
+        make_ctx(), models, result, _top1({}), np.arange(3), dict.fromkeys(ids, "int8"), layers
+    )
+    assert v.first_layer == "conv"
+    assert [lid for lid, *_ in v.sensitive] == ["conv", "conv2", "head"]
+
+
 def _noisy(values: dict[str, np.ndarray], noise: dict[str, np.ndarray]) -> StageModel:
     """A stage model whose layers are ``values`` plus ``noise`` (rows: samples), whatever
     it is fed."""
@@ -253,26 +240,37 @@ def _top1(values: dict) -> Primary:
     return Primary("top1", values, 0.05)
 
 
-def test_the_float_pair_allows_the_noise_of_quantization(make_ctx):
+FLOAT_PAIRS = [("prepare", "calibrate"), ("optimized", "calibrated")]  # QAT chain, PTQ chain
+
+
+@pytest.mark.parametrize(("fp", "q"), FLOAT_PAIRS)
+def test_the_float_pair_allows_the_noise_of_quantization(make_ctx, fp, q):
     """Every layer adds a few steps of its own (weights rounded): expected, not a
     divergence; nor is the output cosine, which sums every layer's noise."""
     calibrated = _noisy(FLOAT, {"conv": _rounding(0.03, 3), "head": _rounding(0.03, -2)})
-    models = {"prepare": _noisy(FLOAT, {}), "calibrate": calibrated}
-    result = _result("prepare", "calibrate", FLOAT, STEPS, {"conv": 3, "head": 2}, cosine=0.99)
-    v = judge_pair(
-        make_ctx(), models, result, _top1({"prepare": 1.0, "calibrate": 1.0}), np.arange(3), {}
-    )
+    models = {fp: _noisy(FLOAT, {}), q: calibrated}
+    result = _result(fp, q, FLOAT, STEPS, {"conv": 3, "head": 2}, cosine=0.99)
+    v = judge_pair(make_ctx(), models, result, _top1({fp: 1.0, q: 1.0}), np.arange(3), {})
     assert v.reasons == [] and v.own.steps["conv"] > 2.5
 
 
-def test_the_float_pair_diverges_on_a_top1_drop_or_a_clipping_layer(make_ctx):
+@pytest.mark.parametrize(("fp", "q"), FLOAT_PAIRS)
+def test_the_float_pair_diverges_on_a_top1_drop_or_a_clipping_layer(make_ctx, fp, q):
     clipped = dict(FLOAT, conv=np.clip(FLOAT["conv"], -0.2, 0.2))
-    models = {"prepare": _noisy(FLOAT, {}), "calibrate": _noisy(clipped, {})}
-    result = _result("prepare", "calibrate", FLOAT, STEPS, {"conv": 60})
-    top1 = _top1({"prepare": 1.0, "calibrate": 0.75})
-    v = judge_pair(make_ctx(), models, result, top1, np.arange(3), {})
+    models = {fp: _noisy(FLOAT, {}), q: _noisy(clipped, {})}
+    result = _result(fp, q, FLOAT, STEPS, {"conv": 60})
+    v = judge_pair(make_ctx(), models, result, _top1({fp: 1.0, q: 0.75}), np.arange(3), {})
     assert v.reasons[0] == "top-1 drops 0.2500 (> 0.05)" and v.first_layer == "conv"
-    assert "lose more than cosine" in v.reasons[1] and "problem at conv" in v.triage
+    assert "lose more than cosine" in v.reasons[1] and f"{q} stage/op problem at conv" in v.triage
+
+
+def test_a_ptq_run_compares_its_float_model_and_judges_against_calibrated():
+    """The PTQ chain starts at its float model (optimized): optimized -> calibrated is the
+    quantization loss, and the later stages are also compared against calibrated."""
+    chain = ["optimized", "calibrated", "ptq", "quantized"]
+    assert chain_pairs(chain)[0] == ("optimized", "calibrated")
+    assert _reference(chain) == 1 and chain[0] in ptq_analysis.CHAIN
+    assert set(ptq_analysis.CHAIN) - {"board"} <= set(ptq_analysis.LOADERS)
 
 
 def test_own_errors_are_judged_on_the_probe_samples_too(make_ctx):
@@ -284,6 +282,18 @@ def test_own_errors_are_judged_on_the_probe_samples_too(make_ctx):
     v = judge_pair(make_ctx(), models, result, _top1({}), np.arange(10, 20), {"conv": "int8"})
     assert v.first_layer == "conv" and "add more than 1 step" in v.reasons[0]
     assert v.samples == list(range(10, 20))  # the bad cases stay what they were
+
+
+def test_own_errors_are_judged_on_probe_frames_when_no_tensors_are_kept(make_ctx):
+    """``compare.probe_samples: 0`` keeps no full tensors; the table fault on the first
+    frames (not among the bad cases) is still judged."""
+    shifted = {k: v.copy() for k, v in FLOAT.items()}
+    shifted["conv"][:4] += 2 * STEPS["conv"]
+    models = {"calibrate": _noisy(FLOAT, {}), "pre_export": _noisy(shifted, {})}
+    result = _result("calibrate", "pre_export", FLOAT, STEPS, {"conv": 2})
+    ctx = make_ctx(compare={"probe_samples": 0})
+    v = judge_pair(ctx, models, result, _top1({}), np.arange(10, 20), {"conv": "int8"})
+    assert v.first_layer == "conv" and "add more than 1 step" in v.reasons[0]
 
 
 def _camera(make_ctx):

@@ -31,6 +31,7 @@ from tests.catalog import (
     cases_files,
     cases_hostile,
     cases_inputs,
+    cases_loc,
     cases_outputs,
     cases_tables,
 )
@@ -130,6 +131,7 @@ def all_cases() -> dict:
         **cases_edit.cases(),
         **cases_exact.cases(),
         **cases_cam.cases(),
+        **cases_loc.cases(),
     }
 
 

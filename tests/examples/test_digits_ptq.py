@@ -22,20 +22,23 @@ def test_every_ptq_stage_keeps_the_float_top1(tmp_path):
     assert (run.path("artifacts/hbm") / "digits_cnn.hbm").exists()
 
 
-def test_a_ptq_run_is_localized_from_calibrated_on(tmp_path):
+def test_a_ptq_run_is_localized_from_its_float_model_on(tmp_path):
+    """optimized -> calibrated, the quantization loss, is compared like every other pair;
+    the clean run diverges nowhere."""
     from analysis.ptq_analysis import analyze_ptq, is_ptq_run
 
     spec, text = load_ptq_spec(SPEC)
     run = RunStore(tmp_path).open(run_ptq(model_path(spec), spec, tmp_path, text))
     assert is_ptq_run(run)
     analysis = analyze_ptq(run, spec)
-    assert analysis.chain == ["calibrated", "ptq", "quantized", "hbm", "board"]
-    assert analysis.first is None
+    assert analysis.chain == ["optimized", "calibrated", "ptq", "quantized", "hbm", "board"]
+    assert analysis.first is None, analysis.summary()
     stages = [r for r in read_run_table(run, "localization") if r["kind"] == "stage"]
     assert [(r["base_stage"], r["stage"]) for r in stages] == [
-        ("calibrated", "ptq"), ("ptq", "quantized"), ("quantized", "hbm"), ("hbm", "board")
+        ("optimized", "calibrated"), ("calibrated", "ptq"), ("ptq", "quantized"),
+        ("quantized", "hbm"), ("hbm", "board"),
     ]  # fmt: skip
-    assert [r["value"] for r in stages][2:] == [0.0, 0.0]  # hbm and board are bit-exact
+    assert [r["value"] for r in stages][3:] == [0.0, 0.0]  # hbm and board are bit-exact
 
 
 def test_a_second_ptq_run_takes_every_stage_from_the_cache(tmp_path):
