@@ -17,7 +17,7 @@ import numpy as np
 from analysis import badcases, vendor_files
 from analysis.advice import Advice, advise, render_trials
 from analysis.compare import PairResult, compare_stages
-from analysis.flops import layer_flops
+from analysis.flops import layer_flops, union_shapes
 from analysis.layer_graph import Layer, load_layers
 from analysis.localize import (
     FLOAT_STAGE,
@@ -216,7 +216,7 @@ def _write_files(
         name = f"output_{v.analysis}_l1_sensitive_ops.txt"
         trials = render_trials(advice) if advice and v.analysis == "calibrate" else ""
         if v.sensitive or trials:
-            flops = layer_flops(ctx.run, results[(v.base, v.analysis)].shapes)
+            flops = layer_flops(ctx.run, union_shapes(r.shapes for r in results.values()))
             split = parts.get((v.base, v.analysis))
             text = (
                 vendor_files.render_sensitive(v, layers, dtypes, flops, split)
