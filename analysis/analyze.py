@@ -10,6 +10,7 @@ prints.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,9 +92,12 @@ def analyze(ctx: RunContext) -> Analysis:
     return analyze_models(ctx, chain, models, layers, integer_layers(ctx, required=False))
 
 
-def analyze_models(ctx, chain: list[str], models: dict, layers: dict, integer: dict) -> Analysis:
+def analyze_models(
+    ctx, chain: list[str], models: dict, layers: dict, integer: dict, flops=None
+) -> Analysis:
     """The analysis of any chain of stage models (QAT or PTQ): ``ctx`` gives the run, the
-    evaluation split, ``spec.data.batch_size``, ``spec.compare`` and ``write_debug``."""
+    evaluation split, ``spec.data.batch_size``, ``spec.compare`` and ``write_debug``;
+    ``flops(shapes)`` the sensitive ops' flops (default: analysis.flops.layer_flops)."""
     pairs = chain_pairs(chain)
     ref = _reference(chain)  # the QAT model: later stages are its copies
     pairs += [(chain[ref], s) for s in chain[ref + 2 :]]
@@ -115,7 +119,11 @@ def analyze_models(ctx, chain: list[str], models: dict, layers: dict, integer: d
     write_tensors(ctx, models, results, first, layers)
     parts = {(v.base, v.analysis): _parts(ctx, models, v, results, dtypes, layers)
              for v in verdicts}  # fmt: skip
-    files = _write_files(ctx, results, verdicts, first, layers, dtypes, advice, parts)
+    flops = flops or functools.partial(layer_flops, ctx.run)
+    shapes = union_shapes(r.shapes for r in results.values())
+    files = _write_files(
+        ctx, results, verdicts, first, layers, dtypes, advice, parts, flops(shapes)
+    )
     judged = f"{primary.label} of {primary.output}"
     return Analysis(ctx.run.run_id, chain, verdicts, first, files, judged)
 
@@ -199,10 +207,11 @@ def _write_files(
     dtypes: dict,
     advice: Advice | None,
     parts: dict[tuple[str, str], dict],
+    flops: dict[str, int],
 ) -> list[str]:
     """The vendor-style files; the first divergent pair's (else the last pair's) at top;
     the int16 trials in calibrate's sensitivity file (made for them if the pair passed);
-    ``parts``: :func:`_parts` of each pair."""
+    ``parts``: :func:`_parts` of each pair; ``flops``: every layer's flops."""
     files = []
     for v in verdicts:
         rows = vendor_files.compare_rows(results[(v.base, v.analysis)], layers, dtypes, v)
@@ -216,7 +225,6 @@ def _write_files(
         name = f"output_{v.analysis}_l1_sensitive_ops.txt"
         trials = render_trials(advice) if advice and v.analysis == "calibrate" else ""
         if v.sensitive or trials:
-            flops = layer_flops(ctx.run, union_shapes(r.shapes for r in results.values()))
             split = parts.get((v.base, v.analysis))
             text = (
                 vendor_files.render_sensitive(v, layers, dtypes, flops, split)
