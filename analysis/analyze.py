@@ -11,6 +11,7 @@ prints.
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,12 +118,13 @@ def analyze_models(
     sens = sensitivity_rows(ctx.run.run_id, verdicts, layers)
     write_rows(ctx.run, "sensitivity", sens + trial_rows(ctx.run.run_id, advice, layers), "all")
     write_tensors(ctx, models, results, first, layers)
-    parts = {(v.base, v.analysis): _parts(ctx, models, v, results, dtypes, layers)
+    file_dtypes = dtypes or _calibrate_dtypes(ctx, layers, advice)
+    parts = {(v.base, v.analysis): _parts(ctx, models, v, results, file_dtypes, layers)
              for v in verdicts}  # fmt: skip
     flops = flops or functools.partial(layer_flops, ctx.run)
     shapes = union_shapes(r.shapes for r in results.values())
     files = _write_files(
-        ctx, results, verdicts, first, layers, dtypes, advice, parts, flops(shapes)
+        ctx, results, verdicts, first, layers, file_dtypes, advice, parts, flops(shapes)
     )
     judged = f"{primary.label} of {primary.output}"
     return Analysis(ctx.run.run_id, chain, verdicts, first, files, judged)
@@ -177,6 +179,23 @@ def _inputs(models, ctx) -> tuple[str, ...]:
     first = next(iter(models.values()))
     _, values = first.run(np.arange(min(1, len(ctx.evaluation))))
     return tuple(k.split(":", 1)[1] for k in values if k.startswith("input:"))
+
+
+def _calibrate_dtypes(ctx, layers: dict[str, Layer], advice: Advice | None) -> dict:
+    """A run stopped before convert has no integer layer table: calibrate's output
+    quantizers give the dtypes (analysis.advice), carried through the passthrough layers
+    (relu, pooling, reshapes: prepare's layers.json), which keep their input's scale."""
+    dtypes = dict(advice.dtypes) if advice else {}
+    try:
+        records = json.loads(ctx.run.path("artifacts/prepare/layers.json").read_text())
+    except (OSError, ValueError):
+        return dtypes
+    through = {r["layer_id"] for r in records if r.get("category") == "passthrough"}
+    for lid, layer in layers.items():  # topological order: producers first
+        src = layer.producers[0] if layer.producers else None
+        if lid not in dtypes and lid in through and src in dtypes:
+            dtypes[lid] = dtypes[src]
+    return dtypes
 
 
 def _parts(ctx, models, v: PairVerdict, results, dtypes, layers) -> dict:

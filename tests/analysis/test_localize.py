@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+import io
+
 import numpy as np
 import pytest
 import yaml
@@ -335,3 +338,13 @@ def test_a_camera_preprocessing_mistake_diverges_at_the_input(make_ctx):
     assert v.reasons == ["camera input input:x off by 12 steps (> 1, the camera path's "
                          "modelled rounding)"]  # fmt: skip
     assert v.first_layer == "input:x" and "check the input data or preprocessing" in v.triage
+
+
+def test_a_run_stopped_at_calibrate_has_quant_dtypes_in_its_vendor_files(store):
+    """The vendor's own use: float vs the calibration model, before any convert; the
+    integer layer table does not exist yet, calibrate's quantizers give the dtypes."""
+    result = _run(store, stages={"stop_after": "calibrate"})
+    debug = RunStore(store).open(result.run_id).path("debug")
+    rows = csv.DictReader(io.StringIO((debug / "compare_per_layer_out.csv").read_text()))
+    dtypes = {r["mod_name"]: r["quant_dtype"] for r in rows}
+    assert dtypes["conv"] == "int8" and dtypes["relu"] == "int8", dtypes
