@@ -242,6 +242,11 @@ def test_a_sweep_runs_on_a_two_worker_dask_cluster(prefect_api, store):
     pids = {r.where.rsplit(":", 1)[1] for r in result.runs}
     assert str(os.getpid()) not in pids and 1 <= len(pids) <= 2  # on the workers
     assert _flow_run_state(result.sweep_id) == "Completed"
+    tags, artifacts = _tasks_and_artifacts(result.sweep_id)  # tasks ran on the workers
+    assert tags["consistency_level=2"] == {f"sweep={result.sweep_id}", "quant.consistency_level=2"}
+    assert {"prepare-metrics", "board-sim-metrics", "localization"} <= artifacts[
+        "observer=percentile"
+    ]
 
 
 def test_a_run_without_labels_is_summarized_by_its_primary_metric():
