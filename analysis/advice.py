@@ -56,6 +56,9 @@ class Advice:
     probes: int = 0
     losses: dict[str, float] = field(default_factory=dict)
     """Flagged layer -> what the whole flagged group loses when it alone stays int8."""
+    dtypes: dict[str, str] = field(default_factory=dict)
+    """Layer id -> calibrate's output quantizer dtype (the vendor files' quant_dtype of a
+    run that stopped before convert, whose integer layer table holds them otherwise)."""
 
     @property
     def best(self) -> Trial | None:
@@ -80,7 +83,7 @@ def advise(ctx, chain: list[str], models: dict, layers: dict[str, Layer],
     tm = trial_model(ctx, probes, primary)
     _, values = models[FLOAT_STAGE].run(probes)
     flags = sorted(range_flags(values, layers, tm.scales, tm.dtypes), key=_severity)
-    advice = Advice(flags, probes=n)
+    advice = Advice(flags, probes=n, dtypes=tm.dtypes)
     if ctx.spec.compare.enabled:
         advice.trials, advice.losses = _try(tm, flags, _error_ranked(verdicts, flags))
     return advice

@@ -10,6 +10,8 @@ prints.
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,9 +19,15 @@ import numpy as np
 from analysis import badcases, vendor_files
 from analysis.advice import Advice, advise, render_trials
 from analysis.compare import PairResult, compare_stages
-from analysis.flops import layer_flops
+from analysis.flops import layer_flops, union_shapes
 from analysis.layer_graph import Layer, load_layers
-from analysis.localize import FLOAT_STAGES, PairVerdict, first_divergence, judge_pair
+from analysis.localize import (
+    FLOAT_STAGES,
+    PairVerdict,
+    first_divergence,
+    judge_pair,
+    judged_samples,
+)
 from analysis.primary import read_primary
 from analysis.records import localization_rows, sensitivity_rows, trial_rows, write_tensors
 from schemas.errors import QueryError
@@ -85,9 +93,12 @@ def analyze(ctx: RunContext) -> Analysis:
     return analyze_models(ctx, chain, models, layers, integer_layers(ctx, required=False))
 
 
-def analyze_models(ctx, chain: list[str], models: dict, layers: dict, integer: dict) -> Analysis:
+def analyze_models(
+    ctx, chain: list[str], models: dict, layers: dict, integer: dict, flops=None
+) -> Analysis:
     """The analysis of any chain of stage models (QAT or PTQ): ``ctx`` gives the run, the
-    evaluation split, ``spec.data.batch_size``, ``spec.compare`` and ``write_debug``."""
+    evaluation split, ``spec.data.batch_size``, ``spec.compare`` and ``write_debug``;
+    ``flops(shapes)`` the sensitive ops' flops (default: analysis.flops.layer_flops)."""
     pairs = chain_pairs(chain)
     ref = _reference(chain)  # the QAT model: later stages are its copies
     pairs += [(chain[ref], s) for s in chain[ref + 2 :]]
@@ -107,7 +118,14 @@ def analyze_models(ctx, chain: list[str], models: dict, layers: dict, integer: d
     sens = sensitivity_rows(ctx.run.run_id, verdicts, layers)
     write_rows(ctx.run, "sensitivity", sens + trial_rows(ctx.run.run_id, advice, layers), "all")
     write_tensors(ctx, models, results, first, layers)
-    files = _write_files(ctx, results, verdicts, first, layers, dtypes, advice)
+    file_dtypes = dtypes or _calibrate_dtypes(ctx, layers, advice)
+    parts = {(v.base, v.analysis): _parts(ctx, models, v, results, file_dtypes, layers)
+             for v in verdicts}  # fmt: skip
+    flops = flops or functools.partial(layer_flops, ctx.run)
+    shapes = union_shapes(r.shapes for r in results.values())
+    files = _write_files(
+        ctx, results, verdicts, first, layers, file_dtypes, advice, parts, flops(shapes)
+    )
     judged = f"{primary.label} of {primary.output}"
     return Analysis(ctx.run.run_id, chain, verdicts, first, files, judged)
 
@@ -163,6 +181,42 @@ def _inputs(models, ctx) -> tuple[str, ...]:
     return tuple(k.split(":", 1)[1] for k in values if k.startswith("input:"))
 
 
+def _calibrate_dtypes(ctx, layers: dict[str, Layer], advice: Advice | None) -> dict:
+    """A run stopped before convert has no integer layer table: calibrate's output
+    quantizers give the dtypes (analysis.advice), carried through the passthrough layers
+    (relu, pooling, reshapes: prepare's layers.json), which keep their input's scale."""
+    dtypes = dict(advice.dtypes) if advice else {}
+    try:
+        records = json.loads(ctx.run.path("artifacts/prepare/layers.json").read_text())
+    except (OSError, ValueError):
+        return dtypes
+    through = {r["layer_id"] for r in records if r.get("category") == "passthrough"}
+    for lid, layer in layers.items():  # topological order: producers first
+        src = layer.producers[0] if layer.producers else None
+        if lid not in dtypes and lid in through and src in dtypes:
+            dtypes[lid] = dtypes[src]
+    return dtypes
+
+
+def _parts(ctx, models, v: PairVerdict, results, dtypes, layers) -> dict:
+    """Float -> calibrate: each weighted sensitive op's (weight, activation) share of its
+    own error (vendor_files.quantization_parts), from the calibrated model re-run on the
+    samples its own errors were judged on; {} for any other pair."""
+    lids = [lid for lid, *_ in v.sensitive if lid in layers and v.own is not None
+            and layers[lid].op_type in vendor_files.WEIGHTED and lid in v.own.reverted]  # fmt: skip
+    if not (v.quantization and lids):
+        return {}
+    _, values = models[v.analysis].run(judged_samples(ctx, np.asarray(v.samples, np.int64)))
+    steps = results[(v.base, v.analysis)].steps
+    return {
+        lid: vendor_files.quantization_parts(
+            values[lid], v.own.reverted[lid], steps[lid], dtypes.get(lid)
+        )
+        for lid in lids
+        if np.shape(values.get(lid)) == np.shape(v.own.reverted[lid])
+    }
+
+
 def _write_files(
     ctx: RunContext,
     results: dict[tuple[str, str], PairResult],
@@ -171,9 +225,12 @@ def _write_files(
     layers: dict[str, Layer],
     dtypes: dict,
     advice: Advice | None,
+    parts: dict[tuple[str, str], dict],
+    flops: dict[str, int],
 ) -> list[str]:
     """The vendor-style files; the first divergent pair's (else the last pair's) at top;
-    the int16 trials in calibrate's sensitivity file (made for them if the pair passed)."""
+    the int16 trials in calibrate's sensitivity file (made for them if the pair passed);
+    ``parts``: :func:`_parts` of each pair; ``flops``: every layer's flops."""
     files = []
     for v in verdicts:
         rows = vendor_files.compare_rows(results[(v.base, v.analysis)], layers, dtypes, v)
@@ -187,12 +244,17 @@ def _write_files(
         name = f"output_{v.analysis}_l1_sensitive_ops.txt"
         trials = render_trials(advice) if advice and v.analysis == "calibrate" else ""
         if v.sensitive or trials:
-            flops = layer_flops(ctx.run, results[(v.base, v.analysis)].shapes)
-            text = vendor_files.render_sensitive(v, layers, dtypes, flops) if v.sensitive else ""
+            split = parts.get((v.base, v.analysis))
+            text = (
+                vendor_files.render_sensitive(v, layers, dtypes, flops, split)
+                if v.sensitive
+                else ""
+            )
             ctx.write_debug(name, text + ("\n" if text and trials else "") + trials)
             files.append(f"debug/{name}")
     top = first or verdicts[-1]
-    advisor = vendor_files.advisor(results[(top.base, top.analysis)], layers, dtypes, advice)
+    pair = vendor_files.advisor_pair(results, (top.base, top.analysis))
+    advisor = vendor_files.advisor(results[pair], layers, dtypes, advice)
     ctx.write_debug("abnormal_layer_advisor.txt", advisor)
     files += [
         f"debug/{n}"

@@ -9,7 +9,8 @@ flops = 2 x MACs (one multiply and one add per multiply-accumulate), per sample:
   (the producing layer's captured shape);
 - every other op: 0 (no multiply-accumulate).
 
-A layer whose shape or weight is not known has no entry (the file shows ``-``).
+A layer whose shape or weight is not known has no entry (the file shows ``-``). Shapes
+come from every compared pair (:func:`union_shapes`), so shares are of the whole model.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Iterable
 
 from schemas.store import Run
 
@@ -67,6 +69,17 @@ def _macs(record: dict, shapes: dict, weights: dict, layer_of: dict) -> int | No
         first = layer_of.get(record["inputs"][0]) if record["inputs"] else None
         return out_elems * shapes[first][-1] if first in shapes else None
     return 0
+
+
+def union_shapes(shape_maps: Iterable[dict[str, tuple[int, ...]]]) -> dict[str, tuple[int, ...]]:
+    """Every layer's one-sample shape over all compared pairs (each pair's
+    ``PairResult.shapes``): a pair of the compiled program lacks the convs fused into
+    their relu, and the vendor's share is of the whole model's flops, not of one pair's."""
+    out: dict[str, tuple[int, ...]] = {}
+    for shapes in shape_maps:
+        for lid, shape in shapes.items():
+            out.setdefault(lid, shape)
+    return out
 
 
 def render_flops(lid: str, flops: dict[str, int]) -> str:

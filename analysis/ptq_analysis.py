@@ -13,7 +13,9 @@ default compare thresholds of a pipeline spec.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -27,6 +29,7 @@ from schemas.store import Run
 from stages.data import Split, load_splits
 from stages.ptq import runners
 from stages.ptq.context import PtqModel
+from stages.ptq.graph import layer_of
 
 CHAIN = ("optimized", "calibrated", "ptq", "quantized", "hbm", "board")
 LOADERS = {
@@ -72,7 +75,9 @@ def analyze_ptq(run: Run, spec) -> Analysis:
     models = {s: _model(run, s, arts, evaluation.x, integer) for s in done}
     graph = next(s for s in ("calibrated", *done) if s in arts)  # the QDQ graph's layers
     calibrated = onnx.load(str(run.path(arts[graph].onnx_file)))
-    return analyze_models(ctx, done, models, layer_graph(calibrated), integer)
+    layers = layer_graph(calibrated)
+    flops = functools.partial(onnx_flops, calibrated, layers)
+    return analyze_models(ctx, done, models, layers, integer, flops)
 
 
 def _spec(data) -> SimpleNamespace:
@@ -113,3 +118,21 @@ def layer_graph(model: onnx.ModelProto) -> dict[str, Layer]:
         merged = tuple(dict.fromkeys([*(prev.producers if prev else ()), *producers]))
         layers[lid] = Layer(lid, op, prev.topo_index if prev else len(layers), merged)
     return layers
+
+
+def onnx_flops(model: onnx.ModelProto, layers: dict[str, Layer], shapes: dict) -> dict[str, int]:
+    """Layer id -> flops per sample of a PTQ run's layers in ``shapes`` (analysis.flops'
+    rule: 2 x MACs): a Conv, Gemm or MatMul on a constant weight has
+    ``output elements x weight elements / output channels`` MACs, its weight's shape read
+    from the initializer its ``<layer>[weight]/q`` node quantizes (``axis``: the output
+    channel); any other op but a MatMul of two activations (not counted) has 0."""
+    inits = {i.name: tuple(i.dims) for i in model.graph.initializer}
+    out = {lid: 0 for lid in shapes if lid in layers and layers[lid].op_type != "matmul"}
+    for node in model.graph.node:
+        lid = layer_of(node)
+        w = inits.get(node.input[0]) if node.input else None
+        if not node.name.endswith("[weight]/q") or lid not in shapes or not w:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)  # ONNX's default
+        out[lid] = 2 * math.prod(shapes[lid]) * math.prod(w) // w[axis]
+    return out

@@ -17,11 +17,13 @@ import csv
 import io
 import math
 
+import numpy as np
+
 from analysis.advice import Advice, advisor_lines
 from analysis.compare import OUTPUT, PairResult
 from analysis.flops import render_flops
 from analysis.layer_graph import Layer
-from analysis.localize import PairVerdict
+from analysis.localize import FLOAT_STAGE, PairVerdict
 from analysis.tolerance import limit
 
 COLUMNS = (
@@ -37,10 +39,17 @@ SOURCE = {
     "analy_max": "analysis_max", "analy_mean": "analysis_mean", "analy_var": "analysis_var",
     "max_atol_diff": "max_abs", "max_qscale_diff": "max_qscale_diff",
 }  # fmt: skip
-WEIGHTED = ("conv", "linear")
-"""Op types with weights of their own."""
-INPUT_RANGE = 128.0
-"""An int8 input whose values span this much (e.g. raw 0..255 pixels) gets a step >= 1."""
+FLOAT_PAIR = (FLOAT_STAGE, "calibrate")
+"""The vendor's float-vs-calibration pair: the advisor's rules read its values."""
+WEIGHTED = ("conv", "linear", "gemm")
+"""Op types with weights of their own (gemm: a PTQ run's ONNX op)."""
+GRIDS = {"int8": (-128, 127), "int16": (-32768, 32767)}
+"""Integer range of each quantized output dtype."""
+INT8_RANGE = 128.0
+"""An int8 layer whose values reach this magnitude (e.g. raw 0..255 pixels) gets a step
+>= 1 (the vendor's "data range too large for int8")."""
+INT16_RANGE = 32768.0
+"""Values beyond this magnitude are too large for any quantization (the vendor's rule)."""
 BULK_STEPS = 4.0
 """A layer's spread (standard deviation) must cover this many int16 steps: fewer, and no
 quantization carries its range."""
@@ -82,10 +91,15 @@ def _cell(v) -> str:
 
 
 def render_sensitive(
-    v: PairVerdict, layers: dict[str, Layer], dtypes: dict, flops: dict[str, int] | None = None
+    v: PairVerdict,
+    layers: dict[str, Layer],
+    dtypes: dict,
+    flops: dict[str, int] | None = None,
+    parts: dict[str, tuple[float, float]] | None = None,
 ) -> str:
     """output_<stage>_l1_sensitive_ops.txt for a divergent pair (``flops``:
-    analysis.flops.layer_flops; ``-`` where unknown)."""
+    analysis.flops.layer_flops, ``-`` where unknown; ``parts``: :func:`quantization_parts`
+    of the float -> calibrate pair's weighted layers)."""
     lines = [
         f"# {v.base} -> {v.analysis}: revert one op to {v.base}'s behaviour; output L1 vs "
         f"{v.base} before and after, most sensitive first",
@@ -93,7 +107,7 @@ def render_sensitive(
     ]
     for lid, before, after in v.sensitive:
         op = layers[lid].op_type if lid in layers else "input"
-        kind = sensitive_type(v, lid, op, dtypes.get(lid))
+        kind = sensitive_type(v, lid, op, dtypes.get(lid), parts)
         lines.append(
             f"{lid} | {kind} | {op} | {after:.6g} | {before:.6g} | {dtypes.get(lid, 'float')}"
             f" | {render_flops(lid, flops or {})}"
@@ -101,33 +115,80 @@ def render_sensitive(
     return "\n".join(lines) + "\n"
 
 
-def sensitive_type(v: PairVerdict, lid: str, op: str, dtype: str | None) -> str:
-    """``weight`` when the layer has weights (conv, linear) and adds more than the pair's
-    tolerance of its own (own errors re-run the base layer on the analysis stage's inputs,
-    so what remains comes from the layer's own parameters and arithmetic: weights, bias,
-    requantize), else ``activation`` (its error arrives with its input activations or its
-    output quantization). Judged from own errors, not by re-running the layer with float
-    weights; without exact own errors (a simulator pair) every op is ``activation``."""
+def sensitive_type(
+    v: PairVerdict,
+    lid: str,
+    op: str,
+    dtype: str | None,
+    parts: dict[str, tuple[float, float]] | None = None,
+) -> str:
+    """``weight`` or ``activation``: which of a weighted layer's (conv, linear, gemm)
+    quantizers its own error comes from; any other op is ``activation``.
+
+    - float -> calibrate: the own error is split by :func:`quantization_parts` (``parts``);
+      ``weight`` when the weights' share is the larger (a clipped or coarse output scale
+      is ``activation``, an int32 output has no output quantizer);
+    - a later pair, whose sides quantize the output alike: ``weight`` when the layer adds
+      more than the pair's tolerance of its own (own errors re-run the base layer on the
+      analysis stage's inputs, so what remains comes from its own parameters and
+      arithmetic: weights, bias, requantize). Without exact own errors (a simulator
+      pair) every op is ``activation``."""
     own = v.own
     if op not in WEIGHTED or own is None or not own.exact or lid not in own.steps:
         return "activation"
+    if v.quantization:
+        weight, activation = (parts or {}).get(lid, (0.0, 0.0))
+        return "weight" if weight > activation else "activation"
     return "weight" if own.steps[lid] > limit(v.tolerance, dtype) else "activation"
+
+
+def quantization_parts(
+    analysis: np.ndarray, reverted: np.ndarray, step: float, dtype: str | None
+) -> tuple[float, float]:
+    """(weight, activation) shares of a layer's own quantization error, mean |.| in its
+    steps: ``reverted`` is the float layer on the quantized inputs, ``q(reverted)`` that
+    value through the layer's own output quantizer (rounded to ``step``, clamped to
+    ``dtype``'s range; an int32 or float output has none), so
+
+        activation = mean |q(reverted) - reverted| / step   (output rounding, clipping)
+        weight     = mean |analysis - q(reverted)| / step   (what is left: weights, bias)
+    """
+    ref = np.asarray(reverted, np.float64)
+    q = ref
+    if dtype in GRIDS and step > 0:
+        q = np.clip(np.round(ref / step), *GRIDS[dtype]) * step
+    weight = np.mean(np.abs(np.asarray(analysis, np.float64) - q)) / step if step else 0.0
+    activation = np.mean(np.abs(q - ref)) / step if step else 0.0
+    return float(weight), float(activation)
+
+
+def advisor_pair(pairs, top: tuple[str, str]) -> tuple[str, str]:
+    """The pair whose values the advisor's rules read: float -> calibrate (the vendor's
+    float-vs-calibration comparison: the float model's ranges against the calibrated
+    scales) when the chain has it, else ``top`` (the first divergent or the last pair).
+    Any later pair's base is already quantized: its values always fit their scales."""
+    return FLOAT_PAIR if FLOAT_PAIR in set(pairs) else top
 
 
 def advisor(
     result: PairResult, layers: dict[str, Layer], dtypes: dict, advice: Advice | None = None
 ) -> str:
     """abnormal_layer_advisor.txt: the vendor's sanity rules (:func:`_rules`) over a pair's
-    aggregate layer stats, then the ranges int8 cannot carry, ranked by what an int16
-    override measurably restores (analysis.advice; none without ``advice``)."""
-    lines = ["mod_name | op_type | abnormal_info | advice"]
+    aggregate layer stats (:func:`advisor_pair`), then the ranges int8 cannot carry,
+    ranked by what an int16 override measurably restores (analysis.advice; none without
+    ``advice``)."""
+    lines = [
+        f"# rules on {result.base} -> {result.analysis} (base and analysis values, every "
+        "evaluation frame)",
+        "mod_name | op_type | abnormal_info | advice",
+    ]
     for lid in [*result.layer_ids, OUTPUT]:
         agg, op = result.aggregates[lid], layers[lid].op_type if lid in layers else lid
         for info, hint in _rules(lid, agg, dtypes.get(lid), result.steps[lid]):
             lines.append(f"{lid} | {op} | {info} | {hint}")
     if advice is not None:
         lines += advisor_lines(advice)
-    if len(lines) == 1:
+    if len(lines) == 2:
         lines.append("no abnormal layer found")
     return "\n".join(lines) + "\n"
 
@@ -135,25 +196,21 @@ def advisor(
 def _rules(lid: str, agg: dict, dtype: str | None, step: float) -> list[tuple[str, str]]:
     """The vendor's sanity rules, one (abnormal_info, advice) per hit:
 
-    - inf/nan values; an input not symmetric about 0;
-    - an int8 input whose values span >= ``INPUT_RANGE`` -> consider int16;
-    - range rules (:func:`_range_rules`): too large for any quantization, or a scale that
-      does not cover the data;
+    - inf/nan values on either side; an input not symmetric about 0;
+    - range rules (:func:`_range_rules`): values reaching ``INT8_RANGE`` in int8, too
+      large for any quantization, a scale that does not cover the data;
     - a model output that is not high precision.
 
     Int16 for other layers is advised from measured trials only (analysis.advice): a rule
     on every layer's spread or error named nearly every layer of a transformer.
     """
     out = []
-    if agg.get("base_nan_count", 0) or not all(
-        abs(agg[k]) < float("inf") for k in ("base_min", "base_max", "analysis_min")
-    ):
+    ends = ("base_min", "base_max", "analysis_min", "analysis_max")
+    nan = agg.get("base_nan_count", 0) or agg.get("analysis_nan_count", 0)
+    if nan or not all(abs(agg[k]) < float("inf") for k in ends):
         out.append(("inf/nan values", "check the input data and the layer's arithmetic"))
     if lid.startswith("input:") and agg["base_min"] >= 0 and agg["base_max"] > 0:
         out.append(("input not symmetric about 0", "normalize the input symmetrically"))
-    span = agg["base_max"] - agg["base_min"]
-    if lid.startswith("input:") and dtype == "int8" and span >= INPUT_RANGE:
-        out.append((f"input range {span:.4g} >= {INPUT_RANGE:g} in int8", "consider int16"))
     out += _range_rules(agg, dtype, step)
     if lid == OUTPUT and dtype in ("int8", "int16"):
         out.append(("model output is not high precision", "make the output high precision"))
@@ -161,24 +218,33 @@ def _rules(lid: str, agg: dict, dtype: str | None, step: float) -> list[tuple[st
 
 
 def _range_rules(agg: dict, dtype: str | None, step: float) -> list[tuple[str, str]]:
-    """Range rules of an int8/int16 layer, from its data range ``span = max - min``, its
-    largest |value| ``top`` and spread (standard deviation ``std`` > 0; a constant tensor
-    is exact), all of the base side:
+    """Range rules of an int8/int16 layer, from ``top``, the largest ``|value|`` of both
+    sides, the base's range ``span = max - min`` and spread (standard deviation ``std``
+    > 0; a constant tensor is exact):
 
-    - too large for any quantization: the spread covers fewer than ``BULK_STEPS`` steps of
-      an int16 grid over the range (``std < BULK_STEPS * span / 32767``) -> change the
-      model (bound the values, e.g. a clamp or a norm);
-    - the scale does not cover the data: ``top > 1.01 * step * qmax`` -> check fake quant.
+    - int8 values reaching ``top >= INT8_RANGE``: the step is then >= 1 -> consider int16;
+    - too large for any quantization: ``top > INT16_RANGE``, or the spread covers fewer
+      than ``BULK_STEPS`` steps of an int16 grid over the range
+      (``std < BULK_STEPS * span / 32767``) -> change the model (bound the values);
+    - the scale does not cover the data: the analysis side's values lie more than one
+      step outside ``[qmin * step, qmax * step]``, which a working fake quant never lets
+      through (calibration clipping a float range is not flagged) -> check fake quant.
     """
     if dtype not in ("int8", "int16"):
         return []
     out = []
-    top = max(abs(agg["base_min"]), abs(agg["base_max"]))
+    top = max(abs(agg[k]) for k in ("base_min", "base_max", "analysis_min", "analysis_max"))
     span = agg["base_max"] - agg["base_min"]
     std = math.sqrt(max(agg.get("base_var", 0.0), 0.0))
-    if 0 < std < BULK_STEPS * span / 32767:
+    if dtype == "int8" and top >= INT8_RANGE:
+        out.append((f"data range reaches |x| {top:.4g} >= {INT8_RANGE:g} in int8 (a step "
+                    f"of {top / 127:.3g} or more)", "consider int16"))  # fmt: skip
+    if top > INT16_RANGE or 0 < std < BULK_STEPS * span / 32767:
         info = f"data range too large for any quantization (range {span:.4g}, std {std:.3g})"
         out.append((info, "change the model to bound these values"))
-    if top > 1.01 * step * (127 if dtype == "int8" else 32767):
-        out.append(("scale does not cover the data range", "check fake quant is enabled"))
+    qmin, qmax = GRIDS[dtype]
+    if agg["analysis_min"] < (qmin - 1) * step or agg["analysis_max"] > (qmax + 1) * step:
+        info = (f"scale does not cover the data range ([{agg['analysis_min']:.4g}, "
+                f"{agg['analysis_max']:.4g}] past {qmax} steps of {step:.4g})")  # fmt: skip
+        out.append((info, "check fake quant is enabled"))
     return out

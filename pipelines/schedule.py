@@ -108,22 +108,35 @@ def _deploy(name: str, sweep_path: Path, root: str | Path, cron_schedule, pool: 
     return deployment.apply(work_pool_name=pool)  # registers only: nothing built or printed
 
 
+NICKNAMES = frozenset({"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight",
+                       "@hourly"})  # fmt: skip
+"""The cron nicknames accepted besides five fields (one run per period)."""
+
+
 def _cron_schedule(cron: str, timezone: str):
-    """Prefect's CronSchedule of ``cron`` in ``timezone``; SpecError naming the bad one."""
+    """Prefect's CronSchedule of ``cron`` in ``timezone``; SpecError naming the bad one.
+
+    Only five fields (or a nickname such as @daily): croniter reads a sixth field as
+    seconds, so "0 2 * * * *" would start the sweep 60 times, once a second from 02:00:00.
+    An empty time zone would silently mean UTC."""
     from prefect.client.schemas.schedules import CronSchedule
     from pydantic import ValidationError
 
     try:
+        if len(cron.split()) != 5 and cron.strip() not in NICKNAMES:
+            raise ValueError(f"{len(cron.split())} fields")
         CronSchedule(cron=cron)
-    except ValidationError as e:
+    except (ValueError, ValidationError) as e:
         raise SpecError(
-            f"{cron!r} is not a cron expression",
+            f"{cron!r} is not a cron expression of five fields",
             where="--cron",
-            hint='five fields: minute hour day month weekday, e.g. "0 2 * * *"',
+            hint='five fields: minute hour day month weekday, e.g. "0 2 * * *" (or @daily)',
         ) from e
     try:
+        if not timezone.strip():
+            raise ValueError("empty")
         return CronSchedule(cron=cron, timezone=timezone)
-    except ValidationError as e:
+    except (ValueError, ValidationError) as e:
         raise SpecError(
             f"{timezone!r} is not a time zone",
             where="--timezone",

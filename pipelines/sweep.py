@@ -156,9 +156,27 @@ def expand(sweep: Sweep, sweep_id: str | None = None) -> list[tuple[str, Pipelin
     ]
     combos += [dict(extra) for extra in sweep.file.include]
     labels = _labels(combos)
+    _check_distinct(sweep, labels)
     return [
         (lab, _run_spec(sweep, c, lab, sweep_id)) for lab, c in zip(labels, combos, strict=True)
     ]
+
+
+def _check_distinct(sweep: Sweep, labels: list[str]) -> None:
+    """SpecError for two runs with one label (a repeated matrix value, an include entry
+    repeating a product run, two spec files of one name): their tags would be the same,
+    so neither the UI nor the run store could tell them apart, and the sweep's record
+    of one of them would be lost."""
+    seen: set[str] = set()
+    for label in labels:
+        if label in seen:
+            raise SpecError(
+                f"two runs are the same combination ({label}): their tags would be the same",
+                where=str(sweep.path),
+                hint="remove the repeated matrix value or include entry (spec files: "
+                "give them different names)",
+            )
+        seen.add(label)
 
 
 def _tag(value: Any) -> str:

@@ -44,6 +44,7 @@ from pipelines.sweep import DaskRunner, LocalRunner, RunRecord
 from schemas.errors import QparityError
 from schemas.spec import PipelineSpec
 from schemas.store import RunStore
+from schemas.tables import read_run_table
 
 OnRun = Callable[[RunRecord], None]
 """Called with each run's record as soon as the run ends (the CLI's progress lines)."""
@@ -55,7 +56,8 @@ def execute_run(
     """Run one chain; any error becomes a failed record (one bad run must not stop a sweep).
 
     ``publish``: inside a Prefect task, publish the run's stage metrics and localization as
-    artifacts of that task (as the chain flow's tasks do)."""
+    artifacts of that task (as the chain flow's tasks do); a failed run's, the metrics of
+    the stages it completed (:func:`publish_stored`)."""
     t0 = time.perf_counter()
     try:
         result = run_chain(spec, "", store_root, use_prefect=False)
@@ -64,6 +66,8 @@ def execute_run(
     except Exception as e:  # QparityError and anything unexpected alike: record, go on
         error = e.message if isinstance(e, QparityError) else f"{type(e).__name__}: {e}"
         run_id = _run_with_tags(store_root, dict(spec.tags))
+        if publish and run_id:
+            publish_stored(store_root, run_id)
         wall = time.perf_counter() - t0
         return RunRecord(label, run_id, "failed", None, None, None, wall, error, _where())
     last, (metric, value) = _last_primary(spec, result.outcomes)
@@ -86,6 +90,26 @@ def _publish(result) -> None:
     for stage, outcome in result.outcomes.items():
         publish_metrics(stage, result.run_id, outcome.artifact)
     publish_localization(result.run_id, result.analysis)
+
+
+def publish_stored(store_root: str, run_id: str) -> None:
+    """A failed run's ``<stage>-metrics`` artifacts, one per stage it completed, read from
+    its metrics table (the float model's rows go with prepare's, as prepare measures
+    them): the stages before the failure are what a nightly failure is read by."""
+    try:
+        rows = read_run_table(RunStore(store_root).open(run_id), "metrics")
+    except QparityError:  # nothing readable to publish; the record says why the run failed
+        return
+    by_stage: dict[str, list[dict]] = {}
+    for r in rows:
+        stage = "prepare" if r["stage"] == "float" else r["stage"]
+        by_stage.setdefault(stage, []).append({k: v for k, v in r.items() if k != "run_id"})
+    for stage, stage_rows in by_stage.items():
+        create_table_artifact(
+            stage_rows,
+            key=f"{stage.replace('_', '-')}-metrics",
+            description=f"{stage} of run {run_id} (the run failed later)",
+        )
 
 
 def run_tags(spec: PipelineSpec) -> list[str]:

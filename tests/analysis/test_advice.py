@@ -57,7 +57,8 @@ def test_trials_section_says_it_ran_on_the_probe_frames_only():
 
 def test_the_vendor_advisor_file_carries_the_measured_lines():
     r = PairResult("prepare", "calibrate", layer_ids=["conv"], steps={"conv": 0.1, OUTPUT: 0.1})
-    agg = {"base_min": -1.0, "base_max": 1.0, "analysis_min": -1.0, "base_var": 0.3}
+    agg = {"base_min": -1.0, "base_max": 1.0, "analysis_min": -1.0, "analysis_max": 1.0,
+           "base_var": 0.3}  # fmt: skip
     r.aggregates = {"conv": agg, OUTPUT: agg}
     text = vf.advisor(r, {}, {}, _advice(2))
     assert "enc.1.output | add | residual add (stream from enc.x)" in text

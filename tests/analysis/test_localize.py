@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+import io
+
 import numpy as np
 import pytest
 import yaml
@@ -67,7 +70,9 @@ def test_vendor_files_are_written(clean, store):
     assert (debug / "compare_per_layer_out.csv").read_text().startswith("mod_name,")
     for col in ("shape", "KL", "Rtol", "base_var", "analy_var"):
         assert f" {col} |" in header
-    assert (debug / "badcase.txt").exists() and (debug / "abnormal_layer_advisor.txt").exists()
+    assert (debug / "badcase.txt").exists()
+    advisor = (debug / "abnormal_layer_advisor.txt").read_text()  # the vendor's floatvscalib
+    assert advisor.startswith("# rules on prepare -> calibrate") and "no abnormal layer" in advisor
 
 
 @pytest.mark.parametrize(
@@ -98,11 +103,15 @@ def test_a_calibration_that_clips_names_calibrate_and_the_layer(store):
     """The quantization loss itself (float -> calibrate) is a compared pair: conv's scale
     cut to a quarter clips its outputs, and every later stage agrees with calibrate."""
     fault = {"kind": "calib_scale", "layer": "conv", "amount": -8}
-    first = _run(store, faults=[fault]).analysis.first
+    result = _run(store, faults=[fault])
+    first = result.analysis.first
     assert (first.base, first.analysis, first.first_layer) == ("prepare", "calibrate", "conv")
     assert "lose more than cosine" in first.reasons[-1]
     assert "calibrate stage/op problem at conv" in first.triage
     assert "conv" in [lid for lid, *_ in first.sensitive[:3]]
+    ops = RunStore(store).open(result.run_id).path("debug/output_calibrate_l1_sensitive_ops.txt")
+    row = next(r.split(" | ") for r in ops.read_text().splitlines() if r.startswith("conv |"))
+    assert row[1] == "activation"  # its output scale clips, not its weights
 
 
 def test_a_fault_on_a_missing_layer_is_a_spec_error(store):
@@ -339,3 +348,13 @@ def test_a_camera_preprocessing_mistake_diverges_at_the_input(make_ctx):
     assert v.reasons == ["camera input input:x off by 12 steps (> 1, the camera path's "
                          "modelled rounding)"]  # fmt: skip
     assert v.first_layer == "input:x" and "check the input data or preprocessing" in v.triage
+
+
+def test_a_run_stopped_at_calibrate_has_quant_dtypes_in_its_vendor_files(store):
+    """The vendor's own use: float vs the calibration model, before any convert; the
+    integer layer table does not exist yet, calibrate's quantizers give the dtypes."""
+    result = _run(store, stages={"stop_after": "calibrate"})
+    debug = RunStore(store).open(result.run_id).path("debug")
+    rows = csv.DictReader(io.StringIO((debug / "compare_per_layer_out.csv").read_text()))
+    dtypes = {r["mod_name"]: r["quant_dtype"] for r in rows}
+    assert dtypes["conv"] == "int8" and dtypes["relu"] == "int8", dtypes

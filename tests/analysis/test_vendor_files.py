@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import io
 
+import numpy as np
+
 from analysis import vendor_files as vf
 from analysis.compare import OUTPUT, PairResult
 from analysis.layer_graph import Layer
@@ -59,12 +61,38 @@ def test_no_int16_advice_from_a_layers_spread_or_error_alone():
     assert "int16" not in text and "no abnormal layer found" in text
 
 
-def test_an_int8_input_spanning_128_or_more_is_advised_int16():
+def test_an_int8_layer_reaching_128_is_advised_int16_any_layer_not_only_inputs():
     r = _result({"input:x": _agg(lo=-10.0, hi=200.0, var=3000.0), OUTPUT: _agg()}, step=2.0)
-    text = vf.advisor(r, LAYERS, DTYPES)
-    assert "input range 210 >= 128 in int8 | consider int16" in text
+    assert "reaches |x| 200 >= 128 in int8 (a step of 1.57 or more) | consider int16" in (
+        vf.advisor(r, LAYERS, DTYPES)
+    )
+    wide = _result({"conv": _agg(lo=-150.0, hi=20.0, var=900.0), OUTPUT: _agg()}, step=1.2)
+    assert "conv | conv | data range reaches |x| 150 >= 128 in int8" in (
+        vf.advisor(wide, LAYERS, DTYPES)
+    )
     small = _result({"input:x": _agg(lo=-1.0, hi=1.0), OUTPUT: _agg()})
-    assert "input range" not in vf.advisor(small, LAYERS, DTYPES)
+    assert ">= 128" not in vf.advisor(small, LAYERS, DTYPES)
+
+
+def test_clipping_by_calibration_is_not_an_uncovered_scale_but_unquantized_values_are():
+    """The rule reads the quantized side, as the vendor's does: float values past a
+    calibrated (mse, percentile) scale are clipping on purpose; calibrated values past the
+    scale's range mean its fake quant did nothing."""
+    step = 0.01
+    clipped = _agg(lo=-0.5, hi=1.53, var=0.08, analysis_min=-0.5, analysis_max=127 * step)
+    r = _result({"conv": clipped, OUTPUT: _agg()}, step=step)
+    r.base, r.analysis = "prepare", "calibrate"
+    text = vf.advisor(r, LAYERS, DTYPES)
+    assert text.startswith("# rules on prepare -> calibrate") and "no abnormal layer" in text
+    r.aggregates["conv"] = clipped | {"analysis_max": 1.53}  # fake quant off
+    assert "conv | conv | scale does not cover the data range" in vf.advisor(r, LAYERS, DTYPES)
+
+
+def test_the_advisor_reads_the_float_calibrate_pair_when_the_chain_has_it():
+    top = ("export", "convert")
+    pairs = [("prepare", "calibrate"), ("calibrate", "pre_export"), top]
+    assert vf.advisor_pair(pairs, top) == ("prepare", "calibrate")
+    assert vf.advisor_pair(pairs[1:], top) == top  # a PTQ run: no float model
 
 
 def test_range_rules_too_large_for_any_quantization_and_uncovered():
@@ -75,7 +103,7 @@ def test_range_rules_too_large_for_any_quantization_and_uncovered():
     }
     text = vf.advisor(_result(aggs, step=100 / 127), LAYERS, DTYPES)
     lines: dict[str, str] = {}
-    for line in text.splitlines()[1:]:
+    for line in text.splitlines()[2:]:
         lines[line.split(" | ")[0]] = lines.get(line.split(" | ")[0], "") + line
     assert "conv" not in lines  # int8 carries it coarsely: for the measured trials to judge
     assert "too large for any quantization" in lines["relu"]
@@ -99,3 +127,26 @@ def test_sensitive_ops_have_type_and_flops():
         "activation"
     )
     assert vf.render_sensitive(small, LAYERS, DTYPES).endswith("| -\n")  # flops unknown
+
+
+def test_float_pair_sensitive_type_splits_weight_and_activation_quantization():
+    """float -> calibrate: a conv whose output scale clips is ``activation`` however large
+    its own error; coarse weights under a covering scale are ``weight``."""
+    step = 0.01
+    ref = np.linspace(-1.5, 1.5, 301)  # the float conv on calibrate's inputs
+    q = np.clip(np.round(ref / step), -128, 127) * step  # its output quantizer clips at 1.27
+    w_clip, a_clip = vf.quantization_parts(q, ref, step, "int8")
+    assert a_clip > w_clip == 0.0
+    coarse = np.round((ref * 0.8 + 0.03) / step) * step  # weights off by 20%, no clipping
+    w, a = vf.quantization_parts(coarse, ref * 0.8, step, "int8")
+    assert w > a
+    assert vf.quantization_parts(ref + 0.5, ref, step, "int32") == (50.0, 0.0)  # no quantizer
+    v = PairVerdict("prepare", "calibrate", reasons=["x"], tolerance=1.0)
+    v.own = OwnErrors({"conv": 23.0, "relu": 23.0}, {}, True)  # both far over tolerance
+    v.sensitive = [("conv", 1.0, 0.1)]
+    parts = {"conv": (w_clip, a_clip)}
+    assert vf.sensitive_type(v, "conv", "conv", "int8", parts) == "activation"
+    assert vf.sensitive_type(v, "conv", "conv", "int8", {"conv": (w, a)}) == "weight"
+    assert vf.render_sensitive(v, LAYERS, DTYPES, None, parts).splitlines()[2].split(" | ")[1] == (
+        "activation"
+    )

@@ -34,6 +34,7 @@ from tests.catalog import (
     cases_loc,
     cases_outputs,
     cases_tables,
+    cases_vendor,
 )
 from tests.conftest import tiny_spec_dict
 
@@ -132,6 +133,7 @@ def all_cases() -> dict:
         **cases_exact.cases(),
         **cases_cam.cases(),
         **cases_loc.cases(),
+        **cases_vendor.cases(),
     }
 
 

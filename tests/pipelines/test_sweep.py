@@ -79,6 +79,10 @@ def test_expansion_is_the_product_then_include(tmp_path):
         ({"matrix": {"quant.consistency_level": [3]}}, "quant.consistency_level: input should be"),
         ({"runner": {"kind": "dask"}}, "runner: give exactly one of address"),
         ({"spec": None}, "give the spec file either as spec or as matrix.spec"),
+        (
+            {"matrix": {"quant.march": ["nash-e", "nash-e"]}},
+            "same combination (quant.march=nash-e)",
+        ),
     ],
 )
 def test_a_bad_sweep_file_is_a_spec_error_naming_file_and_field(tmp_path, change, message):
@@ -217,12 +221,15 @@ def test_a_sweep_runs_in_process_and_one_failing_run_does_not_stop_it(prefect_ap
         "runtime_format=rgb": {sweep, "stages.board_sim.runtime_format=rgb"},
     }
     assert artifacts.pop("flow") == {"sweep-summary"}
+    failed = artifacts.pop("runtime_format=rgb")  # compile refused it: the stages before
+    assert {"prepare-metrics", "calibrate-metrics", "convert-metrics"} <= failed
+    assert not failed & {"compile-metrics", "board-sim-metrics", "localization"}
     assert set(artifacts) == {
         "consistency_level=none",
         "consistency_level=2",
         "observer=percentile",
     }
-    for keys in artifacts.values():  # the failed run has none
+    for keys in artifacts.values():
         assert {"prepare-metrics", "board-sim-metrics", "localization"} <= keys
 
 
@@ -235,6 +242,11 @@ def test_a_sweep_runs_on_a_two_worker_dask_cluster(prefect_api, store):
     pids = {r.where.rsplit(":", 1)[1] for r in result.runs}
     assert str(os.getpid()) not in pids and 1 <= len(pids) <= 2  # on the workers
     assert _flow_run_state(result.sweep_id) == "Completed"
+    tags, artifacts = _tasks_and_artifacts(result.sweep_id)  # tasks ran on the workers
+    assert tags["consistency_level=2"] == {f"sweep={result.sweep_id}", "quant.consistency_level=2"}
+    assert {"prepare-metrics", "board-sim-metrics", "localization"} <= artifacts[
+        "observer=percentile"
+    ]
 
 
 def test_a_run_without_labels_is_summarized_by_its_primary_metric():
@@ -256,3 +268,23 @@ def test_a_run_without_labels_is_summarized_by_its_primary_metric():
 
     record = RunRecord("a", "r-1", "complete", 0.999, "board_sim", None, 1.0, metric="cosine")
     assert "cosine 0.9990 (board_sim)" in record.line()
+
+
+def test_a_failed_run_publishes_the_metrics_of_the_stages_it_completed(make_ctx, monkeypatch):
+    """A run failing at board_sim still shows prepare's (with the float model's rows) and
+    convert's metrics in its task's artifacts, read from its metrics table."""
+    import pipelines.sweep_flow as sf
+    from schemas.tables import write_rows
+
+    run = make_ctx().run
+    rows = [{"run_id": run.run_id, "stage": s, "metric": "top1", "value": v, "n_samples": 64,
+             "output": "output"} for s, v in (("float", 0.99), ("prepare", 0.99), ("convert", 0.9))]  # fmt: skip
+    write_rows(run, "metrics", rows, "all")
+    published: dict[str, list] = {}
+    monkeypatch.setattr(sf, "create_table_artifact", lambda t, key, description: published.update({key: t}))  # fmt: skip
+    sf.publish_stored(str(run.root.parent), run.run_id)
+    assert sorted(published) == ["convert-metrics", "prepare-metrics"]
+    assert [r["stage"] for r in published["prepare-metrics"]] == ["float", "prepare"]
+    assert published["convert-metrics"][0]["value"] == 0.9
+    sf.publish_stored(str(run.root.parent), "no-such-run-20260101T000000-000000")  # nothing
+    assert len(published) == 2
