@@ -40,7 +40,12 @@ from schemas.fileio import (
 from schemas.manifest import Manifest, StageRecord
 from schemas.owner import is_mine, this_owner
 from schemas.remote import Remote, is_url, local_root
-from schemas.store_layout import check_root, refuse_linked_run, run_folders
+from schemas.store_layout import (
+    check_root,
+    refuse_foreign_manifest,
+    refuse_linked_run,
+    run_folders,
+)
 
 if TYPE_CHECKING:
     from schemas.artifacts import Artifact
@@ -74,14 +79,17 @@ class Run:
         return full
 
     def manifest(self) -> Manifest:
-        """Read and validate manifest.json."""
+        """Read and validate manifest.json; refused if it is a symlink or another run's."""
         path = self.root / "manifest.json"
+        refuse_foreign_manifest(self.root, None)
         try:
-            return Manifest.model_validate_json(path.read_bytes())
+            m = Manifest.model_validate_json(path.read_bytes())
         except FileNotFoundError as e:
             raise ArtifactError("run has no manifest.json", where=str(self.root)) from e
         except ValidationError as e:
             raise ArtifactError(f"invalid manifest: {e}", where=str(path), hint=_RERUN_HINT) from e
+        refuse_foreign_manifest(self.root, m.run_id)
+        return m
 
     @contextmanager
     def manifest_lock(self) -> Iterator[None]:
@@ -300,25 +308,30 @@ class RunStore:
                 f"no run {run_id!r}", where=self.location, hint="`qparity runs` lists runs"
             )
         refuse_linked_run(run.root)
+        refuse_foreign_manifest(run.root, None)
         return run
 
     def list_runs(self) -> list[Manifest]:
-        """Manifests of every run, oldest first; folders without a valid one are skipped."""
+        """Manifests of every run, oldest first; folders without a valid one are skipped,
+        and so are copies of a run under another name (:mod:`schemas.store_layout`)."""
         found = []
-        for raw in self._raw_manifests():
+        for name, raw in self._raw_manifests():
             try:
-                found.append(Manifest.model_validate_json(raw))
+                m = Manifest.model_validate_json(raw)
             except ValidationError:
                 continue  # not (yet) a run: created mid-way or foreign
+            if m.run_id == name:
+                found.append(m)
         return sorted(found, key=lambda m: (m.started_at, m.run_id))
 
-    def _raw_manifests(self) -> list[bytes]:
+    def _raw_manifests(self) -> list[tuple[str, bytes]]:
+        """(folder name, manifest.json bytes) of every run folder."""
         if self.remote is not None:
-            return list(self.remote.manifests(self.remote.run_ids()).values())
+            return list(self.remote.manifests(self.remote.run_ids()).items())
         found = []
         for folder in run_folders(self.root):
             try:
-                found.append((folder / "manifest.json").read_bytes())
+                found.append((folder.name, (folder / "manifest.json").read_bytes()))
             except OSError:
                 continue
         return found
