@@ -13,7 +13,7 @@ import re
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -90,12 +90,14 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         os.replace(tmp, path)
         _fsync(path.parent)
     except BaseException as e:
-        tmp.unlink(missing_ok=True)
+        with suppress(OSError):  # no temp file, or its folder is a file: the error below says
+            tmp.unlink()
         if isinstance(e, OSError):
             raise ArtifactError(
                 f"could not write the file ({e})",
                 where=str(path),
-                hint="free disk space or fix the folder permissions; nothing was replaced",
+                hint="free disk space, fix the folder permissions, or move away a file that stands "
+                "where a folder of the path belongs; nothing was replaced",
             ) from e
         raise
 

@@ -10,7 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from schemas import fileio
+from schemas.errors import ArtifactError
 from schemas.fileio import CRASH_ENV, atomic_save, link_or_copy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,3 +80,11 @@ def test_link_or_copy_falls_back_to_a_copy(tmp_path, monkeypatch):
     link_or_copy(src, dst)
     assert dst.read_bytes() == b"data" and not os.path.samefile(src, dst)
     assert os.listdir(dst.parent) == ["dst"]
+
+
+def test_a_file_where_the_folder_belongs_is_our_error_naming_it(tmp_path):
+    (tmp_path / ".cache").write_text("not a folder")
+    target = tmp_path / ".cache" / "index" / "k.json"
+    with pytest.raises(ArtifactError, match="could not write") as e:
+        fileio.atomic_write_text(target, "x")
+    assert str(target) in e.value.message and e.value.hint
