@@ -75,7 +75,12 @@ class Run:
         base = self.root.resolve()
         full = (base / rel).resolve()
         if not full.is_relative_to(base) or full == base:
-            raise ArtifactError(f"path {str(rel)!r} escapes the run folder", where=str(self.root))
+            raise ArtifactError(
+                f"path {str(rel)!r} escapes the run folder (a symlink or '..' leading out)",
+                where=str(self.root),
+                hint="a run's files must lie inside its folder: replace the symlink with the "
+                "file itself, or rerun the run",
+            )
         return full
 
     def manifest(self) -> Manifest:
@@ -168,12 +173,16 @@ class Run:
         """Record that ``stage`` failed with ``error``."""
         return self._set_stage(stage, status="failed", finished_at=utc_now(), error=error)
 
-    def finish(self, status: Literal["complete", "failed"], error: str | None = None) -> Manifest:
-        """Mark the whole run complete or failed."""
+    def finish(
+        self,
+        status: Literal["complete", "failed"],
+        error: str | None = None,
+        finished_at: str | None = None,
+    ) -> Manifest:
+        """Mark the whole run complete or failed, ended at ``finished_at`` (default now)."""
+        end = finished_at or utc_now()
         return self.update_manifest(
-            lambda m: m.model_copy(
-                update={"status": status, "finished_at": utc_now(), "error": error}
-            )
+            lambda m: m.model_copy(update={"status": status, "finished_at": end, "error": error})
         )
 
     def write_file(self, rel: str | Path, data: bytes) -> str:
