@@ -83,7 +83,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_folders(path.parent)
         yield tmp
         _fsync(tmp)
         _crash_point()
@@ -133,6 +133,22 @@ def _crash_point() -> None:
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def make_folders(folder: str | Path) -> None:
+    """Create ``folder`` and its missing parents, each made durable: the folder holding a
+    new one is fsynced, so a power loss never drops a folder (a whole new run) whose files
+    were fsynced. OS errors propagate (:func:`atomic_path` words them)."""
+    folder = Path(folder)
+    missing = [p for p in (folder, *folder.parents) if not p.is_dir()][::-1]
+    for new in missing:
+        try:
+            new.mkdir()
+        except FileExistsError:
+            if not new.is_dir():
+                raise
+            continue  # another writer made it: it fsyncs its parent itself
+        _fsync(new.parent)
 
 
 def _fsync(path: Path) -> None:

@@ -31,6 +31,7 @@ from schemas.fileio import (
     atomic_write_json,
     atomic_write_text,
     link_or_copy,
+    make_folders,
     new_run_id,
     sha256_bytes,
     sha256_file,
@@ -289,7 +290,7 @@ class RunStore:
         naming this process as its owner."""
         run = Run(self.root, new_run_id(name), self.remote)
         for sub in ("artifacts", "debug", "tables"):
-            (run.root / sub).mkdir(parents=True)
+            make_folders(run.root / sub)  # durable: a power loss keeps the new run folder
         atomic_write_text(run.root / "spec.yaml", spec_text)
         manifest = Manifest(
             run_id=run.run_id,

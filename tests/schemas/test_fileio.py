@@ -88,3 +88,19 @@ def test_a_file_where_the_folder_belongs_is_our_error_naming_it(tmp_path):
     with pytest.raises(ArtifactError, match="could not write") as e:
         fileio.atomic_write_text(target, "x")
     assert str(target) in e.value.message and e.value.hint
+
+
+def test_every_folder_a_write_creates_is_made_durable(tmp_path, monkeypatch):
+    synced = []
+    real = os.fsync
+
+    def fsync(fd):
+        synced.append(Path(f"/proc/self/fd/{fd}").resolve())
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    target = tmp_path / "run" / "tables" / "m.json"
+    fileio.atomic_write_text(target, "x")
+    # a power loss may not drop run/ (or run/tables/) while the file in it survives
+    assert tmp_path in synced and tmp_path / "run" in synced
+    assert synced[-1] == target.parent and target.read_text() == "x"
