@@ -8,7 +8,8 @@ never fails on a young store. ``chain`` is one more view: ``(stage, position, st
 stage in chain order (a PTQ stage at its QAT step's position), for ``ORDER BY`` and "the stage before" questions. Each file of
 ``analysis/sql/views/`` is one more view over those, named after the file
 (``first_divergences``: the first divergent stage and layer of each localized run). A run
-whose process died unmarked reads as ``interrupted`` in ``runs`` (:mod:`schemas.owner`).
+whose process died unmarked reads as ``interrupted`` in ``runs`` (:mod:`schemas.owner`), with
+a row made from its manifest if it was killed before writing its own.
 A run's table whose parts fail the digests its manifest records (:mod:`schemas.table_digests`)
 is left out with a warning naming the file: never read as truth, never blocking the rest.
 
@@ -32,12 +33,13 @@ import pyarrow.dataset as ds
 
 from schemas.errors import ArtifactError, QueryError
 from schemas.manifest import Manifest
-from schemas.owner import died
+from schemas.owner import bare_run_row, died, interrupted
 from schemas.spec_sections import STAGE_NAMES
 from schemas.store import RunStore
 from schemas.store_layout import StoreWarning, run_folders
 from schemas.table_digests import check_table, read_manifest
 from schemas.table_schemas import SCHEMAS
+from schemas.tables import to_arrow
 
 CHAIN_VIEW = "chain"
 """Name of the extra view of stages in chain order."""
@@ -85,15 +87,19 @@ def _dataset(table: str, files: list[str]) -> ds.Dataset | pa.Table:
 
 def _show_interrupted(data: ds.Dataset | pa.Table, root: str | Path) -> ds.Dataset | pa.Table:
     """The runs rows with status ``interrupted`` for runs whose process died but that no
-    one has marked yet (schemas.owner): SQL shows what ``qparity runs`` shows."""
+    one has marked yet (schemas.owner), and a row for each such run killed before it wrote
+    its own: SQL shows what ``qparity runs`` shows."""
     local = RunStore(RunStore(root).root)  # store_files already synced a URL store's copy
-    dead = [m.run_id for m in local.list_runs() if died(m)]
+    dead = {m.run_id: m for m in local.list_runs() if died(m)}
     if not dead:
         return data
     rows = data.to_table() if isinstance(data, ds.Dataset) else data
-    gone = pc.is_in(rows["run_id"], value_set=pa.array(dead, pa.string()))
+    gone = pc.is_in(rows["run_id"], value_set=pa.array(list(dead), pa.string()))
     status = pc.if_else(gone, pa.scalar("interrupted"), rows["status"])
-    return rows.set_column(rows.schema.get_field_index("status"), "status", status)
+    rows = rows.set_column(rows.schema.get_field_index("status"), "status", status)
+    rowless = sorted(set(dead) - set(rows["run_id"].to_pylist()))
+    extra = [bare_run_row(interrupted(dead[r])) for r in rowless]
+    return pa.concat_tables([rows, to_arrow("runs", extra).cast(rows.schema)])
 
 
 PTQ_STEPS = {

@@ -5,8 +5,10 @@ after a random delay or (every other trial) inside its N-th atomic write (schema
 crash hook: after the data is written and fsynced, before the rename). Then the same spec
 runs again in the same store and must complete; afterwards the store must hold: valid
 manifests, every stage marked complete (in the killed run too) verifying its artifact's
-digests (so no half-written file under a real name), and no duplicate rows in the stages,
-metrics and runs tables. Prints k/N trials that recovered.
+digests (so no half-written file under a real name), every table part matching the digest
+its manifest records, no run still marked running (the rerun marks the killed one
+interrupted, its manifest and its runs row), and no duplicate rows in the stages, metrics
+and runs tables. Prints k/N trials that recovered.
 
 Without ``--prefect`` the chain runs as plain calls (``--no-prefect``). With it, as the
 Prefect flow: each process starts its own temporary Prefect server (~6 s; its database in
@@ -36,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from schemas.errors import ArtifactError  # noqa: E402
 from schemas.fileio import CRASH_ENV  # noqa: E402
 from schemas.store import RunStore  # noqa: E402
 from schemas.tables import read_table  # noqa: E402
@@ -102,10 +105,14 @@ def _exited(pid: int) -> bool:
 
 def check_store(root: Path) -> list[str]:
     """Problems in the store (empty: healthy). Every stage marked complete, in the killed
-    runs too, must load with every file matching its digest."""
+    runs too, must load with every file matching its digest; no run may still say running
+    once the rerun ended (the rerun marks the killed one interrupted), in its manifest or
+    its runs row; every table part must match the digest its manifest records."""
     store, problems = RunStore(root), []
     for m in store.list_runs():
         run = store.open(m.run_id)
+        if m.status == "running":
+            problems.append(f"{m.run_id}: still marked running after the rerun")
         for stage in [s for s, entry in m.stages.items() if entry.status == "complete"]:
             try:
                 run.load_artifact(stage, BY_NAME[stage].output)
@@ -113,10 +120,25 @@ def check_store(root: Path) -> list[str]:
                 problems.append(f"{m.run_id}/{stage}: {e}")
     for table, key in (("runs", ("run_id",)), ("stages", ("run_id", "stage")),
                        ("metrics", ("run_id", "stage", "metric"))):  # fmt: skip
-        rows = read_table(root, table).to_pylist()
+        try:
+            rows = read_table(root, table).to_pylist()
+        except ArtifactError as e:  # a part failing its digest: a finding, not a crash
+            problems.append(f"table {table}: {e}")
+            continue
         dup = [k for k, n in Counter(tuple(r[c] for c in key) for r in rows).items() if n > 1]
         problems += [f"duplicate {table} row {k}" for k in dup]
+        problems += _stale_rows(store, rows) if table == "runs" else []
     return problems
+
+
+def _stale_rows(store: RunStore, rows: list[dict]) -> list[str]:
+    """Runs rows whose status is not their manifest's (a killed run's row says running)."""
+    status = {m.run_id: m.status for m in store.list_runs()}
+    return [
+        f"{r['run_id']}: runs row says {r['status']}, its manifest {status[r['run_id']]}"
+        for r in rows
+        if r["run_id"] in status and r["status"] != status[r["run_id"]]
+    ]
 
 
 def trial(setup: Setup, store: Path, rng: random.Random, i: int, total_s: float, writes: int):

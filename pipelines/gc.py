@@ -10,12 +10,11 @@ Stages the run completed keep their artifacts, which the stage cache may reuse.
 
 from __future__ import annotations
 
-import json
 import logging
 
 from schemas.errors import QparityError
 from schemas.manifest import Manifest
-from schemas.owner import died, interrupted
+from schemas.owner import bare_run_row, died, interrupted
 from schemas.store import Run, RunStore
 from schemas.tables import read_run_table, write_rows
 
@@ -67,16 +66,6 @@ def _write_rows(run: Run, m: Manifest) -> None:
                 "cache_hit": rec.cache_hit,
             }  # fmt: skip
             write_rows(run, "stages", [row], part=rec.stage)
-    old = next(iter(read_run_table(run, "runs")), None) or _bare_run_row(m)
+    old = next(iter(read_run_table(run, "runs")), None) or bare_run_row(m)
     write_rows(run, "runs", [{**old, "status": m.status, "finished_at": m.finished_at}], "run")
     run.publish()
-
-
-def _bare_run_row(m: Manifest) -> dict:
-    """The runs row of a run killed before it wrote its own."""
-    return {
-        "run_id": m.run_id, "started_at": m.started_at, "finished_at": m.finished_at,
-        "status": m.status, "spec_digest": m.spec_digest, "model": None, "march": None,
-        "consistency_level": None, "settings": None, "code_version": m.code_version,
-        "tags": json.dumps(m.tags, sort_keys=True),
-    }  # fmt: skip

@@ -19,7 +19,7 @@ import yaml
 from pydantic import AfterValidator, ValidationError
 
 from pipelines.gc import mark_interrupted
-from pipelines.runs import run_recorded, versions
+from pipelines.runs import end_run, run_recorded, versions
 from schemas.artifacts import combined_digest
 from schemas.errors import SpecError
 from schemas.fileio import json_digest, sha256_file
@@ -235,7 +235,7 @@ def _source_digest(path: Path) -> str:
 
 def _finish(run: Run, spec: PtqSpec, path: Path, error: str | None) -> None:
     """Mark the run complete or failed; its row of the runs table."""
-    _write_run_row(run, run.finish("failed" if error else "complete", error), spec, path)
+    end_run(run, error, lambda m: _write_run_row(run, m, spec, path))
 
 
 def _write_run_row(run: Run, m: Manifest, spec: PtqSpec, path: Path) -> None:

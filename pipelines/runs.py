@@ -22,7 +22,7 @@ from pipelines.limits import guard
 from pipelines.stage_debug import keep_debug, keep_faults, restore_debug, restore_faults
 from schemas.artifacts import Artifact, combined_digest
 from schemas.errors import ArtifactError, SpecError, StageError
-from schemas.fileio import json_digest
+from schemas.fileio import json_digest, utc_now
 from schemas.manifest import Manifest
 from schemas.remote import default_store_root, is_url  # noqa: F401 (re-export)
 from schemas.spec import PipelineSpec, spec_digest, stage_config_digest
@@ -223,7 +223,19 @@ def stage_row(run: Run, rec, duration_s: float, digest: str | None, hit: bool) -
 
 def finish_run(run: Run, spec: PipelineSpec, error: str | None = None) -> None:
     """Mark the run complete or failed and write its row of the runs table."""
-    write_run_row(run, run.finish("failed" if error else "complete", error), spec)
+    end_run(run, error, lambda m: write_run_row(run, m, spec))
+
+
+def end_run(run: Run, error: str | None, write_row: Callable[[Manifest], None]) -> Manifest:
+    """The run's final runs row (``write_row(manifest as it ends)``), then its manifest
+    marked complete or failed. In this order a run killed in between still says running
+    with its owner gone, so the next run or gc marks both interrupted; the other order
+    left a complete run whose runs row said running for good."""
+    status, end = "failed" if error else "complete", utc_now()
+    write_row(
+        run.manifest().model_copy(update={"status": status, "finished_at": end, "error": error})
+    )
+    return run.finish(status, error, finished_at=end)
 
 
 def write_run_row(run: Run, m: Manifest, spec: PipelineSpec) -> None:

@@ -13,7 +13,7 @@ import re
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -83,19 +83,21 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_folders(path.parent)
         yield tmp
         _fsync(tmp)
         _crash_point()
         os.replace(tmp, path)
         _fsync(path.parent)
     except BaseException as e:
-        tmp.unlink(missing_ok=True)
+        with suppress(OSError):  # no temp file, or its folder is a file: the error below says
+            tmp.unlink()
         if isinstance(e, OSError):
             raise ArtifactError(
                 f"could not write the file ({e})",
                 where=str(path),
-                hint="free disk space or fix the folder permissions; nothing was replaced",
+                hint="free disk space, fix the folder permissions, or move away a file that stands "
+                "where a folder of the path belongs; nothing was replaced",
             ) from e
         raise
 
@@ -131,6 +133,22 @@ def _crash_point() -> None:
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def make_folders(folder: str | Path) -> None:
+    """Create ``folder`` and its missing parents, each made durable: the folder holding a
+    new one is fsynced, so a power loss never drops a folder (a whole new run) whose files
+    were fsynced. OS errors propagate (:func:`atomic_path` words them)."""
+    folder = Path(folder)
+    missing = [p for p in (folder, *folder.parents) if not p.is_dir()][::-1]
+    for new in missing:
+        try:
+            new.mkdir()
+        except FileExistsError:
+            if not new.is_dir():
+                raise
+            continue  # another writer made it: it fsyncs its parent itself
+        _fsync(new.parent)
 
 
 def _fsync(path: Path) -> None:

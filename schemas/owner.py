@@ -17,6 +17,7 @@ Reads show such a run as interrupted (:func:`shown_status`); the next run and
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -139,6 +140,16 @@ def interrupted(m: Manifest) -> Manifest:
     return m.model_copy(
         update={"status": "interrupted", "finished_at": end, "error": error, "stages": stages}
     )
+
+
+def bare_run_row(m: Manifest) -> dict:
+    """The ``runs`` row of a run killed before it wrote its own, from its manifest."""
+    return {
+        "run_id": m.run_id, "started_at": m.started_at, "finished_at": m.finished_at,
+        "status": m.status, "spec_digest": m.spec_digest, "model": None, "march": None,
+        "consistency_level": None, "settings": None, "code_version": m.code_version,
+        "tags": json.dumps(m.tags, sort_keys=True),
+    }  # fmt: skip
 
 
 def _seconds(start: str, end: str) -> float:

@@ -31,6 +31,7 @@ from schemas.fileio import (
     atomic_write_json,
     atomic_write_text,
     link_or_copy,
+    make_folders,
     new_run_id,
     sha256_bytes,
     sha256_file,
@@ -40,7 +41,12 @@ from schemas.fileio import (
 from schemas.manifest import Manifest, StageRecord
 from schemas.owner import is_mine, this_owner
 from schemas.remote import Remote, is_url, local_root
-from schemas.store_layout import check_root, refuse_linked_run, run_folders
+from schemas.store_layout import (
+    check_root,
+    refuse_foreign_manifest,
+    refuse_linked_run,
+    run_folders,
+)
 
 if TYPE_CHECKING:
     from schemas.artifacts import Artifact
@@ -70,18 +76,26 @@ class Run:
         base = self.root.resolve()
         full = (base / rel).resolve()
         if not full.is_relative_to(base) or full == base:
-            raise ArtifactError(f"path {str(rel)!r} escapes the run folder", where=str(self.root))
+            raise ArtifactError(
+                f"path {str(rel)!r} escapes the run folder (a symlink or '..' leading out)",
+                where=str(self.root),
+                hint="a run's files must lie inside its folder: replace the symlink with the "
+                "file itself, or rerun the run",
+            )
         return full
 
     def manifest(self) -> Manifest:
-        """Read and validate manifest.json."""
+        """Read and validate manifest.json; refused if it is a symlink or another run's."""
         path = self.root / "manifest.json"
+        refuse_foreign_manifest(self.root, None)
         try:
-            return Manifest.model_validate_json(path.read_bytes())
+            m = Manifest.model_validate_json(path.read_bytes())
         except FileNotFoundError as e:
             raise ArtifactError("run has no manifest.json", where=str(self.root)) from e
         except ValidationError as e:
             raise ArtifactError(f"invalid manifest: {e}", where=str(path), hint=_RERUN_HINT) from e
+        refuse_foreign_manifest(self.root, m.run_id)
+        return m
 
     @contextmanager
     def manifest_lock(self) -> Iterator[None]:
@@ -160,12 +174,16 @@ class Run:
         """Record that ``stage`` failed with ``error``."""
         return self._set_stage(stage, status="failed", finished_at=utc_now(), error=error)
 
-    def finish(self, status: Literal["complete", "failed"], error: str | None = None) -> Manifest:
-        """Mark the whole run complete or failed."""
+    def finish(
+        self,
+        status: Literal["complete", "failed"],
+        error: str | None = None,
+        finished_at: str | None = None,
+    ) -> Manifest:
+        """Mark the whole run complete or failed, ended at ``finished_at`` (default now)."""
+        end = finished_at or utc_now()
         return self.update_manifest(
-            lambda m: m.model_copy(
-                update={"status": status, "finished_at": utc_now(), "error": error}
-            )
+            lambda m: m.model_copy(update={"status": status, "finished_at": end, "error": error})
         )
 
     def write_file(self, rel: str | Path, data: bytes) -> str:
@@ -272,7 +290,7 @@ class RunStore:
         naming this process as its owner."""
         run = Run(self.root, new_run_id(name), self.remote)
         for sub in ("artifacts", "debug", "tables"):
-            (run.root / sub).mkdir(parents=True)
+            make_folders(run.root / sub)  # durable: a power loss keeps the new run folder
         atomic_write_text(run.root / "spec.yaml", spec_text)
         manifest = Manifest(
             run_id=run.run_id,
@@ -300,25 +318,30 @@ class RunStore:
                 f"no run {run_id!r}", where=self.location, hint="`qparity runs` lists runs"
             )
         refuse_linked_run(run.root)
+        refuse_foreign_manifest(run.root, None)
         return run
 
     def list_runs(self) -> list[Manifest]:
-        """Manifests of every run, oldest first; folders without a valid one are skipped."""
+        """Manifests of every run, oldest first; folders without a valid one are skipped,
+        and so are copies of a run under another name (:mod:`schemas.store_layout`)."""
         found = []
-        for raw in self._raw_manifests():
+        for name, raw in self._raw_manifests():
             try:
-                found.append(Manifest.model_validate_json(raw))
+                m = Manifest.model_validate_json(raw)
             except ValidationError:
                 continue  # not (yet) a run: created mid-way or foreign
+            if m.run_id == name:
+                found.append(m)
         return sorted(found, key=lambda m: (m.started_at, m.run_id))
 
-    def _raw_manifests(self) -> list[bytes]:
+    def _raw_manifests(self) -> list[tuple[str, bytes]]:
+        """(folder name, manifest.json bytes) of every run folder."""
         if self.remote is not None:
-            return list(self.remote.manifests(self.remote.run_ids()).values())
+            return list(self.remote.manifests(self.remote.run_ids()).items())
         found = []
         for folder in run_folders(self.root):
             try:
-                found.append((folder / "manifest.json").read_bytes())
+                found.append((folder.name, (folder / "manifest.json").read_bytes()))
             except OSError:
                 continue
         return found

@@ -27,7 +27,7 @@ from schemas.errors import ArtifactError
 from schemas.fileio import atomic_path, sha256_file
 from schemas.manifest import Manifest
 from schemas.store import Run
-from schemas.store_layout import StoreWarning, table_files
+from schemas.store_layout import StoreWarning, refuse_foreign_manifest, table_files
 
 CHANGED_HINT = (
     "rerun the run (qparity run SPEC, or qparity rerun RUN --stage STAGE) or restore the "
@@ -78,14 +78,17 @@ def _commit(m: Manifest, rels: list[str], digests: dict[str, str]) -> Manifest:
 def read_manifest(run_root: Path) -> Manifest:
     """The manifest of the run folder ``run_root``; :class:`ArtifactError` if unreadable."""
     path = run_root / "manifest.json"
+    refuse_foreign_manifest(run_root, None)  # a linked manifest vouches for nothing here
     try:
-        return Manifest.model_validate_json(path.read_bytes())
+        m = Manifest.model_validate_json(path.read_bytes())
     except (OSError, ValidationError) as e:
         raise ArtifactError(
             f"no valid manifest.json ({type(e).__name__}), so the run's tables cannot be verified",
             where=str(path),
             hint="delete the folder, or rerun the run",
         ) from e
+    refuse_foreign_manifest(run_root, m.run_id)
+    return m
 
 
 def check_table(

@@ -33,6 +33,7 @@ from tests.catalog import (
     cases_inputs,
     cases_loc,
     cases_outputs,
+    cases_store,
     cases_tables,
     cases_vendor,
 )
@@ -134,6 +135,7 @@ def all_cases() -> dict:
         **cases_cam.cases(),
         **cases_loc.cases(),
         **cases_vendor.cases(),
+        **cases_store.cases(),
     }
 
 

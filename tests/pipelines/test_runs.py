@@ -159,3 +159,41 @@ def test_a_bad_cache_entry_is_ignored_with_a_warning_and_rewritten(tmp_path, cap
     assert json.loads(entry.read_text()) == {"run_id": again.run_id, "stage": "prepare"}
     third = _run(tmp_path, stages={"stop_after": "prepare"})
     assert third.outcomes["prepare"].source_run == again.run_id != first.run_id
+
+
+class _Killed(BaseException):
+    """What the crash point raises here instead of SIGKILL (the test goes on)."""
+
+
+def _killed_at(monkeypatch, n: int):
+    """Make the n-th atomic write from now raise _Killed before its rename."""
+    from schemas import fileio
+
+    count = [0]
+
+    def crash():
+        count[0] += 1
+        if count[0] == n:
+            raise _Killed
+
+    monkeypatch.setattr(fileio, "_crash_point", crash)
+
+
+@pytest.mark.parametrize("at", [1, 2, 3, 4])
+def test_a_run_killed_while_it_finishes_ends_with_manifest_and_row_agreeing(
+    tmp_path, monkeypatch, at
+):
+    from pipelines import gc
+    from pipelines.runs import finish_run, start_run
+    from schemas.tables import read_run_table
+
+    spec = parse_spec(tiny_spec_dict(), "t")
+    run = start_run(RunStore(tmp_path), spec, yaml.safe_dump(tiny_spec_dict()))
+    _killed_at(monkeypatch, at)  # the runs row (pending, part, commit) and the manifest
+    with pytest.raises(_Killed):
+        finish_run(run, spec)
+    monkeypatch.undo()
+    monkeypatch.setattr(gc, "died", lambda m: m.status == "running")  # its owner is gone
+    gc.mark_run(run)
+    (row,) = read_run_table(run, "runs")
+    assert row["status"] == run.manifest().status

@@ -10,7 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from schemas import fileio
+from schemas.errors import ArtifactError
 from schemas.fileio import CRASH_ENV, atomic_save, link_or_copy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,3 +80,27 @@ def test_link_or_copy_falls_back_to_a_copy(tmp_path, monkeypatch):
     link_or_copy(src, dst)
     assert dst.read_bytes() == b"data" and not os.path.samefile(src, dst)
     assert os.listdir(dst.parent) == ["dst"]
+
+
+def test_a_file_where_the_folder_belongs_is_our_error_naming_it(tmp_path):
+    (tmp_path / ".cache").write_text("not a folder")
+    target = tmp_path / ".cache" / "index" / "k.json"
+    with pytest.raises(ArtifactError, match="could not write") as e:
+        fileio.atomic_write_text(target, "x")
+    assert str(target) in e.value.message and e.value.hint
+
+
+def test_every_folder_a_write_creates_is_made_durable(tmp_path, monkeypatch):
+    synced = []
+    real = os.fsync
+
+    def fsync(fd):
+        synced.append(Path(f"/proc/self/fd/{fd}").resolve())
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    target = tmp_path / "run" / "tables" / "m.json"
+    fileio.atomic_write_text(target, "x")
+    # a power loss may not drop run/ (or run/tables/) while the file in it survives
+    assert tmp_path in synced and tmp_path / "run" in synced
+    assert synced[-1] == target.parent and target.read_text() == "x"

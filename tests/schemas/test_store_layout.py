@@ -83,3 +83,41 @@ def test_a_store_root_that_does_not_exist_yet_is_fine(tmp_path):
     assert store.list_runs() == []
     store.create_run("x", "", "ab" * 32, "0.1.0", {}, {})
     assert len(store.list_runs()) == 1
+
+
+@pytest.fixture
+def twin(tmp_path):
+    """A store with one run with a table, and a folder ``twin`` whose manifest is that
+    run's: a copy of the whole run folder or a symlinked manifest.json."""
+
+    def make(kind: str):
+        store = RunStore(tmp_path / "runs")
+        real = store.create_run("real", "", "ab" * 32, "0.1.0", {}, {})
+        _metric(real, "qat")
+        if kind == "copy":
+            shutil.copytree(real.root, store.root / "twin")
+        else:
+            (store.root / "twin").mkdir()
+            (store.root / "twin" / "manifest.json").symlink_to(real.root / "manifest.json")
+        return store, real
+
+    return make
+
+
+@pytest.mark.parametrize("kind", ["copy", "link"])
+def test_a_copied_or_linked_manifest_is_not_a_second_run(twin, kind):
+    store, real = twin(kind)
+    with pytest.warns(StoreWarning, match="twin"):
+        assert [m.run_id for m in store.list_runs()] == [real.run_id]
+    with pytest.raises(ArtifactError, match="refused") as e:
+        store.open("twin").manifest()
+    assert str(store.root / "twin") in e.value.message and e.value.hint
+
+
+def test_sql_counts_a_copied_run_once(twin):
+    from analysis.query import run_sql
+
+    store, real = twin("copy")
+    with pytest.warns(StoreWarning, match="twin"):
+        rows = run_sql(store.root, "SELECT run_id FROM metrics").to_pylist()
+    assert rows == [{"run_id": real.run_id}]
