@@ -8,13 +8,13 @@ from examples.detector.model import SIZE
 from examples.zoo.images import crops
 
 
-def load(calibration: int = 64, evaluation: int = 64) -> dict:
+def load(calibration: int = 64, evaluation: int = 64, size: int = SIZE) -> dict:
     return {
-        "train": {"inputs": {"x": crops(calibration, SIZE, 0)}, "labels": None},
-        "evaluation": {"inputs": {"x": crops(evaluation, SIZE, 1)}, "labels": None},
+        "train": {"inputs": {"x": crops(calibration, size, 0)}, "labels": None},
+        "evaluation": {"inputs": {"x": crops(evaluation, size, 1)}, "labels": None},
     }
 
 
 def few() -> dict:
-    """8 crops per split: the example's test."""
-    return load(8, 8)
+    """4 crops of 96 x 96 per split: the example's test (the maps go down to 1 x 1)."""
+    return load(4, 4, 96)

@@ -49,7 +49,8 @@ def ssdlite(seed: int = 0) -> nn.Module:
     ).eval()
 
 
-def build(seed: int = 0) -> RawSSD:
-    """The raw-map detector (module docstring)."""
-    x = torch.from_numpy(images.crops(32, SIZE, seed=1234))
+def build(seed: int = 0, size: int = SIZE) -> RawSSD:
+    """The raw-map detector (module docstring); BatchNorm statistics from ``size`` crops
+    (the test's smaller input)."""
+    x = torch.from_numpy(images.crops(32, size, seed=1234))
     return set_batchnorm_statistics(RawSSD(ssdlite(seed)), x)
