@@ -11,4 +11,6 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; 
     || echo "test.sh: could not install chromium; the report's browser test will skip" >&2
 fi
 .venv/bin/ruff check .
-.venv/bin/python -m pytest -q "$@"
+# Two workers (one torch thread each; tests/conftest.py), whole files per worker so a
+# module's fixtures are built once: $QPARITY_TEST_WORKERS=0 runs in one process.
+.venv/bin/python -m pytest -q -n "${QPARITY_TEST_WORKERS:-2}" --dist loadfile "$@"

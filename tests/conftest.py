@@ -5,14 +5,20 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one thread per worker: -n 2 on 2 cores
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
+import torch
 import yaml
 
 from schemas.spec import parse_spec
 from schemas.store import RunStore
 from stages.context import RunContext
 from stages.registry import code_version
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 TINY = {
     "name": "tiny",
