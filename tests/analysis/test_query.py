@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 
 import pytest
@@ -419,3 +420,16 @@ def test_sql_leaves_out_a_table_part_changed_after_its_run_wrote_it(tmp_path):
         found = run_sql(tmp_path, "SELECT run_id, value FROM metrics").to_pylist()
     assert found == [{"run_id": b.run_id, "value": 0.7}]
     assert any(str(part) in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("limit", [math.inf, 1e300, threading.TIMEOUT_MAX])
+def test_a_limit_no_wait_can_take_means_no_limit(store, limit):
+    """`--timeout inf` (or 1e300) raised OverflowError from the wait once the query ran
+    (an internal error, then a crash at exit from the worker it left running)."""
+    assert run_sql(store[0], "SELECT 1 AS x", timeout_s=limit).to_pylist() == [{"x": 1}]
+
+
+def test_a_limit_that_is_not_a_number_is_a_query_error(store):
+    with pytest.raises(QueryError, match="not a number") as e:
+        run_sql(store[0], "SELECT 1", timeout_s=math.nan)
+    assert "--timeout" in e.value.hint
