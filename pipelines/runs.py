@@ -143,7 +143,7 @@ def run_recorded(
         art = cached[0] if cached else keep_debug(run, compute(call), run.debug_written[written:])
         if cached is None:
             run.save_artifact(art)
-            store.cache_record(key, {"run_id": run.run_id, "stage": name})
+            _index(store, key, run.run_id, name)
     except BaseException as e:  # interrupts too: never leave a stage marked running
         m = run.stage_failed(name, f"{type(e).__name__}: {e}")
         stage_row(run, m.stages[name], time.perf_counter() - t0, None, False)
@@ -153,6 +153,19 @@ def run_recorded(
     )
     record_stage(run, name, outcome)
     return outcome
+
+
+def _index(store: RunStore, key: str, run_id: str, stage: str) -> None:
+    """Record the computed stage in the cache index. An entry that cannot be replaced (a
+    folder where it belongs) costs later runs a cache hit, with a warning; it never fails
+    the stage, whose artifact is already saved."""
+    try:
+        store.cache_record(key, {"run_id": run_id, "stage": stage})
+    except ArtifactError as e:
+        LOG.warning(
+            "stage %s: not recorded in the stage cache (%s: %s); remove that entry",
+            stage, e.where, e.what,
+        )  # fmt: skip
 
 
 def _stage_call(ctx: RunContext, stage: StageDef, upstream: Artifact | None) -> StageCall:

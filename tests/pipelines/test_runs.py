@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from pipelines.flow import run_chain
+from schemas.artifacts import Artifact
 from schemas.errors import QparityError
 from schemas.spec import parse_spec
 from schemas.store import RunStore
@@ -159,3 +160,31 @@ def test_a_bad_cache_entry_is_ignored_with_a_warning_and_rewritten(tmp_path, cap
     assert json.loads(entry.read_text()) == {"run_id": again.run_id, "stage": "prepare"}
     third = _run(tmp_path, stages={"stop_after": "prepare"})
     assert third.outcomes["prepare"].source_run == again.run_id != first.run_id
+
+
+@pytest.mark.parametrize("entry_is", ["a fifo", "a folder"])
+def test_a_cache_entry_that_is_no_file_never_blocks_or_fails_the_stage(tmp_path, caplog, entry_is):
+    """A FIFO as the entry blocked every later run of the spec; a folder there made the
+    stage fail when its entry was recorded."""
+    import os
+
+    from pipelines.runs import run_recorded
+    from schemas.fileio import json_digest
+    from stages.registry_types import StageCall
+    from tests.no_hang import fails_if_blocked
+    from tests.schemas.test_store import make_artifact, make_run
+
+    store, run = make_run(tmp_path)
+    call = StageCall("prepare", "in", "cfg", "code")
+    entry = (
+        store.root / ".cache" / "index" / f"{json_digest(['prepare', 'in', 'cfg', 'code'])}.json"
+    )
+    entry.parent.mkdir(parents=True)
+    os.mkfifo(entry) if entry_is == "a fifo" else entry.mkdir()
+    with fails_if_blocked(), caplog.at_level("WARNING", logger="pipelines.runs"):
+        outcome = run_recorded(store, run, ("prepare", Artifact), lambda: call,
+                               lambda c: make_artifact(run))  # fmt: skip
+    assert not outcome.cache_hit and run.manifest().stages["prepare"].status == "complete"
+    assert entry.name in caplog.text
+    if entry_is == "a fifo":  # rewritten: the next run of the stage hits
+        assert json.loads(entry.read_text()) == {"run_id": run.run_id, "stage": "prepare"}
