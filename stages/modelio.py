@@ -240,17 +240,31 @@ def name_quantizers(gm: torch.fx.GraphModule) -> dict[str, tuple[str, str]]:
 
 
 def model_digest(model: torch.nn.Module, factory: str, kwargs: dict | None = None) -> str:
-    """sha256 over the state_dict tensors, the factory's keyword arguments and the factory
-    module's source file."""
+    """sha256 over the state_dict tensors, the factory's keyword arguments and the source
+    files of the factory's module and of every module class the model is made of (a
+    ``forward`` edited in a helper module changes the graph but no weight)."""
     h = hashlib.sha256(json.dumps(kwargs or {}, sort_keys=True, default=str).encode())
     for name, t in sorted(model.state_dict().items()):
         h.update(name.encode())
         h.update(t.detach().contiguous().cpu().numpy().tobytes())
-    module = sys.modules.get(factory.partition(":")[0])
-    source = inspect.getsourcefile(module) if module else None
-    if source:
-        h.update(Path(source).read_bytes())
+    for source in _model_sources(model, factory.partition(":")[0]):
+        h.update(source.encode() + b"\0" + Path(source).read_bytes())
     return h.hexdigest()
+
+
+def _model_sources(model: torch.nn.Module, factory_module: str) -> list[str]:
+    """The source files of ``factory_module`` and of each submodule's class, sorted."""
+    names = {factory_module} | {type(m).__module__ for m in model.modules()}
+    found = set()
+    for name in names:
+        module = sys.modules.get(name)
+        try:
+            source = inspect.getsourcefile(module) if module else None
+        except TypeError:  # a built-in module has no source file
+            source = None
+        if source and Path(source).is_file():
+            found.add(source)
+    return sorted(found)
 
 
 def attr_tensor(gm: torch.nn.Module, target: str) -> torch.Tensor:
