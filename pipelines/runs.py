@@ -171,6 +171,8 @@ def _index(store: RunStore, key: str, run_id: str, stage: str) -> None:
 def _stage_call(ctx: RunContext, stage: StageDef, upstream: Artifact | None) -> StageCall:
     digests = [upstream.digest] if upstream else []
     digests += [ctx.data_digest(name) for name in stage.data]
+    if ctx.task_metric_digest:  # the metric's code, like the stage's own (code_version)
+        digests.append(ctx.task_metric_digest)
     return StageCall(
         stage.name,
         combined_digest(*digests),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
@@ -151,9 +152,22 @@ class RunContext:
         return import_object(ref, field="data.metric") if ref else None
 
     @cached_property
+    def task_metric_digest(self) -> str | None:
+        """Digest of the source file of ``data.metric``'s module (None: no task metric):
+        every stage records the metric, so an edited metric must not reuse cached ones."""
+        if self.task_metric is None:
+            return None
+        module = inspect.getmodule(self.task_metric)
+        try:
+            source = inspect.getsourcefile(module) if module else None
+        except TypeError:  # built-in: nothing to edit
+            source = None
+        return sha256_bytes(Path(source).read_bytes()) if source else None
+
+    @cached_property
     def float_digest(self) -> str:
         """Digest of the float model: its weights, the factory's arguments and the source
-        of its factory module."""
+        of its factory module and module classes (stages.modelio.model_digest)."""
         m = self.spec.model
         return model_digest(self.float_model, m.factory, m.kwargs)
 

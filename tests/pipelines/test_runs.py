@@ -188,3 +188,22 @@ def test_a_cache_entry_that_is_no_file_never_blocks_or_fails_the_stage(tmp_path,
     assert entry.name in caplog.text
     if entry_is == "a fifo":  # rewritten: the next run of the stage hits
         assert json.loads(entry.read_text()) == {"run_id": run.run_id, "stage": "prepare"}
+
+
+def test_an_edited_task_metric_changes_every_stage_key(make_ctx, tmp_path, monkeypatch):
+    """Every stage records ``data.metric``; its key held only the metric's name, so an
+    edited metric reused the old values from the stage cache."""
+    import sys
+
+    from pipelines.runs import _stage_call
+    from stages.registry import BY_NAME
+
+    metric = tmp_path / "metric_mod.py"
+    metric.write_text("def score(outputs, reference, labels):\n    return {'m': 1.0}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "metric_mod", raising=False)
+    data = {**tiny_spec_dict()["data"], "metric": "metric_mod:score"}
+    before = _stage_call(make_ctx(data=data), BY_NAME["convert"], None).inputs_digest
+    metric.write_text(metric.read_text().replace("1.0", "2.0"))
+    after = _stage_call(make_ctx(data=data), BY_NAME["convert"], None).inputs_digest
+    assert before != after
