@@ -44,7 +44,9 @@ def build_float(
     factory: str, weights: str | None = None, kwargs: dict | None = None
 ) -> torch.nn.Module:
     """Call the spec's model factory with ``model.kwargs`` (and load its safetensors
-    weights) in eval mode."""
+    weights) in eval mode. The weights path is checked first (:mod:`schemas.paths`), so a
+    bad one is refused before the factory runs (it may train for minutes)."""
+    path = None if weights is None else checked_file(weights, "model.weights")
     fn = import_object(factory, field="model.factory")
     try:
         model = fn(**(kwargs or {}))
@@ -60,8 +62,8 @@ def build_float(
             where="model.factory",
             hint="return the model instance",
         )
-    if weights:
-        load_weights(model, checked_file(weights, "model.weights"), field="model.weights")
+    if path is not None:
+        load_weights(model, path, field="model.weights")
     return model.eval()
 
 

@@ -29,6 +29,7 @@ from tests.catalog import (
     cases_hostile,
     cases_inputs,
     cases_outputs,
+    cases_sec,
     cases_tables,
 )
 from tests.conftest import tiny_spec_dict
@@ -124,6 +125,7 @@ def all_cases() -> dict:
         **cases_tables.cases(),
         **cases_hostile.cases(),
         **cases_outputs.cases(),
+        **cases_sec.cases(),
     }
 
 
