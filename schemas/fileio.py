@@ -54,21 +54,29 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    """sha256 hex of a file, read in chunks."""
+    """sha256 hex of a regular file, read in chunks (:func:`open_regular`: a FIFO is an
+    ArtifactError, never a read that blocks)."""
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:
         while block := fh.read(chunk):
             h.update(block)
     return h.hexdigest()
 
 
 def read_regular(path: str | Path, follow: bool = True) -> bytes:
-    """The bytes of ``path`` if it is a regular file; :class:`ArtifactError` if it is a
-    FIFO, device, socket or folder (or, with ``follow=False``, a symlink).
+    """The bytes of ``path`` if it is a regular file (:func:`open_regular`)."""
+    with open_regular(path, follow) as fh:
+        return fh.read()
+
+
+def open_regular(path: str | Path, follow: bool = True) -> IO[bytes]:
+    """``path`` opened for reading if it is a regular file; :class:`ArtifactError` if it is
+    a FIFO, device, socket or folder (or, with ``follow=False``, a symlink).
 
     Opened non-blocking and checked on the open descriptor: a FIFO left where the store
-    keeps a file would block a plain read forever (every later run would hang), and a
-    check before the open could be raced. FileNotFoundError passes through (a miss)."""
+    keeps a file would block a plain read forever (every later run, or ``qparity sql``,
+    would hang), and a check before the open could be raced. FileNotFoundError passes
+    through (a miss)."""
     flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
@@ -85,8 +93,7 @@ def read_regular(path: str | Path, follow: bool = True) -> bytes:
             where=str(path),
             hint="the store writes only regular files: remove it",
         )
-    with os.fdopen(fd, "rb") as fh:
-        return fh.read()
+    return os.fdopen(fd, "rb")
 
 
 def _file_kind(mode: int) -> str:

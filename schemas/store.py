@@ -79,7 +79,7 @@ class Run:
         """Read and validate manifest.json."""
         path = self.root / "manifest.json"
         try:
-            return Manifest.model_validate_json(path.read_bytes())
+            return Manifest.model_validate_json(read_regular(path))
         except FileNotFoundError as e:
             raise ArtifactError("run has no manifest.json", where=str(self.root)) from e
         except ValidationError as e:

@@ -433,3 +433,18 @@ def test_a_limit_that_is_not_a_number_is_a_query_error(store):
     with pytest.raises(QueryError, match="not a number") as e:
         run_sql(store[0], "SELECT 1", timeout_s=math.nan)
     assert "--timeout" in e.value.hint
+
+
+def test_a_fifo_for_a_table_part_is_left_out_with_a_warning(store):
+    import os
+
+    from tests.no_hang import fails_if_blocked
+
+    root, (r1, *_) = store
+    part = root / r1 / "tables" / "metrics" / "qat.parquet"
+    part.unlink()
+    os.mkfifo(part)
+    with fails_if_blocked(), pytest.warns(StoreWarning, match="a FIFO") as caught:
+        rows = run_sql(root, "SELECT count(*) AS n FROM metrics WHERE run_id = $r", {"r": r1})
+    assert rows.to_pylist() == [{"n": 0}]
+    assert str(part) in " ".join(str(w.message) for w in caught)

@@ -86,15 +86,27 @@ def _cache_entry(env, make) -> None:
     store.cache_lookup(KEY)
 
 
-def _artifact(env, make) -> None:
-    """A scratch copy of the run whose prepare.json ``make`` replaced, loaded."""
+def _copied(env, rel: str, make, read) -> None:
+    """``read`` of a scratch copy of the run whose file ``rel`` ``make`` replaced."""
     root = _fresh(env, "copy")
     shutil.copytree(env.run.root, root / env.run_id, symlinks=True)
     run = RunStore(root).open(env.run_id)
-    path = run.path("artifacts/prepare.json")
+    path = run.path(rel)
     path.unlink()
     make(env, path)
-    run.load_artifact("prepare", Artifact)
+    read(run)
+
+
+def _artifact(env, make) -> None:
+    _copied(env, "artifacts/prepare.json", make, lambda r: r.load_artifact("prepare", Artifact))
+
+
+def _table_part(env) -> None:
+    from schemas.tables import read_run_table
+
+    part = next(p for p in env.run.root.glob("tables/metrics/*.parquet"))
+    rel = part.relative_to(env.run.root).as_posix()
+    _copied(env, rel, _mkfifo, lambda r: read_run_table(r, "metrics"))
 
 
 def _sql(env, timeout_s: float) -> None:
@@ -158,6 +170,9 @@ def _cases() -> dict:
                                        '{"x": 1}')), ArtifactError, "run_id"),
         "artifact json a fifo": (lambda e: _artifact(e, _mkfifo), ArtifactError, "FIFO"),
         "artifact json a folder": (lambda e: _artifact(e, _mkdir), ArtifactError, "folder"),
+        "manifest a fifo": (lambda e: _copied(e, "manifest.json", _mkfifo, lambda r: r.manifest()),
+                            ArtifactError, "FIFO"),
+        "table part a fifo": (_table_part, ArtifactError, "FIFO"),
     }  # fmt: skip
 
 
