@@ -20,7 +20,7 @@ from stages.data import Split, load_splits
 from stages.data_check import check_with_model, forward_inputs
 from stages.evaluate import collect
 from stages.loader import import_object
-from stages.modelio import build_float, model_digest
+from stages.modelio import build_float, model_digest, module_source
 from stages.quantizer import QuantPolicy
 
 # Consistency strategy levels (docs/design.md "Numerics"): what each level switches on.
@@ -157,11 +157,7 @@ class RunContext:
         every stage records the metric, so an edited metric must not reuse cached ones."""
         if self.task_metric is None:
             return None
-        module = inspect.getmodule(self.task_metric)
-        try:
-            source = inspect.getsourcefile(module) if module else None
-        except TypeError:  # built-in: nothing to edit
-            source = None
+        source = module_source(inspect.getmodule(self.task_metric))
         return sha256_bytes(Path(source).read_bytes()) if source else None
 
     @cached_property

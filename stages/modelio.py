@@ -257,16 +257,17 @@ def model_digest(model: torch.nn.Module, factory: str, kwargs: dict | None = Non
 def _model_sources(model: torch.nn.Module, factory_module: str) -> list[str]:
     """The source files of ``factory_module`` and of each submodule's class, sorted."""
     names = {factory_module} | {type(m).__module__ for m in model.modules()}
-    found = set()
-    for name in names:
-        module = sys.modules.get(name)
-        try:
-            source = inspect.getsourcefile(module) if module else None
-        except TypeError:  # a built-in module has no source file
-            source = None
-        if source and Path(source).is_file():
-            found.add(source)
-    return sorted(found)
+    found = {module_source(sys.modules.get(name)) for name in names}
+    return sorted(found - {None})
+
+
+def module_source(module) -> str | None:
+    """The source file of ``module`` (None for None, a built-in or a module without one)."""
+    try:
+        source = inspect.getsourcefile(module) if module else None
+    except TypeError:  # a built-in module has no source file
+        return None
+    return source if source and Path(source).is_file() else None
 
 
 def attr_tensor(gm: torch.nn.Module, target: str) -> torch.Tensor:
