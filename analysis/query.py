@@ -13,6 +13,7 @@ Values are always bound, never formatted into the SQL.
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import threading
 import time
@@ -147,9 +148,10 @@ def run_sql(
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
 ) -> pa.Table:
     """Run one read-only statement of user SQL over every run's tables under ``root``,
-    cancelled past ``timeout_s`` seconds (None or 0: no limit) or on Ctrl-C."""
+    cancelled past ``timeout_s`` seconds (None, 0 or inf: no limit) or on Ctrl-C."""
     check_read_only(sql)
-    return execute_bounded(connect(root), sql, params, timeout_s, close=True)
+    limit = _wait_limit(timeout_s)  # before the connection: a bad limit leaves none open
+    return execute_bounded(connect(root), sql, params, limit, close=True)
 
 
 def execute_bounded(
@@ -168,6 +170,7 @@ def execute_bounded(
     ``Thread.join`` interrupted by Ctrl-C marks a running thread as finished (Python 3.11).
     The thread is started inside the guarded block: ``Thread.start`` waits too, and a
     Ctrl-C landing there must cancel the query like one landing in the wait."""
+    limit = _wait_limit(timeout_s)
     box: dict[str, Any] = {}
     done = threading.Event()
 
@@ -183,7 +186,7 @@ def execute_bounded(
 
     try:
         threading.Thread(target=work, name="qparity-sql", daemon=True).start()
-        finished = done.wait(timeout_s or None)
+        finished = done.wait(limit)
     except KeyboardInterrupt:
         _cancel(con, done)
         raise
@@ -198,6 +201,22 @@ def execute_bounded(
     if "error" in box:
         raise box["error"]
     return box["table"]
+
+
+def _wait_limit(timeout_s: float | None) -> float | None:
+    """The seconds to wait for a query: None (no limit) for None, 0, infinity or any limit
+    past what a wait can take (``threading.TIMEOUT_MAX``, some 292 years): such a wait
+    raised OverflowError after the query had started, and the worker it left running
+    crashed the interpreter at exit. Not a number is a QueryError."""
+    if timeout_s is not None and math.isnan(timeout_s):
+        raise QueryError(
+            "the time limit is not a number (nan)",
+            where="sql",
+            hint=f"give --timeout or ${TIMEOUT_ENV} in seconds (0: no limit)",
+        )
+    if not timeout_s or timeout_s >= threading.TIMEOUT_MAX:
+        return None
+    return timeout_s
 
 
 def _cancel(con: duckdb.DuckDBPyConnection, done: threading.Event) -> None:

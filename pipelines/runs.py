@@ -144,7 +144,7 @@ def run_recorded(
         if cached is None:
             art = keep_faults(run, art)
             run.save_artifact(art)
-            store.cache_record(key, {"run_id": run.run_id, "stage": name})
+            _index(store, key, run.run_id, name)
     except BaseException as e:  # interrupts too: never leave a stage marked running
         m = run.stage_failed(name, f"{type(e).__name__}: {e}")
         stage_row(run, m.stages[name], time.perf_counter() - t0, None, False)
@@ -156,9 +156,24 @@ def run_recorded(
     return outcome
 
 
+def _index(store: RunStore, key: str, run_id: str, stage: str) -> None:
+    """Record the computed stage in the cache index. An entry that cannot be replaced (a
+    folder where it belongs) costs later runs a cache hit, with a warning; it never fails
+    the stage, whose artifact is already saved."""
+    try:
+        store.cache_record(key, {"run_id": run_id, "stage": stage})
+    except ArtifactError as e:
+        LOG.warning(
+            "stage %s: not recorded in the stage cache (%s: %s); remove that entry",
+            stage, e.where, e.what,
+        )  # fmt: skip
+
+
 def _stage_call(ctx: RunContext, stage: StageDef, upstream: Artifact | None) -> StageCall:
     digests = [upstream.digest] if upstream else []
     digests += [ctx.data_digest(name) for name in stage.data]
+    if ctx.task_metric_digest:  # the metric's code, like the stage's own (code_version)
+        digests.append(ctx.task_metric_digest)
     return StageCall(
         stage.name,
         combined_digest(*digests),

@@ -82,7 +82,7 @@ def sql_command(
             envvar=TIMEOUT_ENV,
             min=0,
             metavar="SECONDS",
-            help=f"Cancel the query after this many seconds (0: no limit; ${TIMEOUT_ENV}).",
+            help=f"Cancel the query after this many seconds (0 or inf: no limit; ${TIMEOUT_ENV}).",
         ),
     ] = DEFAULT_TIMEOUT_S,
     quiet: QuietOpt = False,

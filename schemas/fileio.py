@@ -6,11 +6,13 @@ so a crash never leaves a half-written file under a real name.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
 import shutil
+import stat
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -52,12 +54,52 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    """sha256 hex of a file, read in chunks."""
+    """sha256 hex of a regular file, read in chunks (:func:`open_regular`: a FIFO is an
+    ArtifactError, never a read that blocks)."""
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:
         while block := fh.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def read_regular(path: str | Path, follow: bool = True) -> bytes:
+    """The bytes of ``path`` if it is a regular file (:func:`open_regular`)."""
+    with open_regular(path, follow) as fh:
+        return fh.read()
+
+
+def open_regular(path: str | Path, follow: bool = True) -> IO[bytes]:
+    """``path`` opened for reading if it is a regular file; :class:`ArtifactError` if it is
+    a FIFO, device, socket or folder (or, with ``follow=False``, a symlink).
+
+    Opened non-blocking and checked on the open descriptor: a FIFO left where the store
+    keeps a file would block a plain read forever (every later run, or ``qparity sql``,
+    would hang), and a check before the open could be raced. FileNotFoundError passes
+    through (a miss)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as e:  # ELOOP: a symlink under O_NOFOLLOW; EACCES, ...
+        what = "a symlink" if e.errno == errno.ELOOP else (e.strerror or str(e))
+        raise ArtifactError(f"cannot read the file ({what})", where=str(path)) from e
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise ArtifactError(
+            f"not a regular file ({_file_kind(mode)})",
+            where=str(path),
+            hint="the store writes only regular files: remove it",
+        )
+    return os.fdopen(fd, "rb")
+
+
+def _file_kind(mode: int) -> str:
+    kinds = {stat.S_ISFIFO: "a FIFO", stat.S_ISDIR: "a folder", stat.S_ISCHR: "a device",
+             stat.S_ISBLK: "a device", stat.S_ISSOCK: "a socket"}  # fmt: skip
+    return next((name for test, name in kinds.items() if test(mode)), "a special file")
 
 
 def canonical_json(obj: Any) -> bytes:

@@ -25,7 +25,12 @@ def allowed_roots() -> list[Path]:
 
 
 def checked_path(value: str | Path, field: str) -> Path:
-    """``value`` resolved (symlinks followed); SpecError if it leaves the allowed roots."""
+    """``value`` resolved (symlinks followed); SpecError if it is empty or leaves the
+    allowed roots (an empty path resolved to the working folder)."""
+    if not str(value).strip():
+        raise SpecError(
+            "the path is empty", where=field, hint="give the file's path, or leave the key out"
+        )
     path = Path(value).expanduser().resolve()
     roots = allowed_roots()
     if not any(path == r or r in path.parents for r in roots):

@@ -33,6 +33,7 @@ from schemas.fileio import (
     link_or_copy,
     make_folders,
     new_run_id,
+    read_regular,
     sha256_bytes,
     sha256_file,
     utc_now,
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
 A = TypeVar("A", bound="Artifact")
 
 _RERUN_HINT = "rerun the stage (qparity rerun) or delete the run"
+_BAD_ENTRY_HINT = "delete it; a run computing the stage rewrites it"
 
 
 class Run:
@@ -89,7 +91,7 @@ class Run:
         path = self.root / "manifest.json"
         refuse_foreign_manifest(self.root, None)
         try:
-            m = Manifest.model_validate_json(path.read_bytes())
+            m = Manifest.model_validate_json(read_regular(path))
         except FileNotFoundError as e:
             raise ArtifactError("run has no manifest.json", where=str(self.root)) from e
         except ValidationError as e:
@@ -213,7 +215,7 @@ class Run:
         """Read ``artifacts/<stage>.json`` as ``cls`` and verify every file it owns."""
         path = self.path(f"artifacts/{stage}.json")
         try:
-            art = cls.model_validate_json(path.read_bytes())
+            art = cls.model_validate_json(read_regular(path))
         except FileNotFoundError as e:
             raise ArtifactError(f"no {stage} artifact", where=str(path), hint=_RERUN_HINT) from e
         except ValidationError as e:
@@ -341,8 +343,8 @@ class RunStore:
         found = []
         for folder in run_folders(self.root):
             try:
-                found.append((folder.name, (folder / "manifest.json").read_bytes()))
-            except OSError:
+                found.append((folder.name, read_regular(folder / "manifest.json")))
+            except (OSError, ArtifactError):  # a FIFO there would hang every later run
                 continue
         return found
 
@@ -369,17 +371,21 @@ class RunStore:
                 if raw is None:
                     return None
             else:
-                raw = path.read_bytes()
+                raw = read_regular(path, follow=False)  # never blocks on a FIFO
             payload = json.loads(raw)
         except FileNotFoundError:
             return None
+        except ArtifactError as e:
+            raise ArtifactError(
+                f"not a cache entry: {e.what}", where=str(path), hint=_BAD_ENTRY_HINT
+            ) from e
         except (OSError, ValueError) as e:
             raise ArtifactError(f"unreadable cache entry ({e})", where=str(path)) from e
         if not isinstance(payload, dict) or not isinstance(payload.get("run_id"), str):
             raise ArtifactError(
                 f"not a cache entry (expected an object with a run_id): {raw[:80]!r}",
                 where=str(path),
-                hint="delete it; a run computing the stage rewrites it",
+                hint=_BAD_ENTRY_HINT,
             )
         return payload
 

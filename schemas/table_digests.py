@@ -24,7 +24,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from schemas.errors import ArtifactError
-from schemas.fileio import atomic_path, sha256_file
+from schemas.fileio import atomic_path, read_regular, sha256_file
 from schemas.manifest import Manifest
 from schemas.store import Run
 from schemas.store_layout import StoreWarning, refuse_foreign_manifest, table_files
@@ -80,10 +80,11 @@ def read_manifest(run_root: Path) -> Manifest:
     path = run_root / "manifest.json"
     refuse_foreign_manifest(run_root, None)  # a linked manifest vouches for nothing here
     try:
-        m = Manifest.model_validate_json(path.read_bytes())
-    except (OSError, ValidationError) as e:
+        m = Manifest.model_validate_json(read_regular(path))
+    except (OSError, ArtifactError, ValidationError) as e:
         raise ArtifactError(
-            f"no valid manifest.json ({type(e).__name__}), so the run's tables cannot be verified",
+            f"no valid manifest.json ({getattr(e, 'what', type(e).__name__)}), so the run's "
+            "tables cannot be verified",
             where=str(path),
             hint="delete the folder, or rerun the run",
         ) from e

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas.errors import ArtifactError
-from schemas.fileio import sha256_bytes
+from schemas.fileio import read_regular, sha256_bytes
 from schemas.store import Run
 from schemas.store_layout import run_folders
 from schemas.table_digests import check_table, write_part
@@ -184,13 +184,13 @@ def read_run_table(run: Run, table: str) -> list[dict[str, Any]]:
     blobs: dict[Path, bytes] = {}
 
     def digest(path: Path) -> str:
-        blobs[path] = path.read_bytes()
+        blobs[path] = read_regular(path)  # a FIFO: an ArtifactError, never a hang
         return sha256_bytes(blobs[path])
 
     parts = []
     for f in check_table(run.root, table, digest):
         try:
-            parts.append(_read_part(pa.BufferReader(blobs.get(f) or f.read_bytes()), schema))
+            parts.append(_read_part(pa.BufferReader(blobs.get(f) or read_regular(f)), schema))
         except (OSError, pa.ArrowException) as e:
             raise ArtifactError(
                 f"cannot read Parquet file of table {table} ({e})",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
@@ -19,7 +20,7 @@ from stages.data import Split, load_splits
 from stages.data_check import check_with_model, forward_inputs
 from stages.evaluate import collect
 from stages.loader import import_object
-from stages.modelio import build_float, model_digest
+from stages.modelio import build_float, model_digest, module_source
 from stages.quantizer import QuantPolicy
 
 # Consistency strategy levels (docs/design.md "Numerics"): what each level switches on.
@@ -151,9 +152,18 @@ class RunContext:
         return import_object(ref, field="data.metric") if ref else None
 
     @cached_property
+    def task_metric_digest(self) -> str | None:
+        """Digest of the source file of ``data.metric``'s module (None: no task metric):
+        every stage records the metric, so an edited metric must not reuse cached ones."""
+        if self.task_metric is None:
+            return None
+        source = module_source(inspect.getmodule(self.task_metric))
+        return sha256_bytes(Path(source).read_bytes()) if source else None
+
+    @cached_property
     def float_digest(self) -> str:
         """Digest of the float model: its weights, the factory's arguments and the source
-        of its factory module."""
+        of its factory module and module classes (stages.modelio.model_digest)."""
         m = self.spec.model
         return model_digest(self.float_model, m.factory, m.kwargs)
 

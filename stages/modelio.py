@@ -44,7 +44,9 @@ def build_float(
     factory: str, weights: str | None = None, kwargs: dict | None = None
 ) -> torch.nn.Module:
     """Call the spec's model factory with ``model.kwargs`` (and load its safetensors
-    weights) in eval mode."""
+    weights) in eval mode. The weights path is checked first (:mod:`schemas.paths`), so a
+    bad one is refused before the factory runs (it may train for minutes)."""
+    path = None if weights is None else checked_file(weights, "model.weights")
     fn = import_object(factory, field="model.factory")
     try:
         model = fn(**(kwargs or {}))
@@ -60,8 +62,8 @@ def build_float(
             where="model.factory",
             hint="return the model instance",
         )
-    if weights:
-        load_weights(model, checked_file(weights, "model.weights"), field="model.weights")
+    if path is not None:
+        load_weights(model, path, field="model.weights")
     return model.eval()
 
 
@@ -240,17 +242,32 @@ def name_quantizers(gm: torch.fx.GraphModule) -> dict[str, tuple[str, str]]:
 
 
 def model_digest(model: torch.nn.Module, factory: str, kwargs: dict | None = None) -> str:
-    """sha256 over the state_dict tensors, the factory's keyword arguments and the factory
-    module's source file."""
+    """sha256 over the state_dict tensors, the factory's keyword arguments and the source
+    files of the factory's module and of every module class the model is made of (a
+    ``forward`` edited in a helper module changes the graph but no weight)."""
     h = hashlib.sha256(json.dumps(kwargs or {}, sort_keys=True, default=str).encode())
     for name, t in sorted(model.state_dict().items()):
         h.update(name.encode())
         h.update(t.detach().contiguous().cpu().numpy().tobytes())
-    module = sys.modules.get(factory.partition(":")[0])
-    source = inspect.getsourcefile(module) if module else None
-    if source:
-        h.update(Path(source).read_bytes())
+    for source in _model_sources(model, factory.partition(":")[0]):
+        h.update(source.encode() + b"\0" + Path(source).read_bytes())
     return h.hexdigest()
+
+
+def _model_sources(model: torch.nn.Module, factory_module: str) -> list[str]:
+    """The source files of ``factory_module`` and of each submodule's class, sorted."""
+    names = {factory_module} | {type(m).__module__ for m in model.modules()}
+    found = {module_source(sys.modules.get(name)) for name in names}
+    return sorted(found - {None})
+
+
+def module_source(module) -> str | None:
+    """The source file of ``module`` (None for None, a built-in or a module without one)."""
+    try:
+        source = inspect.getsourcefile(module) if module else None
+    except TypeError:  # a built-in module has no source file
+        return None
+    return source if source and Path(source).is_file() else None
 
 
 def attr_tensor(gm: torch.nn.Module, target: str) -> torch.Tensor:

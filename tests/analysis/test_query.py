@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 
 import pytest
@@ -436,3 +437,31 @@ def test_the_output_metrics_view_has_one_row_per_stage_and_output(tmp_path):
         ("export", "output.boxes", 0.99, None), ("export", "output.scores", 1.0, None),
         ("convert", "output.boxes", 0.9, 0.2),
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("limit", [math.inf, 1e300, threading.TIMEOUT_MAX])
+def test_a_limit_no_wait_can_take_means_no_limit(store, limit):
+    """`--timeout inf` (or 1e300) raised OverflowError from the wait once the query ran
+    (an internal error, then a crash at exit from the worker it left running)."""
+    assert run_sql(store[0], "SELECT 1 AS x", timeout_s=limit).to_pylist() == [{"x": 1}]
+
+
+def test_a_limit_that_is_not_a_number_is_a_query_error(store):
+    with pytest.raises(QueryError, match="not a number") as e:
+        run_sql(store[0], "SELECT 1", timeout_s=math.nan)
+    assert "--timeout" in e.value.hint
+
+
+def test_a_fifo_for_a_table_part_is_left_out_with_a_warning(store):
+    import os
+
+    from tests.no_hang import fails_if_blocked
+
+    root, (r1, *_) = store
+    part = root / r1 / "tables" / "metrics" / "qat.parquet"
+    part.unlink()
+    os.mkfifo(part)
+    with fails_if_blocked(), pytest.warns(StoreWarning, match="a FIFO") as caught:
+        rows = run_sql(root, "SELECT count(*) AS n FROM metrics WHERE run_id = $r", {"r": r1})
+    assert rows.to_pylist() == [{"n": 0}]
+    assert str(part) in " ".join(str(w.message) for w in caught)

@@ -33,6 +33,7 @@ from tests.catalog import (
     cases_inputs,
     cases_loc,
     cases_outputs,
+    cases_sec,
     cases_store,
     cases_tables,
     cases_vendor,
@@ -136,6 +137,7 @@ def all_cases() -> dict:
         **cases_loc.cases(),
         **cases_vendor.cases(),
         **cases_store.cases(),
+        **cases_sec.cases(),
     }
 
 

@@ -25,3 +25,18 @@ def test_prefect_flow_runs_the_chain_and_reuses_the_cache(tmp_path):
     runs = [RunStore(tmp_path).open(r.run_id) for r in (first, second)]
     debug = [run.path("debug/qat_onnx.txt").read_text() for run in runs]
     assert debug[1] == debug[0]  # cache hits restore the stages' debug files under Prefect too
+    _the_temporary_prefect_server_listens_on_localhost_only()
+
+
+def _the_temporary_prefect_server_listens_on_localhost_only() -> None:
+    """The README's claim checked on the bound sockets, not on a string in the source: the
+    temporary server Prefect started for the flows is a child process of this one."""
+    from prefect.settings import PREFECT_API_URL
+
+    from tests.test_security import _listening, _loopback
+
+    if PREFECT_API_URL.value():  # a server of the user's own: not ours to check
+        return
+    listening = _listening()
+    assert listening, "no temporary Prefect server listening"
+    assert [ip for ip, _ in listening if not _loopback(ip)] == []

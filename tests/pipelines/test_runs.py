@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from pipelines.flow import run_chain
+from schemas.artifacts import Artifact
 from schemas.errors import QparityError
 from schemas.spec import parse_spec
 from schemas.store import RunStore
@@ -197,3 +198,50 @@ def test_a_run_killed_while_it_finishes_ends_with_manifest_and_row_agreeing(
     gc.mark_run(run)
     (row,) = read_run_table(run, "runs")
     assert row["status"] == run.manifest().status
+
+
+@pytest.mark.parametrize("entry_is", ["a fifo", "a folder"])
+def test_a_cache_entry_that_is_no_file_never_blocks_or_fails_the_stage(tmp_path, caplog, entry_is):
+    """A FIFO as the entry blocked every later run of the spec; a folder there made the
+    stage fail when its entry was recorded."""
+    import os
+
+    from pipelines.runs import run_recorded
+    from schemas.fileio import json_digest
+    from stages.registry_types import StageCall
+    from tests.no_hang import fails_if_blocked
+    from tests.schemas.test_store import make_artifact, make_run
+
+    store, run = make_run(tmp_path)
+    call = StageCall("prepare", "in", "cfg", "code")
+    entry = (
+        store.root / ".cache" / "index" / f"{json_digest(['prepare', 'in', 'cfg', 'code'])}.json"
+    )
+    entry.parent.mkdir(parents=True)
+    os.mkfifo(entry) if entry_is == "a fifo" else entry.mkdir()
+    with fails_if_blocked(), caplog.at_level("WARNING", logger="pipelines.runs"):
+        outcome = run_recorded(store, run, ("prepare", Artifact), lambda: call,
+                               lambda c: make_artifact(run))  # fmt: skip
+    assert not outcome.cache_hit and run.manifest().stages["prepare"].status == "complete"
+    assert entry.name in caplog.text
+    if entry_is == "a fifo":  # rewritten: the next run of the stage hits
+        assert json.loads(entry.read_text()) == {"run_id": run.run_id, "stage": "prepare"}
+
+
+def test_an_edited_task_metric_changes_every_stage_key(make_ctx, tmp_path, monkeypatch):
+    """Every stage records ``data.metric``; its key held only the metric's name, so an
+    edited metric reused the old values from the stage cache."""
+    import sys
+
+    from pipelines.runs import _stage_call
+    from stages.registry import BY_NAME
+
+    metric = tmp_path / "metric_mod.py"
+    metric.write_text("def score(outputs, reference, labels):\n    return {'m': 1.0}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "metric_mod", raising=False)
+    data = {**tiny_spec_dict()["data"], "metric": "metric_mod:score"}
+    before = _stage_call(make_ctx(data=data), BY_NAME["convert"], None).inputs_digest
+    metric.write_text(metric.read_text().replace("1.0", "2.0"))
+    after = _stage_call(make_ctx(data=data), BY_NAME["convert"], None).inputs_digest
+    assert before != after

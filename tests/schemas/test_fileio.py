@@ -104,3 +104,25 @@ def test_every_folder_a_write_creates_is_made_durable(tmp_path, monkeypatch):
     # a power loss may not drop run/ (or run/tables/) while the file in it survives
     assert tmp_path in synced and tmp_path / "run" in synced
     assert synced[-1] == target.parent and target.read_text() == "x"
+
+
+def test_read_regular_reads_a_file_and_refuses_what_would_block_or_is_not_one(tmp_path):
+    import pytest
+
+    from schemas.errors import ArtifactError
+    from schemas.fileio import read_regular
+    from tests.no_hang import fails_if_blocked
+
+    (tmp_path / "f.json").write_bytes(b"{}")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "f.json")
+    assert read_regular(tmp_path / "f.json") == read_regular(tmp_path / "link") == b"{}"
+    with fails_if_blocked():
+        for name, kind in [("fifo", "a FIFO"), ("dir", "a folder")]:
+            with pytest.raises(ArtifactError, match=f"not a regular file \\({kind}\\)"):
+                read_regular(tmp_path / name)
+    with pytest.raises(ArtifactError, match="a symlink"):
+        read_regular(tmp_path / "link", follow=False)
+    with pytest.raises(FileNotFoundError):
+        read_regular(tmp_path / "missing")

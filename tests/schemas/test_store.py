@@ -19,6 +19,7 @@ from schemas.fileio import (
     validate_run_id,
 )
 from schemas.store import Manifest, Run, RunStore
+from tests.no_hang import fails_if_blocked
 
 
 def make_run(tmp_path) -> tuple[RunStore, Run]:
@@ -229,3 +230,39 @@ def test_a_cache_entry_that_is_not_one_is_an_artifact_error(tmp_path, raw):
     (store.root / ".cache" / "index" / f"{key}.json").write_text(raw)
     with pytest.raises(ArtifactError, match=f"{key}.json"):
         store.cache_lookup(key)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "link to a fifo", "link to a file"])
+def test_a_cache_entry_that_is_no_regular_file_is_an_artifact_error_not_a_hang(tmp_path, kind):
+    """A FIFO where the entry belongs blocked every later run of the spec forever."""
+    store, run = make_run(tmp_path)
+    key = "0123abcd" * 8
+    store.cache_record(key, {"run_id": run.run_id})
+    entry = store.root / ".cache" / "index" / f"{key}.json"
+    entry.unlink()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    make = {"fifo": lambda: os.mkfifo(entry), "folder": entry.mkdir,
+            "link to a fifo": lambda: entry.symlink_to(fifo),
+            "link to a file": lambda: entry.symlink_to(run.path("manifest.json"))}  # fmt: skip
+    make[kind]()
+    with fails_if_blocked(), pytest.raises(ArtifactError, match="not a cache entry") as e:
+        store.cache_lookup(key)
+    assert e.value.where == str(entry) and "delete it" in e.value.hint
+    if kind != "folder":  # an atomic write replaces it
+        store.cache_record(key, {"run_id": run.run_id})
+        assert store.cache_lookup(key) == {"run_id": run.run_id}
+
+
+def test_a_fifo_for_a_manifest_or_an_artifact_never_blocks_the_store(tmp_path):
+    store, run = make_run(tmp_path)
+    art = make_artifact(run)
+    run.save_artifact(art)
+    other = store.create_run("other", "", "ab" * 32, "0.1.0", {}, {})
+    for path in (other.path("manifest.json"), run.path("artifacts/prepare.json")):
+        path.unlink()
+        os.mkfifo(path)
+    with fails_if_blocked():
+        assert [m.run_id for m in store.list_runs()] == [run.run_id]
+        with pytest.raises(ArtifactError, match="a FIFO"):
+            run.load_artifact("prepare", Artifact)

@@ -122,3 +122,17 @@ def test_no_warning_for_a_verified_run(run):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         read_run_table(run, "metrics")
+
+
+def test_a_fifo_for_a_part_is_refused_not_read(run):
+    """Hashing a FIFO blocked forever: ``qparity sql`` over the store hung before its time
+    limit began."""
+    import os
+
+    from tests.no_hang import fails_if_blocked
+
+    run.path(PART).unlink()
+    os.mkfifo(run.path(PART))
+    with fails_if_blocked(), pytest.raises(ArtifactError, match="a FIFO") as info:
+        read_run_table(run, "metrics")
+    assert str(run.path(PART)) in info.value.message

@@ -59,3 +59,30 @@ def test_two_batch_norms_reading_one_input_keep_their_own_ids():
     gm, _, _ = prepare_qat(TwoHeads().eval(), torch.randn(2, 4), QuantPolicy())
     ids = [n.meta.get(ID_KEY) for n in gm.graph.nodes if classify(n)[0] == "batch_norm"]
     assert sorted(ids) == ["head.bn", "head_dist.bn"]
+
+
+def test_the_digest_covers_the_source_of_every_module_class_of_the_model(tmp_path, monkeypatch):
+    """A ``forward`` edited in a helper module (not the factory's) changes the graph but no
+    weight: the digest kept the old one, so the stage cache reused stale prepare results."""
+    import importlib
+    import sys
+
+    (tmp_path / "helper_net.py").write_text(
+        "import torch\nclass Block(torch.nn.Module):\n"
+        "    def forward(self, x):\n        return torch.relu(x)\n"
+    )
+    (tmp_path / "net_factory.py").write_text(
+        "import torch\nfrom helper_net import Block\n"
+        "def build():\n    return torch.nn.Sequential(torch.nn.Linear(2, 2), Block())\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("helper_net", "net_factory"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    torch.manual_seed(0)
+    before = model_digest(importlib.import_module("net_factory").build(), "net_factory:build")
+    helper = tmp_path / "helper_net.py"
+    helper.write_text(helper.read_text().replace("relu", "sigmoid"))
+    torch.manual_seed(0)
+    assert (
+        model_digest(importlib.import_module("net_factory").build(), "net_factory:build") != before
+    )
