@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 
 from schemas.errors import ArtifactError
+from schemas.fileio import read_regular
 
 _ROOT_HINT = "pass --runs a folder (or a URL such as s3://bucket/runs), or set $QPARITY_RUNS"
 _LINK_HINT = "copy the run into the store (cp -r) instead of linking it, or delete the link"
@@ -116,8 +117,8 @@ def _named_run(manifest: Path) -> str | None:
     """The run id ``manifest`` names; None if it cannot be read (not a run yet, or damaged:
     the readers say what is wrong)."""
     try:
-        run_id = json.loads(manifest.read_bytes()).get("run_id")
-    except (OSError, ValueError, AttributeError):
+        run_id = json.loads(read_regular(manifest)).get("run_id")
+    except (OSError, ValueError, AttributeError, ArtifactError):  # a FIFO: never block
         return None
     return run_id if isinstance(run_id, str) else None
 
