@@ -47,7 +47,7 @@ def tm() -> TrialModel:
     set_model_state(gm, QuantState.VALIDATION)
     with torch.no_grad():
         ref = net(x[:8]).numpy()
-    return TrialModel(gm, output_quantizers(gm), QuantPolicy(), x[:8], ref, "cosine")
+    return TrialModel(gm, output_quantizers(gm), QuantPolicy(), (x[:8],), ref, "cosine")
 
 
 def test_int16_on_the_outlier_layer_restores_the_most_and_is_undone_after(tm):
@@ -75,5 +75,5 @@ def test_leave_one_out_shows_what_the_group_needs(tm):
     loo = leave_one_out(tm, ["fc1", "norm"], budget=4)
     assert loo["fc1"].keys == ("norm",) and loo["norm"].keys == ("fc1",)
     assert loo["fc1"].gain > loo["norm"].gain  # without norm the group restores little
-    out = first_output(tm.gm(tm.x))
+    out = first_output(tm.gm(*tm.x))
     assert out.shape == (8, 8)
