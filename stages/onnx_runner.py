@@ -217,7 +217,30 @@ def custom_op_classes(out_types: dict[str, np.dtype] | None = None) -> list[type
 
         return type(op_type, (OpRun,), {"op_domain": DOMAIN, "_run": _run})
 
-    return [make(name, op) for name, op in CUSTOM_OPS.items()]
+    return [make(name, op) for name, op in CUSTOM_OPS.items()] + [_saturating_quantize()]
+
+
+SATURATE_STEPS = 2.0**24
+"""Inputs beyond this many steps of the smallest scale are clipped before QuantizeLinear
+divides: past the int16 range, and ``rint`` of the quotient still fits int32."""
+
+
+def _saturating_quantize() -> type:
+    """Standard QuantizeLinear (any opset) whose non-finite inputs saturate as the board's
+    QUANTIZE does (:func:`simulator.arith.fixedpoint.quantize`): ``+inf`` -> qmax, ``-inf``
+    and NaN -> qmin. onnx's own casts ``rint(inf)`` to int32, which on x86 is INT_MIN, so a
+    float island's ``x / 0`` would quantize to qmin in the reference and qmax on the board."""
+    from onnx.reference.ops.op_quantize_linear import _CommonQuantizeLinear
+
+    def _run(self, x, y_scale, zero_point=None, **attrs):
+        x = np.asarray(x)
+        if x.dtype.kind == "f" and not np.isfinite(x).all():
+            bound = SATURATE_STEPS * float(np.min(np.abs(y_scale)))
+            x = np.clip(np.nan_to_num(x, nan=-np.inf), -bound, bound).astype(x.dtype)
+        attrs = {k: v for k, v in attrs.items() if v is not None}
+        return _CommonQuantizeLinear._run(self, x, y_scale, zero_point, **attrs)
+
+    return type("QuantizeLinear", (_CommonQuantizeLinear,), {"op_domain": "", "_run": _run})
 
 
 def _cast(out: np.ndarray, dtype: np.dtype, node: onnx.NodeProto) -> np.ndarray:

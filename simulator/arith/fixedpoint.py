@@ -249,14 +249,16 @@ def fake_quantize(
 def quantize(x: Array, scale: Array, dtype: str, mode: str, ch_axis: int | None = None) -> Array:
     """Integer values of ``x``: numpy int64, torch int32.
 
-    FORMULA: ``clamp(round(x / s), qmin, qmax)`` (see :func:`fake_quantize` for ``s``).
-    The clamp is repeated in float64 before the cast, because float32 cannot hold
-    ``2**31 - 1`` and casting an out-of-range float is undefined.
+    FORMULA: ``clamp(round(x / s), qmin, qmax)`` (see :func:`fake_quantize` for ``s``);
+    NaN (a float island's ``0 / 0``) gives ``qmin``, as ONNX's QuantizeLinear does on x86
+    (``rint(NaN)`` casts to INT_MIN, then saturates). The clamp is repeated in float64
+    before the cast, because float32 cannot hold ``2**31 - 1`` and casting an out-of-range
+    float (or NaN) is undefined.
     """
     qmin, qmax = qrange(dtype)
     q, _ = _quantize_float(x, scale, dtype, mode, ch_axis)
     if _is_torch(q):
         import torch
 
-        return q.double().clamp(qmin, qmax).to(torch.int32)
-    return np.clip(q.astype(np.float64), qmin, qmax).astype(np.int64)
+        return torch.nan_to_num(q.double(), nan=qmin).clamp(qmin, qmax).to(torch.int32)
+    return np.clip(np.nan_to_num(q.astype(np.float64), nan=qmin), qmin, qmax).astype(np.int64)

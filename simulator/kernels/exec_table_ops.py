@@ -99,7 +99,8 @@ def _scale(instr, consts, x: torch.Tensor) -> tuple[torch.Tensor, int | None]:
 def k_quantize(instr, bufs, consts):
     """QUANTIZE. FORMULA: ``clamp(round_by(x / scale), qrange(dtype))`` in x's float dtype
     (the scale cast to it first, as :func:`simulator.arith.fixedpoint.quantize`); int8 / int16
-    bounds are exact floats, so the clamped value casts directly."""
+    bounds are exact floats, so the clamped value casts directly; NaN gives qmin, as
+    :func:`simulator.arith.fixedpoint.quantize`."""
     x = bufs[instr.inputs[0]]
     s, axis = _scale(instr, consts, x)
     dtype = instr.attrs.get("dtype", "int8")
@@ -112,7 +113,8 @@ def k_quantize(instr, bufs, consts):
         [-1 if i == axis else 1 for i in range(x.ndim)] if axis is not None else ()
     )
     q = fp.round_by(x / s, mode) if mode != "half_even" else (x / s).round_()
-    return [q.clamp_(*fp.qrange(dtype)).to(ek.TORCH_DTYPES[dtype])]
+    lo, hi = fp.qrange(dtype)
+    return [q.nan_to_num_(nan=lo).clamp_(lo, hi).to(ek.TORCH_DTYPES[dtype])]
 
 
 def k_dequantize(instr, bufs, consts):

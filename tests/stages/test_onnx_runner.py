@@ -105,3 +105,33 @@ def test_export_then_run_a_saved_model_with_a_dynamic_batch(tmp_path):
     with torch.no_grad():
         ref = gm(x).numpy()
     np.testing.assert_allclose(runner.run(x.numpy())[0], ref, atol=1e-5)
+
+
+def test_non_finite_inputs_quantize_as_the_board_does():
+    """A float island's ``x / 0`` (inf) and ``0 / 0`` (NaN): onnx's own QuantizeLinear casts
+    ``rint(inf)`` to INT_MIN (-128 after the clip); the runner's saturates like the board's
+    QUANTIZE and :func:`fixedpoint.quantize`: +inf -> 127, -inf and NaN -> -128."""
+    import onnx
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    from simulator.arith import fixedpoint
+    from stages.onnx_runner import custom_op_classes
+
+    graph = helper.make_graph(
+        [helper.make_node("Div", ["a", "b"], ["d"]),
+         helper.make_node("QuantizeLinear", ["d", "s", "z"], ["q"])],
+        "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in "ab"],
+        [helper.make_tensor_value_info("q", TensorProto.INT8, [4])],
+        [helper.make_tensor("s", TensorProto.FLOAT, [], [0.1]),
+         helper.make_tensor("z", TensorProto.INT8, [], [0])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    a, b = np.array([1.0, -1.0, 0.0, 2.0], np.float32), np.array([0, 0, 0, 1], np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        plain = ReferenceEvaluator(model).run(None, {"a": a, "b": b})[0]
+        ours = ReferenceEvaluator(model, new_ops=custom_op_classes()).run(None, {"a": a, "b": b})[0]
+        board = fixedpoint.quantize(a / b, np.float32(0.1), "int8", "half_even")
+    assert plain.tolist()[0] == -128  # the quirk the override removes
+    assert ours.tolist() == board.tolist() == [127, -128, -128, 20]
+    assert onnx.checker.check_model(model) is None
