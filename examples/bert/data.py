@@ -2,10 +2,10 @@
 (N, SEQ)), as ``transformers``' ``BertTokenizer`` hands them over; no labels.
 
 The sentences are made from a small English grammar, seeded (subject, verb, object, and
-sometimes an adjective and a place), so their lengths vary and the padding does too: 5 to
-13 tokens with ``[CLS]`` and ``[SEP]``, padded to ``SEQ``. The tokenizer is the field's own
+sometimes an adjective and a place), so their lengths vary and the padding does too: 8 to
+14 tokens with ``[CLS]`` and ``[SEP]``, padded to ``SEQ``. The tokenizer is the field's own
 ``BertTokenizer`` on the bundled ``vocab.txt`` (the grammar's words, their ``##s`` /
-``##ed`` / ``##ing`` word pieces and BERT's special tokens; :func:`vocab_lines` writes it),
+``##ed`` / ``##ing`` word pieces and BERT's special tokens; :func:`vocab_lines` lists it),
 so plural and past forms split into word pieces as a real WordPiece vocabulary splits them.
 Without labels every stage is scored by its agreement with the float model (output
 cosine, the primary metric of an unlabelled run).
@@ -73,7 +73,10 @@ def tokenizer():
 def sentences(n: int, seed: int) -> list[str]:
     """``n`` seeded sentences of the grammar (plural nouns and past/-ing verbs included)."""
     rng = np.random.default_rng(seed)
-    pick = lambda words: words[int(rng.integers(len(words)))]  # noqa: E731
+
+    def pick(words: list[str]) -> str:
+        return words[int(rng.integers(len(words)))]
+
     out = []
     for _ in range(n):
         noun = pick(NOUNS) + ("s" if rng.random() < 0.3 else "")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -45,3 +46,14 @@ def test_advisor_names_the_residual_adds_and_mask_add_and_its_overrides_restore(
     assert recommended, advisor
     after, _ = _run(tmp_path, dict.fromkeys(recommended, "int16"), compare=False)
     assert before < 0.95 and after > before + 0.1, (before, after, recommended)
+
+
+def test_the_bundled_vocabulary_is_the_grammars_and_splits_word_pieces():
+    from examples.bert import data
+
+    assert data.VOCAB.read_text().split() == data.vocab_lines()
+    tokens = data.tokenizer().tokenize("Their sensors watched a dog.")
+    assert tokens == ["their", "sensor", "##s", "watch", "##ed", "a", "dog", "."]
+    split = data.split(8, 0)["inputs"]
+    assert split["input_ids"].dtype == split["attention_mask"].dtype == np.int64
+    assert (split["input_ids"][split["attention_mask"] == 0] == 0).all()  # [PAD] is id 0

@@ -36,8 +36,11 @@ def reference():
 
 def test_map50_is_one_on_the_float_detections_and_falls_as_the_maps_move(reference):
     rng = np.random.default_rng(0)
-    noisy = lambda s: {k: v + s * v.std() * rng.standard_normal(v.shape).astype(np.float32)  # noqa: E731
-                       for k, v in reference.items()}  # fmt: skip
+
+    def noisy(s: float) -> dict:
+        return {k: v + s * v.std() * rng.standard_normal(v.shape).astype(np.float32)
+                for k, v in reference.items()}  # fmt: skip
+
     scores = [metric.map50(noisy(s), reference, None)["map50"] for s in (0.0, 0.1, 1.0)]
     assert scores[0] == 1.0 and scores[0] > scores[1] > scores[2], scores
 
