@@ -5,6 +5,7 @@
     python bench/zoo.py resnet18 mobilenet_v2 --frames 1000
     python bench/zoo.py --ptq --small resnet18   # exported to ONNX, then ``qparity ptq``
     python bench/zoo.py --ptq yolo_head          # examples/onnx_zoo: other exporters' idioms
+    python bench/zoo.py --ptq --small dynamo_resnet18   # torch's dynamo exporter instead
 
 Each model runs in its own process (``qparity run`` of a spec made from
 examples/zoo/spec.yaml with that model, ``--no-prefect``, the analysis on) so one that
@@ -41,7 +42,8 @@ PTQ = ["original", "optimized", "calibrated", "ptq", "quantized", "hbm", "board"
 def spec_for(name: str, small: bool, frames: int, ptq: bool, store: Path) -> dict:
     """examples/zoo/spec.yaml with the model, its dataset and the frame count set; with
     ``ptq`` a PTQ spec whose ``model.export`` writes the model to ONNX first."""
-    attr = f"small_{name}" if small else name
+    exporter, base = ("dynamo_", name[7:]) if name.startswith("dynamo_") else ("", name)
+    attr = f"small_{base}" if small else base
     data = {"dataset": f"examples.zoo.data:{attr}", "evaluation_samples": frames}
     if ptq and name in BUILDERS:  # examples/onnx_zoo: graphs in other exporters' idioms
         model = {"file": str(store / f"{name}.onnx"), "export": f"examples.onnx_zoo.export:{name}",
@@ -49,6 +51,7 @@ def spec_for(name: str, small: bool, frames: int, ptq: bool, store: Path) -> dic
         data = {"dataset": f"examples.onnx_zoo.data:{name}", "evaluation_samples": 32}
         return {"model": model, "data": {**data, "calibration_samples": 64, "batch_size": 16}}
     if ptq:
+        attr = exporter + attr
         model = {"file": str(store / f"{attr}.onnx"), "export": f"examples.zoo.onnx_export:{attr}"}
         return {"model": model, "data": {**data, "calibration_samples": 64, "batch_size": 16},
                 "quant": {"march": "nash-e"}, "tags": {"example": "zoo"}}  # fmt: skip

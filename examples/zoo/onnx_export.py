@@ -6,6 +6,8 @@ A PTQ spec names ``examples.zoo.onnx_export:<name>`` (or ``small_<name>``) as it
 (``dynamo=False``: module scopes in node names, so layer ids match the QAT chain's where
 the exporter kept them), opset 17, a dynamic batch, input ``x``, output ``logits``,
 constant folding off (batch norms stay for the optimized stage to fuse).
+``dynamo_<name>`` writes the same model with torch's dynamo exporter instead
+(:func:`examples.digits_ptq.export.dynamo_export`).
 """
 
 from __future__ import annotations
@@ -14,19 +16,24 @@ from pathlib import Path
 
 import torch
 
-from examples.digits_ptq.export import torchscript_export
+from examples.digits_ptq.export import dynamo_export, torchscript_export
 from examples.zoo.models import build, entry_of
+
+DYNAMO = "dynamo_"
 
 
 def export(attr: str, path: str | Path) -> Path:
-    """Write zoo model ``attr`` (``resnet18``, ``small_resnet18``) to ``path``."""
-    entry, size = entry_of(attr)
-    return torchscript_export(build(entry.name, size), torch.zeros(1, 3, size, size), path)
+    """Write zoo model ``attr`` (``resnet18``, ``small_resnet18``, ``dynamo_resnet18``) to
+    ``path``."""
+    dynamo = attr.startswith(DYNAMO)
+    entry, size = entry_of(attr.removeprefix(DYNAMO))
+    write = dynamo_export if dynamo else torchscript_export
+    return write(build(entry.name, size), torch.zeros(1, 3, size, size), path)
 
 
 def __getattr__(attr: str):
     """``examples.zoo.onnx_export:<name>`` as a PTQ spec's ``model.export``."""
     if attr.startswith("__"):
         raise AttributeError(attr)
-    entry_of(attr)  # an unknown name fails here, naming the zoo
+    entry_of(attr.removeprefix(DYNAMO))  # an unknown name fails here, naming the zoo
     return lambda path: export(attr, path)

@@ -9,11 +9,16 @@ its ops and tensors checked, the baseline every later stage is compared with. He
 - every node gets a canonical layer id in ``metadata_props["qparity.layer_id"]``: the
   module path of torch's scoped names (``/block1/conv1/Conv`` -> ``block1.conv1``,
   ``/layer1/layer1.0/relu_1/Relu`` -> ``layer1.0.relu@1``, the ids the QAT chain gives the
-  same modules), else the node name (``<op_type>_<k>`` when it has none), made unique.
+  same modules); from torch's dynamo exporter, the module path of the node's
+  ``pkg.torch.onnx.name_scopes`` metadata (``['', 'layer1', 'layer1.0', 'layer1.0.relu',
+  'relu_1']`` -> ``layer1.0.relu``, its second call ``layer1.0.relu@1``; a conv the
+  exporter's optimizer fused a batch norm into carries the norm's scope); else the node
+  name (``<op_type>_<k>`` when it has none), made unique.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from collections import Counter
 from pathlib import Path
@@ -90,7 +95,7 @@ def assign_layer_ids(model: onnx.ModelProto) -> dict[str, str]:
     for k, node in enumerate(model.graph.node):
         if not node.name:
             node.name = f"{node.op_type}_{k}"
-    scoped = [_scoped_id(n) for n in model.graph.node]
+    scoped = _dynamo_ids(model.graph.node) or [_scoped_id(n) for n in model.graph.node]
     for node, sid in zip(model.graph.node, _second_calls(scoped), strict=True):
         lid, j = sid, 1
         base = lid
@@ -111,6 +116,40 @@ def _second_calls(ids: list[str]) -> list[str]:
         m = re.fullmatch(r"(.+)_(\d+)", i)
         out.append(f"{m.group(1)}@{m.group(2)}" if m and m.group(1) in known else i)
     return out
+
+
+NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+"""The dynamo exporter's metadata: the module scopes of the fx node a node came from."""
+
+
+def _dynamo_ids(nodes) -> list[str] | None:
+    """Ids from the dynamo exporter's name scopes (module docstring): the module path,
+    ``<path>_<k>`` for the k-th other call of that module with the same op (made
+    ``@k`` by :func:`_second_calls`); None if no node has the metadata."""
+    scopes = [_name_scopes(n) for n in nodes]
+    if not any(scopes):
+        return None
+    calls: dict[tuple[str, str], list[str]] = {}
+    out = []
+    for node, sc in zip(nodes, scopes, strict=True):
+        if not sc or len(sc) < 2 or not sc[-2]:
+            out.append(node.name)
+            continue
+        seen = calls.setdefault((sc[-2], node.op_type), [])
+        seen += [] if sc[-1] in seen else [sc[-1]]
+        k = seen.index(sc[-1])
+        out.append(sc[-2] if k == 0 else f"{sc[-2]}_{k}")
+    return out
+
+
+def _name_scopes(node: onnx.NodeProto) -> list[str] | None:
+    raw = next((p.value for p in node.metadata_props if p.key == NAME_SCOPES), None)
+    try:
+        scopes = ast.literal_eval(raw) if raw else None
+    except (ValueError, SyntaxError):
+        return None
+    ok = isinstance(scopes, list) and all(isinstance(s, str) for s in scopes)
+    return scopes if ok else None
 
 
 def _scoped_id(node: onnx.NodeProto) -> str:
