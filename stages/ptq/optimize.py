@@ -12,7 +12,11 @@ compared tensor by tensor; every removed layer is recorded with what absorbed it
 - canonical Gemm: ``transB = 0`` with a constant B is transposed, ``alpha``/``beta`` folded
   into the constants (convert takes ``alpha = beta = 1, transB = 1``);
 - redundant ops removed: Identity, Dropout, float -> float Cast, a Reshape/Flatten whose
-  output shape equals its input shape, a Transpose with the identity permutation.
+  output shape equals its input shape, a Transpose with the identity permutation;
+- floor-mode pools: a MaxPool with ``ceil_mode`` gets end pads grown until floor mode gives
+  its inferred output size (``extra = max(0, (o - 1) * s + (k - 1) * d + 1 - (i + pads))``
+  per spatial dim; a max ignores the extra cells), as the QAT chain's export writes it:
+  the integer QMaxPool has no ceil mode.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ def optimize(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str]]:
     del model.graph.value_info[:]
     model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     remove_redundant(model, removed)
+    floor_mode_pools(model)
     drop_unused_initializers(model)
     del model.graph.value_info[:]
     return onnx.shape_inference.infer_shapes(model, strict_mode=True), removed
@@ -183,6 +188,34 @@ def canonical_gemm(model: onnx.ModelProto) -> None:
         keep = [a for a in node.attribute if a.name not in ("transB", "alpha", "beta")]
         del node.attribute[:]
         node.attribute.extend([*keep, helper.make_attribute("transB", 1)])
+
+
+def floor_mode_pools(model: onnx.ModelProto) -> None:
+    """MaxPool ``ceil_mode=1`` -> floor mode with grown end pads (module docstring); needs
+    the inferred shapes of its input and output (left alone without them)."""
+    dims = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in [*model.graph.value_info, *model.graph.input, *model.graph.output]}  # fmt: skip
+    for node in model.graph.node:
+        if node.op_type != "MaxPool" or not attr(node, "ceil_mode", 0):
+            continue
+        ins, outs = dims.get(node.input[0], [])[2:], dims.get(node.output[0], [])[2:]
+        if not ins or not all(ins) or len(outs) != len(ins) or not all(outs):
+            continue
+        n = len(ins)
+        k = list(attr(node, "kernel_shape"))
+        s = list(attr(node, "strides", None) or [1] * n)
+        d = list(attr(node, "dilations", None) or [1] * n)
+        pads = list(attr(node, "pads", None) or [0] * (2 * n))
+        for j in range(n):
+            need = (outs[j] - 1) * s[j] + (k[j] - 1) * d[j] + 1 - (ins[j] + pads[j] + pads[n + j])
+            pads[n + j] += max(0, need)
+        _set_attrs(node, ceil_mode=0, pads=pads)
+
+
+def _set_attrs(node: onnx.NodeProto, **values) -> None:
+    keep = [a for a in node.attribute if a.name not in values]
+    del node.attribute[:]
+    node.attribute.extend([*keep, *(helper.make_attribute(k, v) for k, v in values.items())])
 
 
 def remove_redundant(model: onnx.ModelProto, removed: dict[str, str]) -> None:
