@@ -42,7 +42,7 @@ def detections(outputs: dict) -> list[tuple[int, np.ndarray, int, float]]:
     probs = torch.softmax(torch.from_numpy(scores), -1)[..., 1:].numpy()
     out = []
     for i in range(len(probs)):
-        boxes = _coder().decode_single(torch.from_numpy(deltas[i]), anchors()).numpy()
+        boxes = _ssd().box_coder.decode_single(torch.from_numpy(deltas[i]), anchors()).numpy()
         out += [(i, *d) for d in _image(boxes, probs[i])]
     return out
 
@@ -99,10 +99,6 @@ def _iou(a: np.ndarray, b: np.ndarray) -> float:
 @cache
 def _ssd():
     return ssdlite()
-
-
-def _coder():
-    return _ssd().box_coder
 
 
 @cache

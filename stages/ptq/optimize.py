@@ -185,9 +185,7 @@ def canonical_gemm(model: onnx.ModelProto) -> None:
         if len(node.input) > 2 and node.input[2] in inits:
             c = inits[node.input[2]] * np.float32(attr(node, "beta", 1.0))
             node.input[2] = _new_init(model, f"{layer_of(node)}.bias", c.astype(np.float32))
-        keep = [a for a in node.attribute if a.name not in ("transB", "alpha", "beta")]
-        del node.attribute[:]
-        node.attribute.extend([*keep, helper.make_attribute("transB", 1)])
+        _set_attrs(node, drop=("alpha", "beta"), transB=1)
 
 
 def floor_mode_pools(model: onnx.ModelProto) -> None:
@@ -212,8 +210,9 @@ def floor_mode_pools(model: onnx.ModelProto) -> None:
         _set_attrs(node, ceil_mode=0, pads=pads)
 
 
-def _set_attrs(node: onnx.NodeProto, **values) -> None:
-    keep = [a for a in node.attribute if a.name not in values]
+def _set_attrs(node: onnx.NodeProto, drop: tuple[str, ...] = (), **values) -> None:
+    """Set attributes ``values`` of ``node`` and remove those named in ``drop``."""
+    keep = [a for a in node.attribute if a.name not in values and a.name not in drop]
     del node.attribute[:]
     node.attribute.extend([*keep, *(helper.make_attribute(k, v) for k, v in values.items())])
 

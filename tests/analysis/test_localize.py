@@ -163,18 +163,24 @@ def test_sensitive_ops_rank_layers_of_any_dtype_in_int8_steps(make_ctx):
     assert [lid for lid, *_ in v.sensitive] == ["conv", "head"]
 
 
-def test_sensitive_ops_from_total_errors_rank_where_the_error_enters(make_ctx):
-    """compile -> board_sim, both programs: only total errors are known; relu's is all
-    the conv's (5 steps, through conv2), the head's the conv's plus 1 of its own."""
-    ids = ["conv", "relu", "head"]
+def _total_errors_pair(ids: list[str], totals: dict[str, float]):
+    """compile -> board_sim, both programs (not substitutable): each layer's total error
+    ``totals`` in steps of 0.01, the output's cosine 0.5."""
     result = PairResult("compile", "board_sim", layer_ids=ids, steps=dict.fromkeys(ids, 0.01))
-    totals = {"conv": 5.0, "relu": 5.0, "head": 6.0}
     result.aggregates = {lid: {"base_min": -1.0, "base_max": 1.0, "max_qscale_diff": t}
                          for lid, t in totals.items()} | {OUTPUT: {"cosine": 0.5}}  # fmt: skip
     models = {
         "compile": _fixed(dict.fromkeys(ids, 0.0), 0.0, substitutable=False),
         "board_sim": _fixed({k: t * 0.01 for k, t in totals.items()}, 1.0, substitutable=False),
     }
+    return result, models
+
+
+def test_sensitive_ops_from_total_errors_rank_where_the_error_enters(make_ctx):
+    """compile -> board_sim, both programs: only total errors are known; relu's is all
+    the conv's (5 steps, through conv2), the head's the conv's plus 1 of its own."""
+    ids = ["conv", "relu", "head"]
+    result, models = _total_errors_pair(ids, {"conv": 5.0, "relu": 5.0, "head": 6.0})
     layers = {
         "conv": Layer("conv", "conv", 0, ("input:x",)),
         "conv2": Layer("conv2", "conv", 1, ("conv",)),  # fused with relu: not captured
@@ -191,14 +197,7 @@ def test_sensitive_ops_from_total_errors_rank_the_entry_above_what_amplifies_it(
     """The conv's 2 steps grow to 6 in conv2 (a fan-in sums them) and 7 in the head: conv2
     adds nothing, it only amplifies, yet it added the most steps to what it inherits."""
     ids = ["conv", "conv2", "head"]
-    result = PairResult("compile", "board_sim", layer_ids=ids, steps=dict.fromkeys(ids, 0.01))
-    totals = {"conv": 2.0, "conv2": 6.0, "head": 7.0}
-    result.aggregates = {lid: {"base_min": -1.0, "base_max": 1.0, "max_qscale_diff": t}
-                         for lid, t in totals.items()} | {OUTPUT: {"cosine": 0.5}}  # fmt: skip
-    models = {
-        "compile": _fixed(dict.fromkeys(ids, 0.0), 0.0, substitutable=False),
-        "board_sim": _fixed({k: t * 0.01 for k, t in totals.items()}, 1.0, substitutable=False),
-    }
+    result, models = _total_errors_pair(ids, {"conv": 2.0, "conv2": 6.0, "head": 7.0})
     layers = {
         "conv": Layer("conv", "conv", 0, ("input:x",)),
         "conv2": Layer("conv2", "conv", 1, ("conv",)),
