@@ -11,11 +11,12 @@ pair's worst bad cases, never for the whole dataset.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from analysis.compare import PairResult
 from analysis.layer_graph import Layer
 from analysis.localize import PairVerdict
-from schemas.tables import write_rows
+from schemas.tables import write_columns
 from stages.context import RunContext
 from stages.stage_models import StageModel
 
@@ -111,24 +112,37 @@ def write_tensors(
     first: PairVerdict | None,
     layers: dict[str, Layer],
 ) -> None:
-    """Full tensors of the probe samples (first pair) and of the divergent pair's bad cases."""
+    """Full tensors of the probe samples (first pair) and of the divergent pair's bad cases,
+    written column-wise: the values go to Arrow as one float32 buffer, never as Python
+    floats (a 224x224 network keeps tens of millions of them)."""
     pair = (first.base, first.analysis) if first else next(iter(results))
     probes = list(range(min(ctx.spec.compare.probe_samples, len(ctx.evaluation))))
     bad = first.samples[:TENSOR_BADCASES] if first else []
-    rows = []
+    cols: dict[str, list] = {k: [] for k in ("layer_id", "sample_id", "reason", "side", "scale")}
+    tensors: list[np.ndarray] = []
     for reason, ids in (("probe", probes), ("badcase", bad)):
         if not ids:
             continue
-        idx = np.asarray(ids)
         for side, stage in (("base", pair[0]), ("analysis", pair[1])):
-            _, values = models[stage].run(idx)
+            _, values = models[stage].run(np.asarray(ids))
             for lid in results[pair].layer_ids:
                 for k, sid in enumerate(ids):
-                    t = np.asarray(values[lid][k], dtype=np.float32)
-                    rows.append({
-                        "run_id": ctx.run.run_id, "base_stage": pair[0], "analysis_stage": pair[1],
-                        "layer_id": lid, "sample_id": int(sid), "reason": reason, "side": side,
-                        "shape": list(t.shape), "scale": results[pair].steps[lid],
-                        "values": t.reshape(-1).tolist(),
-                    })  # fmt: skip
-    write_rows(ctx.run, "layer_tensors", rows, "all")
+                    tensors.append(np.asarray(values[lid][k], dtype=np.float32))
+                    row = {"layer_id": lid, "sample_id": int(sid), "reason": reason,
+                           "side": side, "scale": results[pair].steps[lid]}  # fmt: skip
+                    for key, val in row.items():
+                        cols[key].append(val)
+    n = len(tensors)
+    fixed = {"run_id": ctx.run.run_id, "base_stage": pair[0], "analysis_stage": pair[1]}
+    cols |= {key: [val] * n for key, val in fixed.items()}
+    cols["shape"] = [list(t.shape) for t in tensors]
+    cols["values"] = float32_lists(tensors)
+    write_columns(ctx.run, "layer_tensors", cols, "all")
+
+
+def float32_lists(tensors: list[np.ndarray]) -> pa.ListArray:
+    """One Arrow ``list<float32>`` row per tensor (flattened), built from one buffer."""
+    sizes = np.fromiter((t.size for t in tensors), dtype=np.int32, count=len(tensors))
+    offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int32)
+    flat = np.concatenate([t.reshape(-1) for t in tensors]) if tensors else np.zeros(0)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat.astype(np.float32)))

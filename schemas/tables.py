@@ -123,11 +123,18 @@ def write_columns(run: Run, table: str, columns: dict[str, Any], part: str) -> P
             hint=f"columns: {', '.join(schema.names)}",
         )
     try:
-        arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
+        arrays = [_array(columns[f.name], f.type) for f in schema]
         data = pa.Table.from_arrays(arrays, schema=schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError) as e:
         raise ArtifactError(f"table {table}: {e}") from e
     return _write(run, table, data, part)
+
+
+def _array(values: Any, dtype: pa.DataType) -> pa.Array:
+    """``values`` as an Arrow array of ``dtype`` (an Arrow array of that type as it is)."""
+    if isinstance(values, pa.Array) and values.type == dtype:
+        return values
+    return pa.array(values, type=dtype)
 
 
 def read_table(root: str | Path, table: str) -> pa.Table:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
@@ -20,7 +22,7 @@ from stages.data import Split, load_splits
 from stages.data_check import check_with_model, forward_inputs
 from stages.evaluate import collect
 from stages.loader import import_object
-from stages.modelio import build_float, model_digest, module_source
+from stages.modelio import build_float, model_digest, module_source, prepare_qat
 from stages.quantizer import QuantPolicy
 
 # Consistency strategy levels (docs/design.md "Numerics"): what each level switches on.
@@ -184,6 +186,19 @@ class RunContext:
     @cached_property
     def policy(self) -> QuantPolicy:
         return policy_from_spec(self.spec)
+
+    @cached_property
+    def _qat_template(self) -> tuple[torch.fx.GraphModule, list, dict]:
+        return prepare_qat(copy.deepcopy(self.float_model), self.example, self.policy)
+
+    def prepared_qat(self) -> tuple[torch.fx.GraphModule, list, dict]:
+        """The spec's QAT graph as prepare builds it (stages.modelio.prepare_qat): traced
+        once per run, a fresh copy per call (every QAT-graph stage loads its own state into
+        one; tracing costs seconds to minutes, a copy milliseconds)."""
+        gm, infos, roles = self._qat_template
+        with warnings.catch_warnings():  # torch's own pytree copy, not the user's code
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            return copy.deepcopy(gm), list(infos), dict(roles)
 
     def artifact_dir(self, stage: str) -> Path:
         """The folder a stage writes its files to (created)."""

@@ -7,7 +7,6 @@ safetensors. Everything torch-side that the stages share lives here.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import inspect
 import json
@@ -189,7 +188,7 @@ def _reads(n: torch.fx.Node) -> tuple:
 
 def load_qat(art, ctx) -> torch.fx.GraphModule:
     """Rebuild the QAT model of an artifact in this run and load its saved state."""
-    gm, _, _ = prepare_qat(copy.deepcopy(ctx.float_model), ctx.example, ctx.policy)
+    gm, _, _ = ctx.prepared_qat()
     state_file = ctx.run.path(art.state_file)
     load_weights(gm, state_file, field=f"artifact {art.state_file}")
     name_quantizers(gm)

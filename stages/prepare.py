@@ -8,7 +8,6 @@ happened; stages.evaluate).
 
 from __future__ import annotations
 
-import copy
 import json
 
 from schemas.artifacts import PreparedModel
@@ -16,7 +15,7 @@ from stages.context import RunContext, toolchain_settings
 from stages.evaluate import measure, stage_metrics
 from stages.fake_quant import QuantState, set_model_state
 from stages.model_check import folded_layers, render_check, render_fx_graph
-from stages.modelio import UnsupportedOps, prepare_qat, save_state
+from stages.modelio import UnsupportedOps, save_state
 from stages.registry_types import StageCall
 
 
@@ -28,7 +27,7 @@ def prepare(upstream: None, ctx: RunContext, call: StageCall) -> PreparedModel:
         "float", ctx.reference, ctx.reference, ev.labels, ctx.task_metric, judged
     )
     try:
-        gm, infos, roles = prepare_qat(copy.deepcopy(model), ctx.example, ctx.policy)
+        gm, infos, roles = ctx.prepared_qat()
     except UnsupportedOps as e:
         ctx.write_debug("model_check_result.txt", render_check(e.infos, None, None))
         raise
