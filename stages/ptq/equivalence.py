@@ -9,6 +9,7 @@ import onnx
 from schemas.errors import StageError
 from stages.onnx_runner import OnnxRunner
 from stages.ptq.graph import layer_of
+from stages.ptq.pattern_match import PatternMatch
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -56,10 +57,26 @@ def check_rows(rows, threshold: float) -> float:
     return min((c for _, c in values), default=1.0)
 
 
-def render_rows(rows, threshold: float) -> str:
-    """debug/optimize_equivalence.txt."""
+def render_rows(rows, threshold: float, patterns: list[PatternMatch] = ()) -> str:
+    """debug/optimize_equivalence.txt: the per-layer rows, then the pattern instances."""
     lines = [f"# original vs optimized, per layer (threshold cosine >= {threshold})"]
     lines.append("# layer_id | op | cosine | note")
     for lid, op, c, note in rows:
         lines.append(f"{lid} | {op} | {'-' if c is None else f'{c:.6f}'} | {note}")
+    lines += render_patterns(patterns, {lid: c for lid, _, c, _ in rows})
     return "\n".join(lines) + "\n"
+
+
+def render_patterns(found: list[PatternMatch], cosines: dict) -> list[str]:
+    """The pattern section of debug/optimize_equivalence.txt; ``cosines``: layer id -> its
+    cosine in the per-layer comparison (a fused node is compared at its last layer)."""
+    fused, partial = [m for m in found if m], [m for m in found if not m]
+    out = ["", f"# patterns fused ({len(fused)}): pattern | new node | nodes replaced | cosine"]
+    for m in fused:
+        c = cosines.get(m.last)
+        out.append(f"{m.pattern} | {m.op} {m.nodes[0]} | {', '.join(m.nodes)} | "
+                   f"{'-' if c is None else f'{c:.6f}'}")  # fmt: skip
+    out.append(f"# patterns partly matched, left unfused ({len(partial)}): "
+               "pattern | nodes matched | where it broke")  # fmt: skip
+    out += [f"{m.pattern} | {', '.join(m.nodes)} | {m.broken}" for m in partial]
+    return out

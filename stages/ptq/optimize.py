@@ -6,6 +6,9 @@ compared tensor by tensor; every removed layer is recorded with what absorbed it
   version converter; layer ids restored by node name);
 - constant folding: ``Constant`` nodes and nodes whose inputs are all constants become
   initializers (evaluated once with the ONNX reference evaluator);
+- pattern fusion (:mod:`stages.ptq.patterns`): exporters' decomposed LayerNorm, Erf GELU
+  and hardswish idioms become LayerNormalization, Gelu and HardSwish, each instance (and
+  each partly matched one, with the node that broke it) in ``patterns``;
 - BN fusion into the conv before it: ``W' = W * g``, ``b' = (b - mean) * g + beta`` with
   ``g = gamma / sqrt(var + eps)`` per output channel; a BN without a conv before it
   becomes ``x * g + (beta - mean * g)`` (Mul and Add by per-channel constants);
@@ -27,13 +30,21 @@ from onnx import helper, numpy_helper, version_converter
 
 from schemas.errors import StageError
 from stages.ptq.graph import OPSET, attr, layer_of, producers, rename_input, set_layer, users
+from stages.ptq.pattern_match import PatternMatch
+from stages.ptq.patterns import fuse_patterns
 
 
-def optimize(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str]]:
-    """The optimized model and {removed layer id: what happened to it}."""
+def optimize(
+    model: onnx.ModelProto, patterns: list[PatternMatch] | None = None
+) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """The optimized model and {removed layer id: what happened to it}; the pattern
+    instances found are appended to ``patterns`` when given."""
     model = to_opset(model)
     removed: dict[str, str] = {}
     fold_constants(model, removed)
+    found = fuse_patterns(model, removed)
+    if patterns is not None:
+        patterns.extend(found)
     fuse_batchnorm(model, removed)
     canonical_gemm(model)
     del model.graph.value_info[:]

@@ -1,0 +1,323 @@
+"""Exporter idioms the optimized stage fuses into one op (the vendor's pattern fusion).
+
+Each pattern is anchored on one node and walks the nodes exporters write after it; every
+inner tensor must be read by the pattern alone (not by another node, not a graph output)
+and every constant must be an initializer (``fold_constants`` runs first) equal to the
+idiom's value (relative tolerance :data:`~stages.ptq.pattern_match.RTOL`):
+
+- ``layernorm`` (torch's TorchScript exporter below opset 17, tf2onnx):
+  ``m = ReduceMean(x, axes)``, ``d = Sub(x, m)``, ``Pow(d, 2)`` or ``Mul(d, d)``,
+  ``ReduceMean(axes)``, ``Add eps``, ``Sqrt``, ``Div(d, .)`` or ``Mul(d, Reciprocal(.))``,
+  then optionally ``Mul gamma`` and ``Add beta`` (constants broadcasting to the normalized
+  dims) -> ``LayerNormalization(x, gamma, beta, axis, epsilon)``; ``axes`` must be the
+  trailing axes ``[axis, rank)`` without the batch, both ReduceMeans keeping their dims;
+- ``gelu`` (torch, tf2onnx): ``Erf(x / sqrt(2))`` (or ``x * (1 / sqrt(2))``) ``+ 1``, times
+  ``x`` and ``0.5`` in any order of the two Muls -> ``Gelu`` (opset 20; the PTQ chain runs
+  at opset 21 and the ptq stage makes Gelu one lookup table);
+- ``hardswish`` (paddle2onnx): ``x * Clip(x + 3, 0, 6) / 6`` (``Div`` by 6 or ``Mul`` by
+  1/6, before or after the product), ``x * HardSigmoid(x)`` with alpha 1/6 and beta 0.5
+  -> ``HardSwish`` (one lookup table).
+
+Each is exact in float (the same function, constants within the tolerance). The fused
+node takes the first replaced node's layer id and writes the last one's output tensor, so
+the equivalence check compares it there. A pattern only partly matched (its anchor and
+first step matched, a later node did not) stays as it was and is reported with the node
+that broke it and why.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from stages.ptq.graph import attr, layer_of
+from stages.ptq.pattern_match import (
+    Broken,
+    Graph,
+    PatternMatch,
+    is_const,
+    new_const,
+    other,
+    splice,
+)
+
+Nodes = list[onnx.NodeProto]
+
+
+def _axes(g: Graph, node: onnx.NodeProto) -> list[int] | None:
+    """ReduceMean's axes (opset 18+: input 1; before: the attribute), None for all."""
+    if len(node.input) > 1 and node.input[1]:
+        v = g.inits.get(node.input[1])
+        if v is None:
+            raise Broken(node, "axes are not a constant")
+        return [int(a) for a in v.reshape(-1)]
+    axes = attr(node, "axes")
+    return list(axes) if axes else None
+
+
+def _trailing(g: Graph, node: onnx.NodeProto, x: str) -> int:
+    """The LayerNormalization axis of ReduceMean ``node`` over ``x`` (Broken if its axes are
+    not the trailing ones, include the batch, or drop dims)."""
+    rank, axes = len(g.dims.get(x, [])), _axes(g, node)
+    if not rank or axes is None:
+        raise Broken(node, "reduces over all axes or the input rank is unknown")
+    norm = sorted(a % rank for a in axes)
+    if norm != list(range(rank - len(norm), rank)) or norm[0] == 0 or not attr(node, "keepdims", 1):
+        raise Broken(node, f"ReduceMean axes {axes} (keepdims {attr(node, 'keepdims', 1)}): "
+                     "expected the trailing axes, without the batch, dims kept")  # fmt: skip
+    return norm[0]
+
+
+def layernorm(g: Graph, mean: onnx.NodeProto, seen: Nodes):
+    """The decomposed LayerNorm anchored on its first ReduceMean (module docstring)."""
+    x = mean.input[0]
+    sub = next((n for n in g.readers.get(mean.output[0], []) if n.op_type == "Sub"
+                and list(n.input) == [x, mean.output[0]]), None)  # fmt: skip
+    if sub is None:
+        return None
+    seen += [mean, sub]
+    axis = _trailing(g, mean, x)
+    g.next(mean, "Sub")
+    d = sub.output[0]
+    square = _square(g, sub)
+    seen.append(square)
+    var = g.next(square, "ReduceMean")
+    seen.append(var)
+    if _trailing(g, var, square.output[0]) != axis or sorted(_axes(g, var)) != sorted(
+        _axes(g, mean)
+    ):
+        raise Broken(
+            var, f"ReduceMean axes {_axes(g, var)}, expected {_axes(g, mean)} (the mean's)"
+        )
+    add = g.next(var, "Add")
+    seen.append(add)
+    eps = g.scalar(other(add, var.output[0]))
+    if eps is None or eps < 0:
+        raise Broken(add, "adds no constant scalar epsilon >= 0")
+    sqrt = g.next(add, "Sqrt")
+    seen.append(sqrt)
+    norm = _normalize(g, sqrt, d, seen)
+    readers = {id(n) for n in g.readers_of(d)}
+    if readers != {id(square), id(seen[-1])}:
+        raise Broken(sub, "the centred x is read by nodes outside the pattern")
+    return _affine(g, x, axis, eps, seen, norm)
+
+
+def _square(g: Graph, sub: onnx.NodeProto) -> onnx.NodeProto:
+    """``Pow(d, 2)`` or ``Mul(d, d)`` reading the centred x."""
+    d = sub.output[0]
+    for n in g.readers.get(d, []):
+        if n.op_type == "Pow" and n.input[0] == d:
+            g.expect(n, n.input[1], 2.0, "exponent")
+            return n
+        if n.op_type == "Mul" and list(n.input) == [d, d]:
+            return n
+    raise Broken(sub, "no Pow(d, 2) or Mul(d, d) reads the centred x")
+
+
+def _normalize(g: Graph, sqrt: onnx.NodeProto, d: str, seen: Nodes) -> onnx.NodeProto:
+    """``Div(d, std)`` or ``Mul(d, Reciprocal(std))``; the node writing the normalized x."""
+    step = g.next(sqrt, "Div", "Reciprocal")
+    seen.append(step)
+    if step.op_type == "Div":
+        if list(step.input) != [d, sqrt.output[0]]:
+            raise Broken(step, "divides something other than the centred x by the std")
+        return step
+    mul = g.next(step, "Mul")
+    seen.append(mul)
+    if other(mul, step.output[0]) != d:
+        raise Broken(mul, "multiplies 1/std by something other than the centred x")
+    return mul
+
+
+def _affine(g: Graph, x: str, axis: int, eps: float, seen: Nodes, norm: onnx.NodeProto):
+    """The Mul gamma / Add beta after the normalization (when constant and of the normalized
+    dims), then the LayerNormalization node."""
+    dims = g.dims.get(x, [])[axis:]
+    if not dims or None in dims:
+        raise Broken(seen[0], f"normalized dims {dims} are not static")
+    params, last = [np.ones(dims, np.float32), np.zeros(dims, np.float32)], norm
+    for k, op in enumerate(("Mul", "Add")):
+        readers = g.readers_of(last.output[0])
+        step = readers[0] if len(readers) == 1 and readers[0] is not None else None
+        value = _param(g, step, last, op, dims)
+        if value is None:
+            break
+        params[k], last = value, step
+        seen.append(step)
+    model, lid = g.model, layer_of(seen[0])
+    names = [new_const(model, f"{lid}.{p}", v.copy())
+             for p, v in zip(("weight", "bias"), params, strict=True)]  # fmt: skip
+    new = helper.make_node("LayerNormalization", [x, *names], [last.output[0]], axis=axis,
+                           epsilon=float(eps))  # fmt: skip
+    return seen, new
+
+
+def _param(g: Graph, step, last: onnx.NodeProto, op: str, dims: list[int]) -> np.ndarray | None:
+    """The constant ``step`` (a Mul or Add of ``last``) applies, as an array of ``dims``;
+    None when ``step`` is no such op or its constant would broadcast beyond ``dims``."""
+    if step is None or step.op_type != op:
+        return None
+    value = g.inits.get(other(step, last.output[0]))
+    if value is None:
+        return None
+    lead = value.shape[: max(0, value.ndim - len(dims))]
+    if any(s != 1 for s in lead):
+        return None
+    try:
+        return np.broadcast_to(value.reshape(value.shape[len(lead) :]), dims).astype(np.float32)
+    except ValueError:
+        return None
+
+
+def gelu(g: Graph, erf: onnx.NodeProto, seen: Nodes):
+    """``0.5 * x * (1 + Erf(x / sqrt(2)))`` anchored on its Erf (module docstring)."""
+    readers = g.readers_of(erf.output[0])
+    if len(readers) != 1 or readers[0] is None or readers[0].op_type != "Add":
+        return None
+    add = readers[0]
+    seen += [erf, add]
+    if not is_const(g, other(add, erf.output[0]), 1.0):
+        raise Broken(add, "adds something other than the constant 1")
+    scale, x = _erf_input(g, erf)
+    seen.insert(0, scale)
+    final = _times_half_x(g, add, x, seen)
+    if len(g.readers_of(scale.output[0])) != 1:
+        raise Broken(scale, "x / sqrt(2) is read by nodes outside the pattern")
+    return seen, helper.make_node("Gelu", [x], [final.output[0]])
+
+
+def _times_half_x(g: Graph, add: onnx.NodeProto, x: str, seen: Nodes) -> onnx.NodeProto:
+    """The Muls of ``1 + erf`` by ``x`` and ``0.5``: ``(s * x) * 0.5``, ``(s * 0.5) * x``
+    or ``s * (0.5 * x)`` (either operand order); the node writing the product."""
+    m1 = g.next(add, "Mul")
+    seen.append(m1)
+    o = other(m1, add.output[0])
+    if o == x or is_const(g, o, 0.5):
+        m2 = g.next(m1, "Mul")
+        seen.append(m2)
+        rest = other(m2, m1.output[0])
+        if (o == x and not is_const(g, rest, 0.5)) or (o != x and rest != x):
+            raise Broken(m2, f"multiplies by {rest}, expected {'0.5' if o == x else x}")
+        return m2
+    half = g.made.get(o)
+    if (half is None or half.op_type != "Mul" or x not in half.input
+            or not is_const(g, other(half, x), 0.5)):  # fmt: skip
+        raise Broken(m1, f"multiplies 1 + erf by {o}, expected x, 0.5 or 0.5 * x")
+    if len(g.readers_of(o)) != 1:
+        raise Broken(half, "0.5 * x is read by nodes outside the pattern")
+    seen.append(half)
+    return m1
+
+
+def _erf_input(g: Graph, erf: onnx.NodeProto) -> tuple[onnx.NodeProto, str]:
+    """(the node scaling x by 1/sqrt(2), x): ``Div(x, sqrt 2)`` or ``Mul(x, 1/sqrt 2)``."""
+    scale = g.made.get(erf.input[0])
+    if scale is not None and scale.op_type == "Div":
+        g.expect(scale, scale.input[1], math.sqrt(2.0), "divisor")
+        return scale, scale.input[0]
+    if scale is not None and scale.op_type == "Mul":
+        for k in (0, 1):
+            if is_const(g, scale.input[1 - k], math.sqrt(0.5)):
+                return scale, scale.input[k]
+        raise Broken(scale, "Mul factor is not the constant 1/sqrt(2)")
+    raise Broken(erf, "its input is not x / sqrt(2) (a Div or Mul by a constant)")
+
+
+def hardswish_clip(g: Graph, clip: onnx.NodeProto, seen: Nodes):
+    """``x * Clip(x + 3, 0, 6) / 6`` anchored on its Clip of ``x + constant``."""
+    add = g.made.get(clip.input[0])
+    if add is None or add.op_type != "Add" or all(g.scalar(i) is None for i in add.input):
+        return None
+    seen += [add, clip]
+    shift = next(i for i in add.input if g.scalar(i) is not None)
+    g.expect(add, shift, 3.0, "adds")
+    x = other(add, shift)
+    for k, want, what in ((1, 0.0, "min"), (2, 6.0, "max")):
+        got = g.scalar(clip.input[k]) if len(clip.input) > k and clip.input[k] else None
+        if got != want:
+            raise Broken(clip, f"Clip {what} {got}, expected {want:g}")
+    if len(g.readers_of(add.output[0])) != 1:
+        raise Broken(add, "x + 3 is read by nodes outside the pattern")
+    first = g.next(clip, "Mul", "Div")
+    seen.append(first)
+    second = g.next(first, "Mul", "Div")
+    seen.append(second)
+    if _times_x(first, clip, x):  # (x * clip) / 6
+        _by_six(g, second, first)
+    else:  # x * (clip / 6)
+        _by_six(g, first, clip)
+        if not _times_x(second, first, x):
+            raise Broken(
+                second, f"{second.op_type} by {other(second, first.output[0])}, expected x"
+            )
+    return seen, helper.make_node("HardSwish", [x], [second.output[0]])
+
+
+def _times_x(node: onnx.NodeProto, prev: onnx.NodeProto, x: str) -> bool:
+    return node.op_type == "Mul" and other(node, prev.output[0]) == x
+
+
+def _by_six(g: Graph, node: onnx.NodeProto, prev: onnx.NodeProto) -> None:
+    """Broken unless ``node`` divides ``prev``'s output by 6 or multiplies it by 1/6."""
+    if node.op_type == "Div" and node.input[0] == prev.output[0]:
+        g.expect(node, node.input[1], 6.0, "divisor")
+    elif node.op_type == "Mul":
+        g.expect(node, other(node, prev.output[0]), 1.0 / 6.0, "factor")
+    else:
+        raise Broken(node, "divides by something other than 6")
+
+
+def hardswish_sigmoid(g: Graph, hs: onnx.NodeProto, seen: Nodes):
+    """``x * HardSigmoid(x)`` (alpha 1/6, beta 0.5) anchored on its HardSigmoid."""
+    x, readers = hs.input[0], g.readers_of(hs.output[0])
+    if len(readers) != 1 or readers[0] is None or readers[0].op_type != "Mul":
+        return None
+    mul = readers[0]
+    if other(mul, hs.output[0]) != x:
+        return None  # a gate of another tensor (squeeze-excite), not hardswish
+    seen += [hs, mul]
+    for name, want in (("alpha", 1.0 / 6.0), ("beta", 0.5)):
+        got = attr(hs, name, 0.2 if name == "alpha" else 0.5)
+        if abs(got - want) > 1e-6 * want:
+            raise Broken(hs, f"HardSigmoid {name} {got:g}, expected {want:g}")
+    return seen, helper.make_node("HardSwish", [x], [mul.output[0]])
+
+
+RULES = (
+    ("layernorm", "ReduceMean", layernorm),
+    ("gelu", "Erf", gelu),
+    ("hardswish", "Clip", hardswish_clip),
+    ("hardswish", "HardSigmoid", hardswish_sigmoid),
+)
+"""(pattern, anchor op, rule): a rule returns None when its anchor starts no instance,
+(nodes, new node) when it matched, and raises Broken when only partly matched."""
+
+
+def fuse_patterns(model: onnx.ModelProto, removed: dict[str, str]) -> list[PatternMatch]:
+    """Fuse every instance of :data:`RULES` in ``model`` (in place); every instance, fused
+    or partly matched, in the order found. ``removed`` gets each replaced layer but the
+    first (whose id the fused node keeps)."""
+    found: list[PatternMatch] = []
+    g = Graph(model)
+    for pattern, op, rule in RULES:
+        for anchor in [n for n in model.graph.node if n.op_type == op]:
+            if not any(n is anchor for n in model.graph.node):
+                continue  # replaced by an earlier instance
+            seen: Nodes = []
+            try:
+                matched = rule(g, anchor, seen)
+            except Broken as e:
+                ids = tuple(dict.fromkeys(layer_of(n) for n in seen))
+                found.append(PatternMatch(pattern, ids, broken=f"node {layer_of(e.node)}: {e.why}"))
+                continue
+            if matched is not None:
+                ids = splice(model, *matched)
+                for lid in ids[1:]:
+                    removed[lid] = f"fused into {matched[1].op_type} {ids[0]} ({pattern})"
+                found.append(PatternMatch(pattern, tuple(ids), matched[1].op_type, ids[-1]))
+                g = Graph(model)
+    return found
