@@ -12,6 +12,7 @@ from onnx import numpy_helper
 
 from stages.ptq.graph import layer_of, producers, set_layer, users
 
+Nodes = list[onnx.NodeProto]
 RTOL = 1e-6
 """Relative tolerance of a pattern's constants (paddle2onnx writes 1/6 as 0.1666667)."""
 

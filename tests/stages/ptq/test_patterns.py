@@ -72,6 +72,16 @@ def gelu(order: str, divisor: float = math.sqrt(2)) -> onnx.ModelProto:
     return g.model(g.op("Mul", g.op("Mul", g.c(0.5), "x"), s))  # tf2onnx: (0.5 * x) * s
 
 
+def gelu_tanh(cube: str = "pow", kappa: float = 0.044715) -> onnx.ModelProto:
+    """torch's tanh GELU below opset 20 (``cube="mul"``: x * (x * x)) and HF's NewGELU
+    (``Pow(x, 3)``)."""
+    g = G()
+    x3 = g.op("Pow", "x", g.c(3.0)) if cube == "pow" else g.op("Mul", "x", g.op("Mul", "x", "x"))
+    inner = g.op("Add", "x", g.op("Mul", g.c(kappa), x3))
+    t = g.op("Tanh", g.op("Mul", g.c(math.sqrt(2 / math.pi)), inner))
+    return g.model(g.op("Mul", g.c(0.5), g.op("Mul", "x", g.op("Add", g.c(1.0), t))))
+
+
 def hardswish(form: str, clip_max: float = 6.0, alpha: float = 0.1666667) -> onnx.ModelProto:
     g = G()
     if form == "hardsigmoid":
@@ -95,6 +105,8 @@ FUSED = {
     "gelu torch": (gelu("torch"), "Gelu"),
     "gelu tf2onnx": (gelu("tf2onnx"), "Gelu"),
     "gelu half first": (gelu("half_first"), "Gelu"),
+    "gelu tanh pow": (gelu_tanh(), "Gelu"),
+    "gelu tanh mul": (gelu_tanh(cube="mul"), "Gelu"),
     "hardswish paddle": (hardswish("paddle"), "HardSwish"),
     "hardswish times 1/6": (hardswish("sixth"), "HardSwish"),
     "hardswish hardsigmoid": (hardswish("hardsigmoid"), "HardSwish"),
@@ -118,6 +130,8 @@ PARTIAL = {
     "variance axes": (layernorm(var_axes=(-2, -1)),
                       "node reducemean3: ReduceMean axes [-2, -1], expected [-1] (the mean's)"),
     "gelu divisor 2": (gelu("torch", divisor=2.0), "node div0: Div divisor 2, expected 1.41421"),
+    "gelu tanh kappa": (gelu_tanh(kappa=0.05),
+                        "node add2: adds no 0.044715 * x^3 to x"),
     "hardswish clip max 5": (hardswish("paddle", clip_max=5.0), "node clip1: Clip max 5.0, expected 6"),
     "hardsigmoid alpha 0.2": (hardswish("hardsigmoid", alpha=0.2),
                               "node hardsigmoid0: HardSigmoid alpha 0.2, expected 0.166667"),
