@@ -25,7 +25,8 @@ def compare_layers(
     original: onnx.ModelProto, optimized: onnx.ModelProto, x: np.ndarray, removed: dict[str, str]
 ) -> list[tuple[str, str, float | None, str]]:
     """One row per layer of the original model: (layer, op, cosine or None, note)."""
-    kept = {o for n in optimized.graph.node for o in n.output}
+    writer = {o: n for n in optimized.graph.node for o in n.output}
+    kept = set(writer)
     now = {layer_of(n): n.output[0] for n in optimized.graph.node}
     pairs = [(n, n.output[0]) for n in original.graph.node]
     common = sorted({t for _, t in pairs if t in kept})
@@ -35,7 +36,9 @@ def compare_layers(
     for node, t in pairs:
         lid = layer_of(node)
         if t in kept:
-            rows.append((lid, node.op_type, cosine(ref[t], got[t]), ""))
+            w = writer[t]  # a fused node writes its last layer's tensor
+            note = "" if layer_of(w) == lid else f"now written by {w.op_type} {layer_of(w)}"
+            rows.append((lid, node.op_type, cosine(ref[t], got[t]), note))
         elif lid in removed:
             rows.append((lid, node.op_type, None, removed[lid]))
         else:

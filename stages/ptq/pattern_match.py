@@ -43,11 +43,8 @@ class Graph:
     """The model as the rules read it: producers, readers, constants and dims."""
 
     def __init__(self, model: onnx.ModelProto):
-        g = model.graph
         self.model = model
-        self.made, self.readers = producers(g), users(g)
-        self.inits = {i.name: numpy_helper.to_array(i) for i in g.initializer}
-        self.outputs = {o.name for o in g.output}
+        self.refresh()
         inferred = onnx.shape_inference.infer_shapes(model).graph
         self.dims = {
             v.name: [d.dim_value if d.HasField("dim_value") else None
@@ -55,6 +52,14 @@ class Graph:
             for v in [*inferred.input, *inferred.value_info, *inferred.output]
             if v.type.tensor_type.HasField("shape")
         }  # fmt: skip
+
+    def refresh(self) -> None:
+        """Re-read producers, readers and constants after a splice (the dims stay: a fused
+        node writes the tensor its last node wrote)."""
+        g = self.model.graph
+        self.made, self.readers = producers(g), users(g)
+        self.tensors = {i.name: i for i in g.initializer}  # converted on use: models are big
+        self.outputs = {o.name for o in g.output}
 
     def readers_of(self, name: str) -> list[onnx.NodeProto | None]:
         """The distinct nodes reading tensor ``name`` (None for a graph output)."""
@@ -71,10 +76,17 @@ class Graph:
             raise Broken(found[0], f"{found[0].op_type}, expected {'/'.join(ops)}")
         return found[0]
 
+    def const(self, name: str) -> np.ndarray | None:
+        """The value of initializer ``name``, else None."""
+        t = self.tensors.get(name)
+        return None if t is None else numpy_helper.to_array(t)
+
     def scalar(self, name: str) -> float | None:
         """The value of a one-element constant, else None."""
-        v = self.inits.get(name)
-        return float(v.reshape(-1)[0]) if v is not None and v.size == 1 else None
+        t = self.tensors.get(name)
+        if t is None or int(np.prod(t.dims)) != 1:
+            return None
+        return float(numpy_helper.to_array(t).reshape(-1)[0])
 
     def expect(self, node: onnx.NodeProto, name: str, want: float, what: str) -> None:
         """Broken at ``node`` unless ``name`` is a one-element constant equal to ``want``."""

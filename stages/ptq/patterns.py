@@ -49,7 +49,7 @@ from stages.ptq.pattern_match import (
 def _axes(g: Graph, node: onnx.NodeProto) -> list[int] | None:
     """ReduceMean's axes (opset 18+: input 1; before: the attribute), None for all."""
     if len(node.input) > 1 and node.input[1]:
-        v = g.inits.get(node.input[1])
+        v = g.const(node.input[1])
         if v is None:
             raise Broken(node, "axes are not a constant")
         return [int(a) for a in v.reshape(-1)]
@@ -80,17 +80,24 @@ def layernorm(g: Graph, mean: onnx.NodeProto, seen: Nodes):
     seen += [mean, sub]
     axis = _trailing(g, mean, x)
     g.next(mean, "Sub")
-    d = sub.output[0]
+    square, eps, sqrt = _std(g, mean, sub, axis, seen)
+    norm = _normalize(g, sqrt, sub.output[0], seen)
+    if {id(n) for n in g.readers_of(sub.output[0])} != {id(square), id(seen[-1])}:
+        raise Broken(sub, "the centred x is read by nodes outside the pattern")
+    return _affine(g, x, axis, eps, seen, norm)
+
+
+def _std(
+    g: Graph, mean, sub, axis: int, seen: Nodes
+) -> tuple[onnx.NodeProto, float, onnx.NodeProto]:
+    """``Sqrt(ReduceMean(d^2) + eps)`` after the centred x: (the square, eps, the Sqrt)."""
     square = _square(g, sub)
     seen.append(square)
     var = g.next(square, "ReduceMean")
     seen.append(var)
-    if _trailing(g, var, square.output[0]) != axis or sorted(_axes(g, var)) != sorted(
-        _axes(g, mean)
-    ):
-        raise Broken(
-            var, f"ReduceMean axes {_axes(g, var)}, expected {_axes(g, mean)} (the mean's)"
-        )
+    axes, want = _axes(g, var), _axes(g, mean)
+    if _trailing(g, var, square.output[0]) != axis or sorted(axes) != sorted(want):
+        raise Broken(var, f"ReduceMean axes {axes}, expected {want} (the mean's)")
     add = g.next(var, "Add")
     seen.append(add)
     eps = g.scalar(other(add, var.output[0]))
@@ -98,11 +105,7 @@ def layernorm(g: Graph, mean: onnx.NodeProto, seen: Nodes):
         raise Broken(add, "adds no constant scalar epsilon >= 0")
     sqrt = g.next(add, "Sqrt")
     seen.append(sqrt)
-    norm = _normalize(g, sqrt, d, seen)
-    readers = {id(n) for n in g.readers_of(d)}
-    if readers != {id(square), id(seen[-1])}:
-        raise Broken(sub, "the centred x is read by nodes outside the pattern")
-    return _affine(g, x, axis, eps, seen, norm)
+    return square, eps, sqrt
 
 
 def _square(g: Graph, sub: onnx.NodeProto) -> onnx.NodeProto:
@@ -160,7 +163,7 @@ def _param(g: Graph, step, last: onnx.NodeProto, op: str, dims: list[int]) -> np
     None when ``step`` is no such op or its constant would broadcast beyond ``dims``."""
     if step is None or step.op_type != op:
         return None
-    value = g.inits.get(other(step, last.output[0]))
+    value = g.const(other(step, last.output[0]))
     if value is None:
         return None
     lead = value.shape[: max(0, value.ndim - len(dims))]
@@ -205,5 +208,5 @@ def fuse_patterns(model: onnx.ModelProto, removed: dict[str, str]) -> list[Patte
                 for lid in ids[1:]:
                     removed[lid] = f"fused into {matched[1].op_type} {ids[0]} ({pattern})"
                 found.append(PatternMatch(pattern, tuple(ids), matched[1].op_type, ids[-1]))
-                g = Graph(model)
+                g.refresh()
     return found

@@ -155,6 +155,8 @@ def test_the_equivalence_report_lists_each_instance_with_its_cosine():
     out, removed = optimize(model, found)
     rows = equivalence.compare_layers(model, out, X, removed)
     lines = equivalence.render_rows(rows, 0.999, found).splitlines()
+    assert "add8 | Add | 1.000000 | now written by LayerNormalization reducemean0" in lines
+    assert lines[2].startswith("reducemean0 | ReduceMean | - | fused: its output is now add8")
     k = lines.index("# patterns fused (1): pattern | new node | nodes replaced | cosine")
     assert lines[k + 1] == (
         "layernorm | LayerNormalization reducemean0 | reducemean0, sub1, pow2, reducemean3, "
