@@ -89,6 +89,8 @@ def hardswish(form: str, clip_max: float = 6.0, alpha: float = 0.1666667) -> onn
     clip = g.op("Clip", g.op("Add", "x", g.c(3.0)), g.c(0.0), g.c(clip_max))
     if form == "paddle":  # (x * clip) / 6
         return g.model(g.op("Div", g.op("Mul", "x", clip), g.c(6.0)))
+    if form == "div_first":  # x * (clip / 6)
+        return g.model(g.op("Mul", "x", g.op("Div", clip, g.c(6.0))))
     return g.model(g.op("Mul", g.op("Mul", clip, g.c(1 / 6)), "x"))  # (clip * 1/6) * x
 
 
@@ -109,6 +111,7 @@ FUSED = {
     "gelu tanh mul": (gelu_tanh(cube="mul"), "Gelu"),
     "hardswish paddle": (hardswish("paddle"), "HardSwish"),
     "hardswish times 1/6": (hardswish("sixth"), "HardSwish"),
+    "hardswish divided first": (hardswish("div_first"), "HardSwish"),
     "hardswish hardsigmoid": (hardswish("hardsigmoid"), "HardSwish"),
 }  # fmt: skip
 
