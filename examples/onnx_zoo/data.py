@@ -1,7 +1,8 @@
 """``examples.onnx_zoo.data:<name>``: photo crops for a graph, without labels.
 
 Crops of scikit-learn's two sample photographs (examples/zoo/images.py) at the graph's
-input size, NHWC for the tf2onnx graph; no labels: every stage is judged by its agreement
+input size, NHWC for the tf2onnx graph; for ``bert`` the word embeddings of examples/bert/data.py's
+tokenized sentences (:func:`examples.onnx_zoo.bert.embeddings`); no labels: every stage is judged by its agreement
 with the original float model (output cosine).
 """
 
@@ -14,9 +15,18 @@ CALIBRATION, EVALUATION = 64, 32
 
 
 def dataset(name: str) -> dict:
+    if name == "bert":
+        from examples.onnx_zoo.bert import embeddings
+
+        x = embeddings(CALIBRATION + EVALUATION, seed=7)
+        return _splits(x)
     x = images.crops(CALIBRATION + EVALUATION, SIZE, seed=7)
     if name == "tf_nhwc":
         x = x.transpose(0, 2, 3, 1).copy()
+    return _splits(x)
+
+
+def _splits(x) -> dict:
     return {
         "train": {"inputs": {"x": x[:CALIBRATION]}, "labels": None},
         "evaluation": {"inputs": {"x": x[CALIBRATION:]}, "labels": None},

@@ -11,7 +11,8 @@ Each builder returns a seeded float model as that exporter writes it:
   class scores, ``Concat`` of both;
 - :func:`tf_nhwc` (tf2onnx): an NHWC input with ``Transpose`` around each conv, ``MatMul``
   + ``Add`` for dense layers and a LayerNorm written out as ReduceMean/Sub/Pow/ReduceMean/
-  Add/Sqrt/Div/Mul/Add.
+  Add/Sqrt/Div/Mul/Add;
+- :func:`bert` (torch's TorchScript exporter): a small BertModel, :mod:`examples.onnx_zoo.bert`.
 The weights are random (seeded); the chain is judged by agreement with the float model.
 """
 
@@ -150,6 +151,14 @@ def tf_nhwc() -> onnx.ModelProto:
     return g.model(["N", SIZE, SIZE, 3], y, ["N", 10])
 
 
-BUILDERS = {"paddle_mobilenet": paddle_mobilenet, "yolo_head": yolo_head, "tf_nhwc": tf_nhwc}
+def bert() -> onnx.ModelProto:
+    """A BERT encoder from torch's TorchScript exporter (:mod:`examples.onnx_zoo.bert`)."""
+    from examples.onnx_zoo.bert import bert as export_bert
+
+    return export_bert()
+
+
+BUILDERS = {"paddle_mobilenet": paddle_mobilenet, "yolo_head": yolo_head, "tf_nhwc": tf_nhwc,
+            "bert": bert}  # fmt: skip
 INPUT_SHAPES = {"yolo_head": {"x": [1, 3, SIZE, SIZE]}}
 """``model.input_shapes`` a model needs (dynamic dims other than the batch)."""

@@ -3,7 +3,7 @@
 Stages and the files they write (``<name>`` = the model file's stem)::
 
     original    <name>_original_float_model.onnx   shape inference, legality, layer ids
-    optimized   <name>_optimized_float_model.onnx  folding, BN fusion, redundant ops
+    optimized   <name>_optimized_float_model.onnx  folding, patterns, BN fusion, redundant ops
     calibrated  <name>_calibrated_model.onnx       QDQ per the quant config (minmax)
     ptq         <name>_ptq_model.onnx              table ops (sigmoid, tanh, exp) fixed point
     quantized   <name>_quantized_model.onnx        stages.convert.graph.Converter, unchanged

@@ -70,13 +70,15 @@ def original_stage(_: None, ctx: PtqContext, call: StageCall) -> PtqModel:
 
 
 def optimized_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
-    """Equivalent rewrites, then every layer compared with the original (cosine)."""
-    source = _load(ctx, up)
-    model, removed = optimize(_load(ctx, up))
+    """Equivalent rewrites (pattern fusion among them), then every layer compared with the
+    original (cosine); debug/optimize_equivalence.txt lists both."""
+    source, patterns = _load(ctx, up), []
+    model, removed = optimize(_load(ctx, up), patterns)
     rel = _save(ctx, "optimized", model)
     x = ctx.calibration.x[: max(ctx.probe_samples, 8)]
     rows = equivalence.compare_layers(source, model, x, removed)
-    ctx.write_debug("optimize_equivalence.txt", equivalence.render_rows(rows, ctx.cosine))
+    text = equivalence.render_rows(rows, ctx.cosine, patterns)
+    ctx.write_debug("optimize_equivalence.txt", text)
     worst = equivalence.check_rows(rows, ctx.cosine)
     ctx.append_check(["", "## optimized: layers removed or folded"]
                      + ([f"{k}: {v}" for k, v in removed.items()] or ["none"]))  # fmt: skip

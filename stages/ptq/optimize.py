@@ -6,6 +6,12 @@ compared tensor by tensor; every removed layer is recorded with what absorbed it
   version converter; layer ids restored by node name);
 - constant folding: ``Constant`` nodes and nodes whose inputs are all constants become
   initializers (evaluated once with the ONNX reference evaluator);
+- pattern fusion (:mod:`stages.ptq.patterns`): exporters' decomposed LayerNorm, Erf GELU
+  and hardswish idioms become LayerNormalization, Gelu and HardSwish, each instance (and
+  each partly matched one, with the node that broke it) in ``patterns``;
+- constants second: an ``Add`` or ``Mul`` with a constant first operand and a tensor second
+  (torch's TorchScript exporter writes a linear's bias as ``Add(bias, MatMul)``) gets its
+  operands swapped, as convert takes a bias or constant only as input 1;
 - BN fusion into the conv before it: ``W' = W * g``, ``b' = (b - mean) * g + beta`` with
   ``g = gamma / sqrt(var + eps)`` per output channel; a BN without a conv before it
   becomes ``x * g + (beta - mean * g)`` (Mul and Add by per-channel constants);
@@ -27,13 +33,22 @@ from onnx import helper, numpy_helper, version_converter
 
 from schemas.errors import StageError
 from stages.ptq.graph import OPSET, attr, layer_of, producers, rename_input, set_layer, users
+from stages.ptq.pattern_match import PatternMatch
+from stages.ptq.patterns import fuse_patterns
 
 
-def optimize(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str]]:
-    """The optimized model and {removed layer id: what happened to it}."""
+def optimize(
+    model: onnx.ModelProto, patterns: list[PatternMatch] | None = None
+) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """The optimized model and {removed layer id: what happened to it}; the pattern
+    instances found are appended to ``patterns`` when given."""
     model = to_opset(model)
     removed: dict[str, str] = {}
     fold_constants(model, removed)
+    constants_second(model)
+    found = fuse_patterns(model, removed)
+    if patterns is not None:
+        patterns.extend(found)
     fuse_batchnorm(model, removed)
     canonical_gemm(model)
     del model.graph.value_info[:]
@@ -116,6 +131,14 @@ def fold_constants(model: onnx.ModelProto, removed: dict[str, str]) -> None:
         removed[layer_of(node)] = "constant folded into an initializer"
     del model.graph.node[:]
     model.graph.node.extend(keep)
+
+
+def constants_second(model: onnx.ModelProto) -> None:
+    """``Add(c, x)`` / ``Mul(c, x)`` with constant ``c`` -> ``Add(x, c)`` / ``Mul(x, c)``."""
+    inits = {i.name for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type in ("Add", "Mul") and node.input[0] in inits and node.input[1] not in inits:
+            node.input[0], node.input[1] = node.input[1], node.input[0]
 
 
 def fuse_batchnorm(model: onnx.ModelProto, removed: dict[str, str]) -> None:

@@ -26,6 +26,7 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
+from schemas.errors import SimulatorError
 from simulator.arith import fixedpoint as fp
 from simulator.arith.composite import build_softmax
 from simulator.arith.custom_ops import CUSTOM_OPS
@@ -112,7 +113,7 @@ def fix_tables(model: onnx.ModelProto, march: March) -> tuple[onnx.ModelProto, l
                 nodes += _fixed_nodes(model, node, grid[node.input[0]], out, payload, kw)
                 fixed.append(lid)
                 continue
-            islands[lid] = "the softmax axis has no static length"
+            islands[lid] = kw
         nodes.append(node)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
@@ -150,18 +151,26 @@ def _shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
     }
 
 
-def _payload(node, src, dst, march, shapes) -> tuple[object | None, dict]:
-    """The fixed-point tables of ``node``: a Lut's, or Softmax's composite (exp table,
-    reciprocal table, the sum's shift for the softmax axis' length, as pre_export builds
-    them for the QAT chain; None when that length is not static)."""
+def _payload(node, src, dst, march, shapes) -> tuple[object | None, dict | str]:
+    """The fixed-point tables of ``node`` and their attributes: a Lut's, or Softmax's
+    composite (exp table, reciprocal table, the sum's shift for the softmax axis' length,
+    as pre_export builds them for the QAT chain); (None, why) when the softmax stays float:
+    its axis length is not static, or its input grid is too coarse for the exp table (a
+    score grid step above ``|ln 2^-17| / segments``, e.g. an int8 add of BERT's -10000 mask)."""
     if node.op_type != "Softmax":
         return table_for(node, src, dst, march), {}
     dims = shapes.get(node.input[0], [])
     axis = _attr(node, "axis", -1) % max(len(dims), 1)
     n_max = dims[axis] if axis < len(dims) else 0
     if n_max <= 0:
-        return None, {}
-    return build_softmax(*src, *dst, "half_even", n_max=n_max), {"axis": axis}
+        return None, "the softmax axis has no static length"
+    try:
+        return build_softmax(*src, *dst, "half_even", n_max=n_max), {"axis": axis}
+    except SimulatorError as e:
+        return None, (
+            f"input grid {src[1]} scale {src[0]:.4g} too coarse for the exp table ({e.what}); "
+            "quantize the tensor feeding it as int16 (quant.overrides) to make it fixed point"
+        )
 
 
 def _fixed_nodes(model, node, src, dst, payload, kw) -> list[onnx.NodeProto]:

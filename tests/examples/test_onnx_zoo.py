@@ -1,9 +1,13 @@
-"""examples/onnx_zoo: graphs in paddle2onnx, ultralytics and tf2onnx idioms through every
-stage of the PTQ chain, judged by agreement with the original float model."""
+"""examples/onnx_zoo: graphs in paddle2onnx, ultralytics, tf2onnx and torch TorchScript
+idioms through every stage of the PTQ chain, judged by agreement with the original float
+model; the optimized stage fuses their LayerNorm, GELU and hardswish idioms."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import duckdb
+import onnx
 import pytest
 
 from examples.onnx_zoo import export
@@ -12,6 +16,13 @@ from pipelines.ptq import PtqSpec, run_ptq
 from schemas.store import RunStore
 
 PTQ = ["original", "optimized", "calibrated", "ptq", "quantized", "hbm", "board"]
+FUSED = {
+    "bert": {"LayerNormalization": 5, "Gelu": 2},
+    "paddle_mobilenet": {"HardSwish": 2},
+    "tf_nhwc": {"LayerNormalization": 1},
+    "yolo_head": {},
+}
+"""Ops the optimized stage's pattern fusion makes of each graph's idioms."""
 
 
 @pytest.mark.parametrize("name", sorted(BUILDERS))
@@ -30,6 +41,10 @@ def test_an_exporter_idiom_runs_every_ptq_stage(name, tmp_path, monkeypatch):
         "WHERE metric = 'cosine'"
     ).fetchall())  # fmt: skip
     assert set(cosine) == set(PTQ) and min(cosine.values()) > 0.99
+    ops = Counter(n.op_type for n in onnx.load(run.path(
+        f"artifacts/optimized/{name}_optimized_float_model.onnx")).graph.node)  # fmt: skip
+    assert {op: ops[op] for op in FUSED[name]} == FUSED[name]
+    assert not ops.keys() & {"Erf", "Pow", "Clip"}  # each idiom's inner ops are gone
 
 
 def test_the_detector_needs_its_input_shapes(tmp_path, monkeypatch):

@@ -11,7 +11,8 @@ from onnx import helper
 
 from pipelines.ptq import run_ptq
 from schemas.store import RunStore
-from stages.ptq.ptq import TABLE_FNS
+from simulator.program.march import MARCHES
+from stages.ptq.ptq import TABLE_FNS, _payload
 from tests.stages.ptq.conftest import helper_model, spec
 
 ATTRS = {"HardSigmoid": {"alpha": 1 / 6, "beta": 0.5}, "LeakyRelu": {"alpha": 0.1}, "Elu": {}}
@@ -47,3 +48,14 @@ def test_table_functions_follow_the_onnx_definitions():
     torch.testing.assert_close(gelu(x), torch.nn.functional.gelu(x, approximate="tanh"))
     leaky = TABLE_FNS["LeakyRelu"](helper.make_node("LeakyRelu", ["x"], ["y"]))
     assert np.isclose(float(leaky(torch.tensor(-1.0))), -0.01)
+
+
+def test_a_softmax_on_a_grid_too_coarse_for_its_exp_table_stays_float_with_the_reason():
+    """BERT's additive mask (-10000) makes the int8 scale of the scores ~78: the exp table
+    has no integers to sample (it raised a SimulatorError naming no layer)."""
+    node = helper.make_node("Softmax", ["s"], ["p"], name="attn", axis=-1)
+    payload, why = _payload(node, (78.4, "int8"), (1 / 255, "int8"), MARCHES["nash-e"],
+                            {"s": [1, 2, 16, 16]})  # fmt: skip
+    assert payload is None
+    assert why.startswith("input grid int8 scale 78.4 too coarse for the exp table")
+    assert "int16 (quant.overrides)" in why
