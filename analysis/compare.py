@@ -69,8 +69,8 @@ def compare_stages(
     results = {p: PairResult(*p, run_id=ctx.run.run_id) for p in pairs}
     for r in results.values():
         remove_parts(ctx.run, f"tables/layer_stats/{r.name}")
-    n, bs = len(ctx.evaluation), ctx.spec.data.batch_size
-    n = min(n, ctx.spec.compare.samples or n)
+    n = min(len(ctx.evaluation), ctx.spec.compare.samples or len(ctx.evaluation))
+    bs = compare_batch(ctx, models)
     for b, start in enumerate(range(0, n, bs)):
         idx = np.arange(start, min(start + bs, n))
         runs = {s: m.run(idx) for s, m in models.items()}
@@ -82,6 +82,22 @@ def compare_stages(
     for r in results.values():
         _aggregate(ctx, r, layers, dtypes)
     return results
+
+
+def compare_batch(ctx: RunContext, models: dict[str, StageModel]) -> int:
+    """Samples per comparison batch: ``data.batch_size``, fewer when what every stage model
+    captures for them (measured on sample 0) would pass ``compare.memory_mb``.
+
+    FORMULA: ``max(1, min(batch_size, memory_mb * 2**20 // sum_models(bytes of one
+    sample's output and layer tensors)))``."""
+    per_sample = sum(_nbytes(m.run(np.arange(1))) for m in models.values())
+    budget = ctx.spec.compare.memory_mb * 2**20
+    return max(1, min(ctx.spec.data.batch_size, int(budget // max(per_sample, 1))))
+
+
+def _nbytes(captured) -> int:
+    out, values = captured
+    return int(np.asarray(out).nbytes + sum(np.asarray(v).nbytes for v in values.values()))
 
 
 def _setup(r: PairResult, base: dict, ana: dict, models, layers, scales, n: int) -> None:

@@ -281,3 +281,7 @@ class CompareSpec(Section):
     samples: int | None = Field(default=None, ge=1)
     """Compare layers on the first N evaluation samples (null: all of them); top-1 is
     always measured on the whole split."""
+    memory_mb: float = Field(default=1024, gt=0)
+    """MB of captured layer tensors the comparison holds at once: it runs every stage model
+    on batches of ``data.batch_size`` samples, fewer when all the models' layers of that
+    many samples would pass this (measured on one sample; at least one sample per batch)."""
