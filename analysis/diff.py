@@ -19,7 +19,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from analysis.query import connect, named
+from analysis.query import connect, load_query, named
 from schemas.errors import QueryError, SpecError
 from schemas.spec import load_spec
 from schemas.store import RunStore
@@ -54,7 +54,8 @@ def diff_runs(root: str | Path, a: str, b: str) -> dict[str, pa.Table]:
     changed after the run wrote it (SQL would only leave it out).
     """
     _verify_runs(root, (a, b))
-    con = connect(root)
+    queries = ("runs_by_id", *SECTIONS.values())  # only the two runs, only these tables
+    con = connect(root, "\n".join(load_query(q).sql for q in queries), runs=(a, b))
     try:
         found = set(named(con, "runs_by_id", ids=[a, b]).column("run_id").to_pylist())
         missing = [r for r in (a, b) if r not in found]

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 import duckdb
@@ -73,9 +73,11 @@ def tables_used(sql: str) -> set[str]:
     return _named(text, SCHEMAS)
 
 
-def store_files(root: str | Path, tables: Iterable[str] | None = None) -> dict[str, list[str]]:
-    """The Parquet files of ``tables`` (default: every table) under the store ``root``,
-    by table name.
+def store_files(
+    root: str | Path, tables: Iterable[str] | None = None, runs: Collection[str] | None = None
+) -> dict[str, list[str]]:
+    """The Parquet files of ``tables`` (default: every table) of the runs ``runs``
+    (default: every run) under the store ``root``, by table name.
 
     Runs are the folders of ``root`` whose names do not start with '.' or '_' (the cache
     and other bookkeeping live there); symlinked run folders and table parts are skipped
@@ -87,6 +89,8 @@ def store_files(root: str | Path, tables: Iterable[str] | None = None) -> dict[s
         table: [] for table in SCHEMAS if tables is None or table in tables
     }
     for run in run_folders(RunStore(root).local_copy()):
+        if runs is not None and run.name not in runs:
+            continue
         try:
             manifest = read_manifest(run)
         except ArtifactError:
@@ -114,12 +118,15 @@ def _dataset(table: str, files: list[str]) -> ds.Dataset | pa.Table:
     return ds.dataset(files, schema=schema, format="parquet")
 
 
-def _show_interrupted(data: ds.Dataset | pa.Table, root: str | Path) -> ds.Dataset | pa.Table:
-    """The runs rows with status ``interrupted`` for runs whose process died but that no
-    one has marked yet (schemas.owner), and a row for each such run killed before it wrote
-    its own: SQL shows what ``qparity runs`` shows."""
+def _show_interrupted(
+    data: ds.Dataset | pa.Table, root: str | Path, runs: Collection[str] | None
+) -> ds.Dataset | pa.Table:
+    """The runs rows with status ``interrupted`` for runs (of ``runs``, default all) whose
+    process died but that no one has marked yet (schemas.owner), and a row for each such
+    run killed before it wrote its own: SQL shows what ``qparity runs`` shows."""
     local = RunStore(RunStore(root).root)  # store_files already synced a URL store's copy
-    dead = {m.run_id: m for m in local.list_runs() if died(m)}
+    mine = [m for m in local.list_runs() if runs is None or m.run_id in runs]
+    dead = {m.run_id: m for m in mine if died(m)}
     if not dead:
         return data
     rows = data.to_table() if isinstance(data, ds.Dataset) else data
@@ -155,10 +162,12 @@ def _chain() -> pa.Table:
     )
 
 
-def connect(root: str | Path, sql: str | None = None) -> duckdb.DuckDBPyConnection:
+def connect(
+    root: str | Path, sql: str | None = None, runs: Collection[str] | None = None
+) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with one view per table of the store at ``root``, locked down;
-    given the statement ``sql`` it is for, only :func:`tables_used` are read, the other
-    views are empty.
+    given the statement(s) ``sql`` it is for, only :func:`tables_used` are read, the other
+    views are empty; given ``runs`` (run ids), only their rows are read.
 
     After the views exist the session is read-only for its user: no file access at all
     (``enable_external_access=false``, no ``allowed_directories``), no extension loading,
@@ -168,11 +177,11 @@ def connect(root: str | Path, sql: str | None = None) -> duckdb.DuckDBPyConnecti
     con = duckdb.connect(":memory:")
     try:
         con.execute("SET TimeZone = 'UTC'")
-        files = store_files(root, None if sql is None else tables_used(sql))
+        files = store_files(root, None if sql is None else tables_used(sql), runs)
         for table in SCHEMAS:
             data = _dataset(table, files.get(table, []))
             read = table == "runs" and table in files  # a view not read stays empty
-            con.register(table, _show_interrupted(data, root) if read else data)
+            con.register(table, _show_interrupted(data, root, runs) if read else data)
         con.register(CHAIN_VIEW, _chain())
         for path in sorted(VIEWS_DIR.glob("*.sql")):
             con.execute(f"CREATE VIEW {path.stem} AS {path.read_text()}")
