@@ -40,7 +40,7 @@ import pyarrow.dataset as ds
 from schemas.errors import ArtifactError, QueryError
 from schemas.manifest import Manifest
 from schemas.owner import bare_run_row, died, interrupted
-from schemas.spec_sections import STAGE_NAMES
+from schemas.stage_names import STAGE_NAMES
 from schemas.store import RunStore
 from schemas.store_layout import StoreWarning, run_folders
 from schemas.table_digests import check_table, read_manifest
