@@ -1,6 +1,6 @@
-"""The data commands start without the stage machinery: no torch, onnx or Prefect import,
-and `show` and `runs` not even DuckDB or pyarrow's dataset layer (bench/cli.py measures
-their start-up against python + duckdb)."""
+"""The data commands start without the stage machinery: no torch, onnx or Prefect import;
+`show` and `runs` not even DuckDB or pyarrow's dataset layer, `sql` no spec models
+(bench/cli.py measures their start-up against python + duckdb)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from tests.conftest import tiny_spec_dict
 
 STAGES = ("torch", "torchao", "onnx", "onnxruntime", "prefect")
 SQL = ("duckdb", "pyarrow.dataset", "pyarrow.compute")
+SPEC = ("schemas.spec_sections", "analysis.diff")  # pydantic models `sql` does not need
 CHILD = """
 import sys
 from qparity.cli import main
@@ -54,7 +55,7 @@ def store(tmp_path_factory):
         (["runs"], STAGES + SQL),
         (["show", "RUN"], STAGES + SQL),
         (["show", "RUN", "-q"], STAGES + SQL),
-        (["sql", "SELECT * FROM first_divergences"], STAGES),
+        (["sql", "SELECT * FROM first_divergences"], STAGES + SPEC),
         (["diff", "RUN", "RUN", "-q"], STAGES),
     ],
 )
