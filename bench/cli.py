@@ -8,7 +8,10 @@ whole process, ``time.perf_counter`` around ``subprocess.run``):
   that imports duckdb and reads the same Parquet files (``read_parquet`` of every run's
   localization table);
 - ``qparity runs``, ``qparity show RUN``, ``qparity --help`` against a python process that
-  imports duckdb and nothing else.
+  imports duckdb and nothing else;
+- two floors, for scale: a python process that imports only the libraries every command
+  loads (typer, which coerces every parameter through pydantic, and rich), and one that
+  adds what ``qparity sql`` reads with (duckdb, pyarrow's dataset layer).
 The ratio is command / anchor (targets: at most 2, and under 0.5 s). The store must hold
 runs; ``--make-store N`` first fills the store with N clones of its first run, each a
 distinct run (its own id in the folder name, the manifest and every table row, fresh table
@@ -35,6 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 TARGET_RATIO, TARGET_S = 2.0, 0.5
+FRAMEWORK = "import typer, typer._adapters, rich.console, rich.table"
+SQL_LIBS = f"{FRAMEWORK}, duckdb, pyarrow.dataset"
 
 
 def _timed(argv: list[str]) -> float:
@@ -66,6 +71,8 @@ def commands(store: Path) -> dict[str, list[str]]:
         "qparity runs": [*cli, "runs", "--runs", str(store), "-q"],
         f"qparity show {run}": [*cli, "show", run, "--runs", str(store)],
         "qparity --help": [*cli, "--help"],
+        "floor: python + typer (its pydantic coercion) + rich": [py, "-c", FRAMEWORK],
+        "floor of qparity sql: the above + duckdb + pyarrow.dataset": [py, "-c", SQL_LIBS],
     }
 
 
@@ -145,7 +152,10 @@ def report(med: dict[str, float]) -> None:
         if name.startswith("anchor"):
             print(f"{name:<52} {t:7.2f}s")
             continue
-        ratio = t / (query if name.startswith("qparity sql") else bare)
+        ratio = t / (query if "qparity sql" in name else bare)
+        if name.startswith("floor"):
+            print(f"{name:<52} {t:7.2f}s {ratio:6.2f}x")
+            continue
         verdicts = ["PASS" if ok else "MISS" for ok in (ratio <= TARGET_RATIO, t < TARGET_S)]
         print(f"{name:<52} {t:7.2f}s {ratio:6.2f}x  {verdicts[0]:>6}  {verdicts[1]:>6}")
 
