@@ -63,13 +63,17 @@ def _named(text: str, names: Iterable[str]) -> set[str]:
 
 def tables_used(sql: str) -> set[str]:
     """The tables of :data:`SCHEMAS` that ``sql`` may read: each one whose name occurs in
-    it as a word, or in the SQL of a derived view whose name does, comments aside (a
-    superset: a name in the statement's comments or strings counts too). All of them when the statement builds a table name at
-    run time (``query(...)``, ``query_table(...)``)."""
+    it as a word, or in the SQL of a derived view whose name does (transitively), comments
+    of the views aside: a superset, a name in the statement's comments or strings counts
+    too. All of them when the statement builds a table name at run time (``query(...)``,
+    ``query_table(...)``)."""
     if _DYNAMIC_RE.search(sql):
         return set(SCHEMAS)
     views = {p.stem: _COMMENT_RE.sub("", p.read_text()) for p in VIEWS_DIR.glob("*.sql")}
-    text = sql + "".join(views[v] for v in _named(sql, views))
+    text, seen = sql, set()
+    while fresh := _named(text, views) - seen:  # a view over a view: its tables too
+        seen |= fresh
+        text += "".join(views[v] for v in sorted(fresh))
     return _named(text, SCHEMAS)
 
 

@@ -33,6 +33,13 @@ def test_a_statement_reads_the_tables_it_names_directly_or_through_a_view():
     assert sql_views.tables_used(dynamic) == set(sql_views.SCHEMAS)
 
 
+def test_a_view_over_a_view_reads_the_tables_of_both(tmp_path, monkeypatch):
+    (tmp_path / "outer.sql").write_text("-- over stages\nSELECT * FROM inner_view")
+    (tmp_path / "inner_view.sql").write_text("SELECT * FROM metrics")
+    monkeypatch.setattr(sql_views, "VIEWS_DIR", tmp_path)
+    assert sql_views.tables_used("SELECT * FROM outer") == {"metrics"}
+
+
 def _changed_metrics_part(root):
     """A run with one metrics row whose part was rewritten after the run wrote it."""
     import pyarrow.parquet as pq
