@@ -8,7 +8,6 @@ returns one Arrow table per section; :func:`render_diff` turns them into rich ta
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +15,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
-from analysis.query import connect, named
+from analysis.query import connect, load_query, named
+from analysis.rich_tables import rich_table
 from schemas.errors import QueryError, SpecError
 from schemas.spec import load_spec
 from schemas.store import RunStore
@@ -54,7 +53,8 @@ def diff_runs(root: str | Path, a: str, b: str) -> dict[str, pa.Table]:
     changed after the run wrote it (SQL would only leave it out).
     """
     _verify_runs(root, (a, b))
-    con = connect(root)
+    queries = ("runs_by_id", *SECTIONS.values())  # only the two runs, only these tables
+    con = connect(root, "\n".join(load_query(q).sql for q in queries), runs=(a, b))
     try:
         found = set(named(con, "runs_by_id", ids=[a, b]).column("run_id").to_pylist())
         missing = [r for r in (a, b) if r not in found]
@@ -112,27 +112,6 @@ def _verify_runs(root: str | Path, run_ids: tuple[str, ...]) -> None:
         if rid in folders:
             for table in SCHEMAS:
                 check_table(folders[rid], table)
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return "nan" if math.isnan(value) else f"{value:.6g}"
-    if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
-        return value[:12]  # a sha256: the prefix is enough to tell them apart
-    return str(value)
-
-
-def rich_table(table: pa.Table, title: str | None = None, max_rows: int | None = None) -> Table:
-    """An Arrow table as a rich table (NULL as '-', floats to 6 digits, digests shortened)."""
-    out = Table(*table.column_names, title=title, title_justify="left")
-    rows = table.to_pylist()
-    for row in rows[:max_rows]:
-        out.add_row(*(_cell(v) for v in row.values()))
-    if max_rows is not None and len(rows) > max_rows:
-        out.caption = f"{len(rows) - max_rows} more rows not shown"
-    return out
 
 
 def changed_rows(section: str, table: pa.Table) -> pa.Table:

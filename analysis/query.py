@@ -151,7 +151,7 @@ def run_sql(
     cancelled past ``timeout_s`` seconds (None, 0 or inf: no limit) or on Ctrl-C."""
     check_read_only(sql)
     limit = _wait_limit(timeout_s)  # before the connection: a bad limit leaves none open
-    return execute_bounded(connect(root), sql, params, limit, close=True)
+    return execute_bounded(connect(root, sql), sql, params, limit, close=True)
 
 
 def execute_bounded(

@@ -12,6 +12,10 @@ whose process died unmarked reads as ``interrupted`` in ``runs`` (:mod:`schemas.
 a row made from its manifest if it was killed before writing its own.
 A run's table whose parts fail the digests its manifest records (:mod:`schemas.table_digests`)
 is left out with a warning naming the file: never read as truth, never blocking the rest.
+Given the statement it is opened for, a session reads (and verifies) only the tables the
+statement names, directly or through a derived view (:func:`tables_used`); the others are
+empty views with the right columns: on a store of 100 runs, hashing every part of every
+table cost seconds for a query that reads one.
 
 Why Arrow datasets, not ``read_parquet(glob)`` views: DuckDB 2.0.1 checks file access when a
 view runs, so views over ``read_parquet`` need the store root in ``allowed_directories``,
@@ -23,7 +27,9 @@ DuckDB itself can neither read nor write any file.
 
 from __future__ import annotations
 
+import re
 import warnings
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 import duckdb
@@ -34,7 +40,7 @@ import pyarrow.dataset as ds
 from schemas.errors import ArtifactError, QueryError
 from schemas.manifest import Manifest
 from schemas.owner import bare_run_row, died, interrupted
-from schemas.spec_sections import STAGE_NAMES
+from schemas.stage_names import STAGE_NAMES
 from schemas.store import RunStore
 from schemas.store_layout import StoreWarning, run_folders
 from schemas.table_digests import check_table, read_manifest
@@ -47,8 +53,35 @@ VIEWS_DIR = Path(__file__).resolve().parent / "sql" / "views"
 """Derived views: ``<name>.sql`` holds the SELECT of the view ``<name>``."""
 
 
-def store_files(root: str | Path) -> dict[str, list[str]]:
-    """Every table's Parquet files under the store ``root``, by table name.
+_DYNAMIC_RE = re.compile(r"\b(query|query_table)\s*\(", re.IGNORECASE)
+_COMMENT_RE = re.compile(r"--[^\n]*")  # our views have no "--" inside a string
+
+
+def _named(text: str, names: Iterable[str]) -> set[str]:
+    return {n for n in names if re.search(rf"\b{n}\b", text, re.IGNORECASE)}
+
+
+def tables_used(sql: str) -> set[str]:
+    """The tables of :data:`SCHEMAS` that ``sql`` may read: each one whose name occurs in
+    it as a word, or in the SQL of a derived view whose name does (transitively), comments
+    of the views aside: a superset, a name in the statement's comments or strings counts
+    too. All of them when the statement builds a table name at run time (``query(...)``,
+    ``query_table(...)``)."""
+    if _DYNAMIC_RE.search(sql):
+        return set(SCHEMAS)
+    views = {p.stem: _COMMENT_RE.sub("", p.read_text()) for p in VIEWS_DIR.glob("*.sql")}
+    text, seen = sql, set()
+    while fresh := _named(text, views) - seen:  # a view over a view: its tables too
+        seen |= fresh
+        text += "".join(views[v] for v in sorted(fresh))
+    return _named(text, SCHEMAS)
+
+
+def store_files(
+    root: str | Path, tables: Iterable[str] | None = None, runs: Collection[str] | None = None
+) -> dict[str, list[str]]:
+    """The Parquet files of ``tables`` (default: every table) of the runs ``runs``
+    (default: every run) under the store ``root``, by table name.
 
     Runs are the folders of ``root`` whose names do not start with '.' or '_' (the cache
     and other bookkeeping live there); symlinked run folders and table parts are skipped
@@ -56,8 +89,12 @@ def store_files(root: str | Path) -> dict[str, list[str]]:
     no run counts twice. A run's table whose parts fail their digests is left out, with a
     warning (:func:`_verified`).
     """
-    files: dict[str, list[str]] = {table: [] for table in SCHEMAS}
+    files: dict[str, list[str]] = {
+        table: [] for table in SCHEMAS if tables is None or table in tables
+    }
     for run in run_folders(RunStore(root).local_copy()):
+        if runs is not None and run.name not in runs:
+            continue
         try:
             manifest = read_manifest(run)
         except ArtifactError:
@@ -85,12 +122,15 @@ def _dataset(table: str, files: list[str]) -> ds.Dataset | pa.Table:
     return ds.dataset(files, schema=schema, format="parquet")
 
 
-def _show_interrupted(data: ds.Dataset | pa.Table, root: str | Path) -> ds.Dataset | pa.Table:
-    """The runs rows with status ``interrupted`` for runs whose process died but that no
-    one has marked yet (schemas.owner), and a row for each such run killed before it wrote
-    its own: SQL shows what ``qparity runs`` shows."""
+def _show_interrupted(
+    data: ds.Dataset | pa.Table, root: str | Path, runs: Collection[str] | None
+) -> ds.Dataset | pa.Table:
+    """The runs rows with status ``interrupted`` for runs (of ``runs``, default all) whose
+    process died but that no one has marked yet (schemas.owner), and a row for each such
+    run killed before it wrote its own: SQL shows what ``qparity runs`` shows."""
     local = RunStore(RunStore(root).root)  # store_files already synced a URL store's copy
-    dead = {m.run_id: m for m in local.list_runs() if died(m)}
+    mine = [m for m in local.list_runs() if runs is None or m.run_id in runs]
+    dead = {m.run_id: m for m in mine if died(m)}
     if not dead:
         return data
     rows = data.to_table() if isinstance(data, ds.Dataset) else data
@@ -126,8 +166,12 @@ def _chain() -> pa.Table:
     )
 
 
-def connect(root: str | Path) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB with one view per table of the store at ``root``, locked down.
+def connect(
+    root: str | Path, sql: str | None = None, runs: Collection[str] | None = None
+) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with one view per table of the store at ``root``, locked down;
+    given the statement(s) ``sql`` it is for, only :func:`tables_used` are read, the other
+    views are empty; given ``runs`` (run ids), only their rows are read.
 
     After the views exist the session is read-only for its user: no file access at all
     (``enable_external_access=false``, no ``allowed_directories``), no extension loading,
@@ -137,9 +181,11 @@ def connect(root: str | Path) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect(":memory:")
     try:
         con.execute("SET TimeZone = 'UTC'")
-        for table, files in store_files(root).items():
-            data = _dataset(table, files)
-            con.register(table, _show_interrupted(data, root) if table == "runs" else data)
+        files = store_files(root, None if sql is None else tables_used(sql), runs)
+        for table in SCHEMAS:
+            data = _dataset(table, files.get(table, []))
+            read = table == "runs" and table in files  # a view not read stays empty
+            con.register(table, _show_interrupted(data, root, runs) if read else data)
         con.register(CHAIN_VIEW, _chain())
         for path in sorted(VIEWS_DIR.glob("*.sql")):
             con.execute(f"CREATE VIEW {path.stem} AS {path.read_text()}")

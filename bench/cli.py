@@ -8,43 +8,66 @@ whole process, ``time.perf_counter`` around ``subprocess.run``):
   that imports duckdb and reads the same Parquet files (``read_parquet`` of every run's
   localization table);
 - ``qparity runs``, ``qparity show RUN``, ``qparity --help`` against a python process that
-  imports duckdb and nothing else.
-The ratio is command / anchor (target: at most 2). The store must hold runs:
+  imports duckdb and nothing else;
+- two floors, for scale: a python process that imports only the libraries every command
+  loads (typer, which coerces every parameter through pydantic, and rich), and one that
+  adds what ``qparity sql`` reads with (duckdb, pyarrow's dataset layer).
+The ratio is command / anchor (targets: at most 2, and under 0.5 s). The store must hold
+runs; ``--make-store N`` first fills the store with N clones of its first run, each a
+distinct run (its own id in the folder name, the manifest and every table row, fresh table
+digests; the artifacts hard-linked), so a 100-run store costs one chain run:
 
     python bench/cli.py --store runs [--rounds 5]
+    python bench/cli.py --store /tmp/store100 --make-store 100 --from runs
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
+import secrets
+import shutil
 import statistics
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+TARGET_RATIO, TARGET_S = 2.0, 0.5
+QUERY_ANCHOR, BARE_ANCHOR = "anchor: python + duckdb query", "anchor: python + import duckdb"
+FRAMEWORK = "import typer, typer._adapters, rich.console, rich.table"
+SQL_LIBS = f"{FRAMEWORK}, duckdb, pyarrow.dataset"
 
 
-def _timed(argv: list[str]) -> float:
-    t0 = time.perf_counter()
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _timed(argv: list[str]) -> tuple[float, float]:
+    """Wall time and CPU time (user + sys) of one process running ``argv``."""
+    t0, c0 = time.perf_counter(), _cpu()
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
-    took = time.perf_counter() - t0
+    took, cpu = time.perf_counter() - t0, _cpu() - c0
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv[:6])} failed: {proc.stderr.strip()[-300:]}")
-    return took
+    return took, cpu
 
 
 def commands(store: Path) -> dict[str, list[str]]:
     """Name -> argv of every process timed."""
     py, cli = sys.executable, [sys.executable, "-m", "qparity.cli"]
-    run = next(p.name for p in sorted(store.iterdir()) if (p / "manifest.json").is_file())
+    run = _runs(store)[0].name
     parts = f"{store}/*/tables/localization/**/*.parquet"
     plain = f"import duckdb; duckdb.sql(\"SELECT * FROM read_parquet('{parts}', union_by_name=true)\").fetchall()"  # noqa: E501
     return {
-        "anchor: python + duckdb query": [py, "-c", plain],
-        "anchor: python + import duckdb": [py, "-c", "import duckdb"],
+        QUERY_ANCHOR: [py, "-c", plain],
+        BARE_ANCHOR: [py, "-c", "import duckdb"],
         "qparity sql first_divergences": [
             *cli,
             "sql",
@@ -56,28 +79,105 @@ def commands(store: Path) -> dict[str, list[str]]:
         "qparity runs": [*cli, "runs", "--runs", str(store), "-q"],
         f"qparity show {run}": [*cli, "show", run, "--runs", str(store)],
         "qparity --help": [*cli, "--help"],
+        "floor: python + typer (its pydantic coercion) + rich": [py, "-c", FRAMEWORK],
+        "floor of qparity sql: the above + duckdb + pyarrow.dataset": [py, "-c", SQL_LIBS],
     }
+
+
+def _runs(store: Path) -> list[Path]:
+    return [p for p in sorted(store.iterdir()) if (p / "manifest.json").is_file()]
+
+
+def _clone_tables(src: Path, dst: Path, run_id: str) -> dict[str, str]:
+    """Every table part of ``src`` written under ``dst`` with ``run_id`` in its run_id
+    column; returns the parts' sha256 by run-relative path (the manifest's ``tables``)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from schemas.fileio import sha256_file
+
+    digests = {}
+    for part in sorted((src / "tables").rglob("*.parquet")):
+        rel, data = part.relative_to(src), pq.read_table(part)
+        if "run_id" in data.column_names:
+            ids = pa.array([run_id] * data.num_rows, data.schema.field("run_id").type)
+            data = data.set_column(data.column_names.index("run_id"), "run_id", ids)
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(data, dst / rel)
+        digests[rel.as_posix()] = sha256_file(dst / rel)
+    return digests
+
+
+def clone_run(src: Path, store: Path, k: int) -> str:
+    """A copy of the run folder ``src`` in ``store`` as a run of its own (new id, started
+    ``k`` minutes after ``src``); the non-table files are hard links."""
+    manifest = json.loads((src / "manifest.json").read_text())
+    started = datetime.fromisoformat(manifest["started_at"]) + timedelta(minutes=k)
+    run_id = f"{manifest['name']}-{started:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
+    dst = store / run_id
+    shutil.copytree(src, dst, copy_function=os.link, ignore=shutil.ignore_patterns("tables"))
+    tables = _clone_tables(src, dst, run_id)
+    (dst / "manifest.json").unlink()  # a hard link to the source's: write a file of its own
+    manifest.update(run_id=run_id, started_at=started.isoformat(), tables=tables)
+    (dst / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return run_id
+
+
+def make_store(store: Path, source: Path, n: int) -> None:
+    """Fill ``store`` (on the same file system as ``source``) up to ``n`` runs by cloning
+    the first run of ``source``."""
+    store.mkdir(parents=True, exist_ok=True)
+    src = _runs(source)[0]
+    for k in range(len(_runs(store)), n):
+        clone_run(src, store, k + 1)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--store", type=Path, default=Path("runs"))
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--make-store", type=int, metavar="N", help="first clone runs up to N")
+    ap.add_argument("--from", dest="source", type=Path, help="the store to clone from")
     args = ap.parse_args()
+    if args.make_store:
+        make_store(args.store, args.source or args.store, args.make_store)
     cmds = commands(args.store.resolve())
-    times: dict[str, list[float]] = {k: [] for k in cmds}
+    samples: dict[str, list[tuple[float, float]]] = {k: [] for k in cmds}
     for _ in range(args.rounds):
         for name, argv in cmds.items():
-            times[name].append(_timed(argv))
-    med = {k: statistics.median(v) for k, v in times.items()}
-    n_runs = sum(1 for p in args.store.iterdir() if (p / "manifest.json").is_file())
-    print(f"# {n_runs} runs in {args.store}; median of {args.rounds} rounds; "
+            samples[name].append(_timed(argv))
+    wall = {k: statistics.median(w for w, _ in v) for k, v in samples.items()}
+    cpu = {k: statistics.median(c for _, c in v) for k, v in samples.items()}
+    print(f"# {len(_runs(args.store))} runs in {args.store}; median of {args.rounds} rounds; "
           f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")  # fmt: skip
-    query, bare = med["anchor: python + duckdb query"], med["anchor: python + import duckdb"]
-    for name, t in med.items():
-        anchor = query if name.startswith("qparity sql") else bare
-        ratio = "" if name.startswith("anchor") else f"  {t / anchor:.2f}x the anchor"
-        print(f"{name:<58} {t:6.2f} s{ratio}")
+    report(wall, cpu)
+
+
+def _ratio(name: str, times: dict[str, float]) -> float:
+    """``name``'s time over its anchor's: the duckdb query for sql, bare duckdb otherwise."""
+    return times[name] / times[QUERY_ANCHOR if "qparity sql" in name else BARE_ANCHOR]
+
+
+def report(wall: dict[str, float], cpu: dict[str, float]) -> None:
+    """Each process's median wall and CPU (user + sys) time, their ratios to the anchor,
+    and PASS/MISS of the wall time against the targets. On a busy machine the CPU ratio
+    is the steadier estimate of the wall ratio on an idle one."""
+    print(f"{'process':<60} {'wall':>6} {'ratio':>6} {'cpu':>6} {'ratio':>6}"
+          f"  <= {TARGET_RATIO:g}x  < {TARGET_S} s")  # fmt: skip
+    for name in wall:
+        row = f"{name:<60} {wall[name]:5.2f}s"
+        if name.startswith("anchor"):
+            print(f"{row} {'':>6} {cpu[name]:5.2f}s")
+            continue
+        ratio = _ratio(name, wall)
+        row += f" {ratio:5.2f}x {cpu[name]:5.2f}s {_ratio(name, cpu):5.2f}x"
+        if not name.startswith("floor"):
+            ok = (
+                "PASS" if ratio <= TARGET_RATIO else "MISS",
+                "PASS" if wall[name] < TARGET_S else "MISS",
+            )
+            row += f"  {ok[0]:>6}  {ok[1]:>6}"
+        print(row)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ def write_result(result: pa.Table, fmt: str, console: Console = out, quiet: bool
     import pyarrow as pa  # the data commands' imports wait for the command (bench/cli.py)
     import pyarrow.csv as pacsv
 
-    from analysis.diff import rich_table
+    from analysis.rich_tables import rich_table
 
     fmt = Format(fmt).value
     if fmt == "csv" or quiet:

@@ -11,17 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-STAGE_NAMES: tuple[str, ...] = (
-    "prepare",
-    "calibrate",
-    "qat",
-    "pre_export",
-    "export",
-    "convert",
-    "compile",
-    "board_sim",
-)
-"""Every stage of the chain, in chain order (the card's names)."""
+from schemas.stage_names import STAGE_NAMES
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _FACTORY_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")

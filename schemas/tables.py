@@ -13,7 +13,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -140,6 +139,8 @@ def _array(values: Any, dtype: pa.DataType) -> pa.Array:
 def read_table(root: str | Path, table: str) -> pa.Table:
     """Every run's rows of ``table`` under the store ``root``, via DuckDB; every part is
     checked against its run's manifest first (:func:`schemas.table_digests.check_table`)."""
+    import duckdb  # here: `qparity show` reads parts without it (bench/cli.py)
+
     schema = _schema(table)
     root = Path(root)
     files = [str(f) for run in run_folders(root) for f in check_table(run, table)]
@@ -172,14 +173,17 @@ def _read_part(source, schema: pa.Schema) -> pa.Table:
     """One part (a path or a buffer), its columns of ``schema`` cast to their types
     (ArrowInvalid if a required column is missing or a column does not cast: a part of
     another table)."""
-    part = pq.read_table(source)
+    part = pq.ParquetFile(source).read()  # read_table would import pyarrow.dataset
     for field in schema:
         if field.name not in part.column_names:
             if not field.nullable:
                 raise pa.ArrowInvalid(f"required column {field.name} is missing")
             continue
         i = part.schema.get_field_index(field.name)
-        part = part.set_column(i, field, part.column(i).cast(field.type))
+        column = part.column(i)  # cast only if needed: a cast imports pyarrow.compute
+        part = part.set_column(
+            i, field, column if column.type == field.type else column.cast(field.type)
+        )
     return part
 
 

@@ -169,3 +169,20 @@ def test_a_ptq_run_lines_up_with_a_qat_run_stage_by_stage(store):  # noqa: F811
     assert paired["convert"] == ("convert", "quantized", pytest.approx(-0.01))
     assert paired["compile"] == (None, "hbm", None)  # r1 has no compile metric
     assert paired["export"][1] is None and paired["calibrate"] == (None, "calibrated", None)
+
+
+def test_a_diff_reads_only_its_two_runs(store):  # noqa: F811
+    import warnings
+
+    import pyarrow.parquet as pq
+
+    root, (r1, r2, r3) = store
+    other = RunStore(root).open(r3)
+    row = {"run_id": r3, "stage": "qat", "metric": "top1", "value": 0.5, "n_samples": 8,
+           "output": "y"}  # fmt: skip
+    part = write_rows(other, "metrics", [row], "qat")
+    pq.write_table(pq.read_table(part).slice(0, 0), part)  # r3's part fails its digest
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # r3 is neither hashed nor read
+        diff = diff_runs(root, r1, r2)
+    assert {r["a_value"] for r in diff["metrics"].to_pylist()} == {0.9, 0.85}

@@ -178,3 +178,31 @@ def test_a_tampered_table_fails_localize_show_diff_and_report_and_changes_nothin
         assert "rerun the run" in err
     after = _table_bytes(run, LOCALIZATION_TABLES)
     assert after == before
+
+
+def test_a_prefect_server_that_does_not_start_is_one_clear_error(
+    monkeypatch, capsys, tmp_path, write_spec
+):
+    """#21 item 4 through the CLI: the temporary server timing out twice (faked) stops
+    `qparity run` with exit 1 and a message naming --no-prefect and `prefect server start`."""
+    import functools
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from pipelines import flow, prefect_server
+
+    def never_starts():
+        raise RuntimeError("Timed out while attempting to connect to ephemeral Prefect API server.")
+
+    monkeypatch.setenv("QPARITY_PREFECT_STARTUP_S", "1")
+    monkeypatch.setattr(
+        flow, "prefect_ready", functools.partial(prefect_server.prefect_ready, never_starts)
+    )
+    spec = write_spec(tiny_spec_dict())
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        assert _cli(monkeypatch, "run", spec, "--runs", tmp_path / "runs") == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "the temporary Prefect server did not start within 1 s, 2 attempts" in err
+    assert "--no-prefect" in err and "prefect server start" in err
+    assert "internal error" not in err and "Traceback" not in err
+    assert RunStore(tmp_path / "runs").list_runs() == []  # checked before a run is made

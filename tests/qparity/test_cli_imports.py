@@ -1,4 +1,5 @@
-"""The data commands start without the stage machinery: no torch, onnx or Prefect import
+"""The data commands start without the stage machinery: no torch, onnx or Prefect import;
+`show` and `runs` not even DuckDB or pyarrow's dataset layer, `sql` no spec models
 (bench/cli.py measures their start-up against python + duckdb)."""
 
 from __future__ import annotations
@@ -8,24 +9,62 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-HEAVY = ("torch", "torchao", "onnx", "onnxruntime", "prefect")
+from schemas.store import RunStore
+from schemas.table_schemas import SCHEMAS
+from schemas.tables import write_rows
+from tests.conftest import tiny_spec_dict
+
+STAGES = ("torch", "torchao", "onnx", "onnxruntime", "prefect")
+SQL = ("duckdb", "pyarrow.dataset", "pyarrow.compute")
+SPEC = ("schemas.spec_sections", "analysis.diff")  # pydantic models `sql` does not need
 CHILD = """
 import sys
 from qparity.cli import main
-sys.argv = ["qparity", *sys.argv[1:]]
+heavy = sys.argv[1].split(",")
+sys.argv = ["qparity", *sys.argv[2:]]
 try:
     main()
 except SystemExit:
     pass
-print("heavy:", sorted(m for m in HEAVY if m in sys.modules))
-""".replace("HEAVY", repr(HEAVY))
+print("heavy:", sorted(m for m in heavy if m in sys.modules))
+"""
 
 
-@pytest.mark.parametrize("args", [["--help"], ["runs"], ["sql", "SELECT 1 AS x"]])
-def test_data_commands_import_no_stage_machinery(args, tmp_path):
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A store of one run with a spec, a runs row and a metrics row: what `show` and
+    `diff` read."""
+    root = tmp_path_factory.mktemp("runs")
+    run = RunStore(root).create_run(
+        "tiny", yaml.safe_dump(tiny_spec_dict()), "ab" * 32, "0.1.0", {}, {}
+    )
+    row = {"run_id": run.run_id, "stage": "qat", "metric": "top1", "value": 0.5,
+           "n_samples": 8, "output": "y"}  # fmt: skip
+    write_rows(run, "metrics", [row], "qat")
+    runs_row = dict.fromkeys(SCHEMAS["runs"].names) | {"run_id": run.run_id, "status": "complete"}
+    write_rows(run, "runs", [runs_row], "run")
+    return root, run.run_id
+
+
+@pytest.mark.parametrize(
+    ("args", "heavy"),
+    [
+        (["--help"], STAGES + SQL),
+        (["runs"], STAGES + SQL),
+        (["show", "RUN"], STAGES + SQL),
+        (["show", "RUN", "-q"], STAGES + SQL),
+        (["sql", "SELECT * FROM first_divergences"], STAGES + SPEC),
+        (["diff", "RUN", "RUN", "-q"], STAGES),
+    ],
+)
+def test_data_commands_import_no_stage_machinery(args, heavy, store):
+    root, run_id = store
     repo = Path(__file__).resolve().parents[2]
-    runs = [] if args == ["--help"] else ["--runs", str(tmp_path)]
-    proc = subprocess.run([sys.executable, "-c", CHILD, *args, *runs], cwd=repo,
+    argv = [run_id if a == "RUN" else a for a in args]
+    argv += [] if args == ["--help"] else ["--runs", str(root)]
+    proc = subprocess.run([sys.executable, "-c", CHILD, ",".join(heavy), *argv], cwd=repo,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.stdout.strip().splitlines()[-1] == "heavy: []", proc.stderr[-500:]
+    assert "error" not in proc.stderr, proc.stderr[-500:]
