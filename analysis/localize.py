@@ -73,6 +73,8 @@ class PairVerdict:
     sensitive: list[tuple[str, float, float]] = field(default_factory=list)
     triage: str = ""
     samples: list[int] = field(default_factory=list)
+    judged: list[int] = field(default_factory=list)
+    """The samples own errors and sensitivity were judged on (:func:`judged_samples`)."""
     input_limit: float | None = None
     """Steps the model input may be off in total (a camera's modelled rounding), if set."""
 
@@ -129,6 +131,7 @@ def judge_pair(
     ids = [i for i in result.layer_ids if not i.startswith("input:")]
     base, ana = models[result.base], models[result.analysis]
     judged = judged_samples(ctx, samples)
+    v.judged = [int(i) for i in judged]
     v.own = own_errors(base, ana, judged, ids, result.steps)
     th = ctx.spec.compare.thresholds
     if v.quantization:

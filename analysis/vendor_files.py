@@ -103,6 +103,9 @@ def render_sensitive(
     lines = [
         f"# {v.base} -> {v.analysis}: revert one op to {v.base}'s behaviour; output L1 vs "
         f"{v.base} before and after, most sensitive first",
+        f"# judged on {len(v.judged)} sample(s), not every frame: the pair's bad cases "
+        f"and the probe samples ({', '.join(map(str, v.judged[:16]))}"
+        f"{', ...' if len(v.judged) > 16 else ''})",
         "op_name | sensitive_type | op_type | L1 | L1_before | quant_dtype | flops",
     ]
     for lid, before, after in v.sensitive:

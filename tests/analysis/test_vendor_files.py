@@ -116,14 +116,19 @@ def test_range_rules_too_large_for_any_quantization_and_uncovered():
 def test_sensitive_ops_have_type_and_flops():
     v = _verdict({"conv": 7.0, "relu": 7.0})
     v.sensitive = [("conv", 1.0, 0.1), ("relu", 1.0, 0.5)]
+    v.judged = [7, 0, 1, 2, 3]
     text = vf.render_sensitive(v, LAYERS, DTYPES, {"conv": 300, "relu": 100})
-    header, conv, relu = text.splitlines()[1:]
+    judged, header, conv, relu = text.splitlines()[1:]
+    assert judged == (
+        "# judged on 5 sample(s), not every frame: the pair's bad cases and the probe "
+        "samples (7, 0, 1, 2, 3)"
+    )
     assert header.split(" | ")[1] == "sensitive_type" and header.endswith("| flops")
     assert conv.split(" | ")[1] == "weight" and conv.endswith("| 300(75.00%)")
     assert relu.split(" | ")[1] == "activation"  # no weights of its own
     small = _verdict({"conv": 0.5})
     small.sensitive = [("conv", 1.0, 0.9)]
-    assert vf.render_sensitive(small, LAYERS, DTYPES).splitlines()[2].split(" | ")[1] == (
+    assert vf.render_sensitive(small, LAYERS, DTYPES).splitlines()[3].split(" | ")[1] == (
         "activation"
     )
     assert vf.render_sensitive(small, LAYERS, DTYPES).endswith("| -\n")  # flops unknown
@@ -147,6 +152,6 @@ def test_float_pair_sensitive_type_splits_weight_and_activation_quantization():
     parts = {"conv": (w_clip, a_clip)}
     assert vf.sensitive_type(v, "conv", "conv", "int8", parts) == "activation"
     assert vf.sensitive_type(v, "conv", "conv", "int8", {"conv": (w, a)}) == "weight"
-    assert vf.render_sensitive(v, LAYERS, DTYPES, None, parts).splitlines()[2].split(" | ")[1] == (
+    assert vf.render_sensitive(v, LAYERS, DTYPES, None, parts).splitlines()[3].split(" | ")[1] == (
         "activation"
     )
