@@ -61,7 +61,7 @@ class Split:
         arrays = [*self.inputs.values(), *([] if self.labels is None else [self.labels])]
         for a in arrays:
             h.update(str((a.dtype, a.shape)).encode())
-            h.update(np.ascontiguousarray(a).tobytes())
+            h.update(np.ascontiguousarray(a).data)  # the buffer itself, not a bytes copy
         return h.hexdigest()
 
     def batches(self, batch_size: int) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
