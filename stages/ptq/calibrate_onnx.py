@@ -39,6 +39,7 @@ from stages.ptq.graph import (
     layer_of,
     rename_input,
     set_layer,
+    size_nodes,
     users,
 )
 
@@ -78,8 +79,11 @@ def plan(model: onnx.ModelProto, cfg: QuantConfig, names: dict[str, str]) -> Pla
     dtype = {keys[k]: v for k, v in cfg.overrides.items()}
     inits = {i.name for i in model.graph.initializer}
     outs: dict[str, str] = {}
+    sizes = size_nodes(model)
     for node in model.graph.node:
         lid = layer_of(node)
+        if node.name in sizes:
+            continue
         if lid in dtype or (
             _quantized(model, node, inits) and node.op_type in COMPUTE_OPS | TABLE_OPS | ISLAND_OPS
         ):

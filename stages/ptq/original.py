@@ -80,12 +80,27 @@ def check_model(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
 
 
 def unsupported(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """Nodes whose op the chain cannot model (another domain, or not in SUPPORTED_OPS)."""
+    """Nodes whose op the chain cannot model (another domain, or not in SUPPORTED_OPS); a
+    ``Shape`` reading the batch size of the input (``Shape(x)[0:1]``, a class token's
+    Expand target) is supported: compile runs it on the CPU side."""
+    inputs = {i.name for i in model.graph.input}
     return [
         n
         for n in model.graph.node
-        if n.domain not in ("", "ai.onnx") or n.op_type not in SUPPORTED_OPS
+        if n.domain not in ("", "ai.onnx")
+        or (n.op_type not in SUPPORTED_OPS and not batch_size_read(n, inputs))
     ]
+
+
+def batch_size_read(node: onnx.NodeProto, inputs: set[str]) -> bool:
+    """True for ``Shape(x, start=0, end=1)`` of a graph input: the batch size."""
+    attrs = {a.name: a.i for a in node.attribute}
+    return (
+        node.op_type == "Shape"
+        and node.input[0] in inputs
+        and attrs.get("start", 0) == 0
+        and attrs.get("end") == 1
+    )
 
 
 def assign_layer_ids(model: onnx.ModelProto) -> dict[str, str]:
