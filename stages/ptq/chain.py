@@ -51,25 +51,25 @@ def _load(ctx: PtqContext, art: PtqModel) -> onnx.ModelProto:
 
 
 def original_stage(_: None, ctx: PtqContext, call: StageCall) -> PtqModel:
-    """Load, fix the input shapes, check, fold the size computations, assign layer ids;
-    refuse unsupported ops after writing the report; prove the rewritten model computes
-    what the file does (:func:`stages.ptq.batch.prove_same`)."""
+    """Load, fix the input shapes, check, fold the size computations and make the batch
+    dynamic (:func:`stages.ptq.batch.dynamic_batch`), assign layer ids; refuse unsupported
+    ops after writing the report; prove the rewritten model computes what the file does."""
     source = original.load_model(ctx.source)
     shapes.fix_input_shapes(source, ctx.input_shapes, ctx.source)
     source = original.check_model(source, ctx.source)
-    folded = shapes.fold_shapes(source)
-    model = folded.model
+    batched = batch.dynamic_batch(source, ctx.input_shapes)
+    model = batched.model
     original.assign_layer_ids(model)
     bad = original.unsupported(model)
     report = original.render_check(model, ctx.source, bad)
-    lines = shapes.render_folded(folded)
+    lines = shapes.render_folded(batched.folded) + batch.render(batched, None, 0)
     ctx.write_debug("model_check_result.txt", report + "\n".join(lines) + "\n")
     if bad:
         raise original.refuse(bad, ctx.source)
-    if folded.nodes:
-        diff = batch.prove_same(source, model, ctx.evaluation.x[:4], None)
-        ctx.append_check([f"the rewritten model equals the file on 4 frames (max relative "
-                          f"difference {diff:.2g})"])  # fmt: skip
+    if batched.folded.nodes or batched.fixed:
+        x = ctx.evaluation.x[: max(4, 2 * (batched.fixed or 1))]
+        diff = batch.prove_same(source, model, x, batch.fixed_batch(source))
+        ctx.append_check(batch.render(batched, diff, len(x))[-1:])
     rel = _save(ctx, "original", model)
     metrics = _onnx_metrics(ctx, "original", rel)
     return call.make(PtqModel, ctx.run, [rel], onnx_file=rel, metrics=metrics)

@@ -203,18 +203,30 @@ def _batch_rewrite(node, at: list[dict], x: str, inits: dict, opset: int) -> lis
         first = -1 if -1 not in a[1:] else 0  # -1: the rest are fixed; 0: copy the batch
         inits[name] = np.concatenate([[first], a[1:]]).astype(np.int64)
     elif node.op_type == "Expand" and a[0] == 1:
-        inits[name] = a[1:].astype(np.int64)
-        size = helper.make_node("Shape", [x], [name + "/batch"], name=name + "/batch", end=1)
-        concat = helper.make_node("Concat", [size.output[0], name], [name + "/target"],
-                                  name=name + "/target", axis=0)  # fmt: skip
-        node.input[k] = concat.output[0]
-        return [size, concat, node]
+        nodes, node.input[k] = batch_expand(x, None, a[1:], inits, name)
+        return [*nodes, node]
     elif node.op_type == "Resize" and _keeps_channels(node, (a, b), at):
         return [resize_spatial(node, a, at[0][1][node.input[0]], opset, inits)]
     else:
         return [node]
     node.input[k] = name
     return [node]
+
+
+def batch_expand(x: str, src, rest, inits: dict, name: str | None = None):
+    """The class-token form: nodes computing ``Concat(Shape(x)[0:1], rest)`` (``rest``
+    stored as ``name``) and, with ``src``, an Expand of ``src`` to it; the nodes and the
+    name of their result."""
+    name = name or f"{src}/folded"
+    inits[name] = np.asarray(rest, np.int64)
+    size = helper.make_node("Shape", [x], [name + "/batch"], name=name + "/batch", end=1)
+    concat = helper.make_node("Concat", [size.output[0], name], [name + "/target"],
+                              name=name + "/target", axis=0)  # fmt: skip
+    if src is None:
+        return [size, concat], concat.output[0]
+    out = f"{src}/expanded"
+    expand = helper.make_node("Expand", [src, concat.output[0]], [out], name=out)
+    return [size, concat, expand], out
 
 
 def _keeps_channels(node, sizes: tuple, at: list) -> bool:

@@ -99,3 +99,36 @@ def windows() -> onnx.ModelProto:
         _node("MatMul", ["f", "fc"], ["y"]),
     ]
     return _model(nodes, "windows", DYNAMIC, [10], inits, opset=17)
+
+
+def strided(batch: int = 1) -> onnx.ModelProto:
+    """An ``as_strided`` as the dynamo exporter writes it at a fixed batch: Conv [b,4,8,8]
+    -> GlobalAveragePool -> Reshape to the flat [4b] -> Gather of every element in order
+    to [b,4,1,1] -> Flatten -> MatMul [b,10]."""
+    rng = np.random.default_rng(3)
+    inits = {"w": _floats(rng, (4, 1, 3, 3), 0.3), "flat": _ints([4 * batch]),
+             "idx": _ints(np.arange(4 * batch).reshape(batch, 4, 1, 1)),
+             "fc": _floats(rng, (4, 10), 0.3)}  # fmt: skip
+    nodes = [
+        _node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        _node("GlobalAveragePool", ["c"], ["p"]),
+        _node("Reshape", ["p", "flat"], ["f"]),
+        _node("Gather", ["f", "idx"], ["s"], axis=0),
+        _node("Flatten", ["s"], ["v"]),
+        _node("MatMul", ["v", "fc"], ["y"]),
+    ]
+    return _model(nodes, "strided", batch, [10], inits)
+
+
+def first_frame() -> onnx.ModelProto:
+    """Batch fixed at 1 and a Gather of frame 0 (``x[0]``): no other batch fits."""
+    rng = np.random.default_rng(4)
+    inits = {"w": _floats(rng, (4, 1, 3, 3), 0.3), "zero": _ints(0), "flat": _ints([1, 256]),
+             "fc": _floats(rng, (256, 10), 0.3)}  # fmt: skip
+    nodes = [
+        _node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        _node("Gather", ["c", "zero"], ["frame0"], axis=0),
+        _node("Reshape", ["frame0", "flat"], ["f"]),
+        _node("MatMul", ["f", "fc"], ["y"]),
+    ]
+    return _model(nodes, "first_frame", 1, [10], inits)
