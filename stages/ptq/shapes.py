@@ -113,7 +113,7 @@ def fold_shapes(model: onnx.ModelProto) -> Folded:
             inits.update(zip(node.output, values, strict=True))
             folded.append(node)
             continue
-        kept += _batch_rewrite(node, at, graph.input[0].name, inits, _opset(model))
+        kept += _batch_rewrite(node, at, graph.input[0].name, inits, opset_of(model))
     if not folded and not inits:
         return Folded(model, [], [])
     unread = _replace(graph, kept, inits)
@@ -145,7 +145,7 @@ def _with_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
     return onnx.shape_inference.infer_shapes(m, data_prop=True)
 
 
-def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
+def static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
     g = model.graph
     shapes = {}
     for v in [*g.input, *g.value_info, *g.output]:
@@ -159,7 +159,7 @@ def _evaluate(model: onnx.ModelProto) -> tuple[dict[str, np.ndarray], dict[str, 
     """Every value computable without the inputs' values (initializers, Constant nodes,
     ``Shape`` of a statically shaped tensor, and nodes reading only such values), and the
     static shapes."""
-    shapes = _static_shapes(model)
+    shapes = static_shapes(model)
     values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     for node in model.graph.node:
         if node.domain or node.op_type in NEVER:
@@ -261,7 +261,7 @@ def resize_spatial(node, sizes, in_shape, opset: int, inits: dict) -> onnx.NodeP
     return node
 
 
-def _opset(model: onnx.ModelProto) -> int:
+def opset_of(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 

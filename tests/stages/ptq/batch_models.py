@@ -79,12 +79,13 @@ def upsample(batch: int | str = DYNAMIC, opset: int = 18) -> onnx.ModelProto:
     return _model(nodes, "upsample", batch, [3, 8, 8], inits, opset)
 
 
-def windows() -> onnx.ModelProto:
+def windows(rest: tuple = (4, 4, 4)) -> onnx.ModelProto:
     """Swin/MobileViT-style windows: Conv [B,4,8,8] -> Reshape to [4B, 4, 4, 4] with the
-    first entry ``Shape(c)[0] * 4`` -> ReduceMean -> Reshape [B, 64] -> MatMul [B, 10]."""
+    first entry ``Shape(c)[0] * 4`` (then ``rest``) -> ReduceMean -> Reshape [B, 64] ->
+    MatMul [B, 10]."""
     rng = np.random.default_rng(2)
     inits = {"w": _floats(rng, (4, 1, 3, 3), 0.3), "zero": _ints(0), "four": _ints(4),
-             "rest": _ints([4, 4, 4]), "ax": _ints([0]), "flat": _ints([-1, 64]),
+             "rest": _ints(list(rest)), "ax": _ints([0]), "flat": _ints([-1, 64]),
              "fc": _floats(rng, (64, 10), 0.3)}  # fmt: skip
     nodes = [
         _node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),

@@ -8,7 +8,8 @@ import pytest
 
 from schemas.errors import StageError
 from stages.ptq import batch
-from stages.ptq.generalize import generalize, merged_axis
+from stages.ptq.batch_rules import merged_axis
+from stages.ptq.generalize import generalize
 from stages.ptq.original import check_model, unsupported
 from tests.models import data
 from tests.stages.ptq import batch_models
@@ -81,3 +82,14 @@ def test_a_rewrite_that_changes_the_outputs_is_refused_naming_the_output():
     with pytest.raises(StageError, match=r"output 'y' differs") as e:
         batch.prove_same(source, wrong, data()["evaluation"][0][:4], 1)
     assert e.value.where == "model.input_shapes / output y"
+
+
+def test_input_shapes_dim_0_fixes_the_batch_when_the_dynamic_sizes_do_not_fold():
+    """A target ``[4B, -1, 4, 4]`` has no dynamic form (two inferred entries): with the
+    batch fixed at input_shapes' 1 it folds, and the walk makes it ``[-1, 4, 4, 4]``."""
+    source = check_model(batch_models.windows(rest=(-1, 4, 4)), "m.onnx")
+    assert [n.op_type for n in unsupported(batch.dynamic_batch(source, {}).model)] == ["Shape"]
+    batched = batch.dynamic_batch(source, {"x": [1, 1, 8, 8]})
+    assert batched.fixed == 1 and unsupported(batched.model) == []
+    assert batched.rewrites[0] == "Reshape win: input 1 = [-1, 4, 4, 4]"
+    assert batch.prove_same(source, batched.model, data()["evaluation"][0][:4], None) == 0.0
