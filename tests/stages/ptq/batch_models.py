@@ -36,13 +36,14 @@ def _ints(v):
 
 def class_token(batch: int | str = DYNAMIC) -> onnx.ModelProto:
     """A ViT in small: Conv patches [B,4,2,2] -> Reshape [B,4,4] -> Transpose -> Concat with
-    the class token expanded to [B,1,4] -> + position -> MatMul -> Relu -> token 0 ->
+    the class token expanded to [B,1,4] -> + position -> * 0.5 -> MatMul -> Relu -> token 0 ->
     MatMul [B,10]. Dynamic: the token's target is ``Concat(Shape(x)[0:1], 1, 4)``; fixed:
     the exporter's constants (``[b, 4, 4]``, the token expanded to ``[b, 1, 4]``)."""
     rng = np.random.default_rng(0)
     inits = {"w": _floats(rng, (4, 1, 4, 4), 0.3), "cls": _floats(rng, (1, 1, 4), 0.5),
              "pos": _floats(rng, (1, 5, 4), 0.1), "wq": _floats(rng, (4, 4), 0.5),
-             "fc": _floats(rng, (4, 10), 0.3), "zero": _ints(0)}  # fmt: skip
+             "fc": _floats(rng, (4, 10), 0.3), "zero": _ints(0),
+             "half": np.asarray([0.5], np.float32)}  # fmt: skip
     nodes = [_node("Conv", ["x", "w"], ["c"], strides=[4, 4])]
     if batch == DYNAMIC:
         inits.update(tok=_ints([0, 4, 4]), s0=_ints([0]), s1=_ints([1]), d=_ints([1, 4]))
@@ -56,7 +57,8 @@ def class_token(batch: int | str = DYNAMIC) -> onnx.ModelProto:
         _node("Expand", ["cls", "target"], ["ce"]),
         _node("Concat", ["ce", "tt"], ["seq"], axis=1),
         _node("Add", ["seq", "pos"], ["p"]),
-        _node("MatMul", ["p", "wq"], ["q"]),
+        _node("Mul", ["p", "half"], ["ph"]),  # a scale of shape [1], as the exporter writes
+        _node("MatMul", ["ph", "wq"], ["q"]),
         _node("Relu", ["q"], ["r"]),
         _node("Gather", ["r", "zero"], ["g"], axis=1),
         _node("MatMul", ["g", "fc"], ["y"]),
