@@ -213,11 +213,18 @@ def refuse(bad: list[onnx.NodeProto], path: Path) -> StageError:
     for n in bad:
         by_op.setdefault(n.op_type, []).append(n.name)
     what = "; ".join(f"{op} (node {', '.join(names)})" for op, names in by_op.items())
+    sizes = (
+        "; a Shape left is a size computation that follows the batch: set "
+        "model.input_shapes with dim 0 (e.g. [1, C, H, W]) and original fixes the batch, "
+        "folds it and makes the batch dynamic again"
+        if "Shape" in by_op
+        else ""
+    )
     return StageError(
         f"unsupported ops: {what}",
         where=str(path),
         hint="see debug/model_check_result.txt; replace these ops in the model "
-        "(docs/design.md 'Op coverage') or export it without them",
+        f"(docs/design.md 'Op coverage') or export it without them{sizes}",
     )
 
 

@@ -142,3 +142,11 @@ def test_a_reshape_target_that_is_a_multiple_of_the_batch_infers_it():
         "Conv", "Reshape", "ReduceMean", "Reshape", "MatMul"]  # fmt: skip
     assert folded.rewrites == ["Reshape win: target/folded = [-1, 4, 4, 4]"]
     assert "Reshape win: target/folded = [-1, 4, 4, 4]" in render_folded(folded)
+
+
+def test_a_shape_left_after_folding_is_refused_naming_the_node_and_input_shapes(tmp_path):
+    path = tmp_path / "win.onnx"
+    onnx.save(batch_models.windows(rest=(-1, 4, 4)), path)
+    with pytest.raises(StageError, match=r"Shape \(node shape\)") as e:
+        run_ptq(path, spec(), tmp_path / "runs")
+    assert "model.input_shapes with dim 0" in e.value.hint
