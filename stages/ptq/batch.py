@@ -86,6 +86,13 @@ def prove_same(
     the largest output difference relative to the source's magnitude."""
     if batch:
         x = x[: len(x) // batch * batch]
+        if not len(x):
+            raise StageError(
+                f"original: the model fixes the batch at {batch}, the evaluation split has "
+                "fewer frames",
+                where="data.evaluation_samples",
+                hint=f"evaluate on at least {batch} frames (the file runs on {batch} at a time)",
+            )
     chunks = [x[k : k + batch] for k in range(0, len(x), batch)] if batch else [x]
     runner = OnnxRunner(source)
     want = [np.concatenate(o) for o in zip(*(runner.run(c) for c in chunks), strict=True)]

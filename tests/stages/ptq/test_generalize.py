@@ -93,3 +93,11 @@ def test_input_shapes_dim_0_fixes_the_batch_when_the_dynamic_sizes_do_not_fold()
     assert batched.fixed == 1 and unsupported(batched.model) == []
     assert batched.rewrites[0] == "Reshape win: input 1 = [-1, 4, 4, 4]"
     assert batch.prove_same(source, batched.model, data()["evaluation"][0][:4], None) == 0.0
+
+
+def test_fewer_frames_than_the_fixed_batch_cannot_prove_it():
+    source = check_model(batch_models.class_token(2), "m.onnx")
+    model = batch.dynamic_batch(source, {}).model
+    with pytest.raises(StageError, match="fixes the batch at 2") as e:
+        batch.prove_same(source, model, data()["evaluation"][0][:1], 2)
+    assert e.value.where == "data.evaluation_samples"
