@@ -50,8 +50,10 @@ class PtqModelSpec(Section):
     first (the bundled example exports its torch model this way)."""
     input_shapes: dict[str, list[int]] = {}
     """Fixed input shapes by input name (the vendor's ``input_shape``), e.g. ``{images: [1,
-    3, 320, 320]}``: dynamic dims take these sizes (dim 0, the batch, stays dynamic) and
-    ``original`` folds the shape-computing subgraphs into constants."""
+    3, 320, 320]}``: dynamic dims take these sizes (dim 0, the batch, stays dynamic: it
+    fixes the batch only where the size computations do not fold otherwise, and
+    ``original`` makes it dynamic again) and ``original`` folds the shape-computing
+    subgraphs into constants."""
 
 
 class PtqDataSpec(Section):

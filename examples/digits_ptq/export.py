@@ -42,18 +42,22 @@ def torchscript_export(model: torch.nn.Module, example: torch.Tensor, path: str 
     return path
 
 
-def dynamo_export(model: torch.nn.Module, example: torch.Tensor, path: str | Path) -> Path:
+def dynamo_export(
+    model: torch.nn.Module, example: torch.Tensor, path: str | Path, dynamic: bool = True
+) -> Path:
     """``model`` as ONNX by torch's dynamo exporter (``torch.onnx.export(dynamo=True)``,
-    onnxscript): opset 18, input ``x``, output ``logits``, dynamic batch, the exporter's own
-    graph optimizer on (as users run it: batch norms fused into the convs before them);
-    module scopes are in each node's ``pkg.torch.onnx.name_scopes``; returns the path."""
+    onnxscript): opset 18, input ``x``, output ``logits``, dynamic batch (``dynamic=False``:
+    the batch of ``example``), the exporter's own graph optimizer on (as users run it: batch
+    norms fused into the convs before them); module scopes are in each node's
+    ``pkg.torch.onnx.name_scopes``; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             model, (example,), dynamo=True, opset_version=18, input_names=["x"],
-            output_names=["logits"], dynamic_shapes=({0: torch.export.Dim("batch")},),
+            output_names=["logits"],
+            dynamic_shapes=({0: torch.export.Dim("batch")},) if dynamic else None,
             verbose=False,
         )  # fmt: skip
     program.save(str(path))

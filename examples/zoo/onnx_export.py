@@ -7,7 +7,10 @@ A PTQ spec names ``examples.zoo.onnx_export:<name>`` (or ``small_<name>``) as it
 the exporter kept them), opset 17, a dynamic batch, input ``x``, output ``logits``,
 constant folding off (batch norms stay for the optimized stage to fuse).
 ``dynamo_<name>`` writes the same model with torch's dynamo exporter instead
-(:func:`examples.digits_ptq.export.dynamo_export`).
+(:func:`examples.digits_ptq.export.dynamo_export`), from a batch-1 example as users export;
+when torch.export refuses the dynamic batch (convnext: the batch-1 example specializes it,
+"Invalid ranges [2:1]"), the file is written with the batch fixed at 1, which the PTQ
+chain's ``original`` makes dynamic again (stages/ptq/generalize.py).
 """
 
 from __future__ import annotations
@@ -27,8 +30,13 @@ def export(attr: str, path: str | Path) -> Path:
     ``path``."""
     dynamo = attr.startswith(DYNAMO)
     entry, size = entry_of(attr.removeprefix(DYNAMO))
-    write = dynamo_export if dynamo else torchscript_export
-    return write(build(entry.name, size), torch.zeros(1, 3, size, size), path)
+    model, example = build(entry.name, size), torch.zeros(1, 3, size, size)
+    if not dynamo:
+        return torchscript_export(model, example, path)
+    try:
+        return dynamo_export(model, example, path)
+    except torch.onnx.OnnxExporterError:  # torch.export refused the dynamic batch
+        return dynamo_export(model, example, path, dynamic=False)
 
 
 def __getattr__(attr: str):

@@ -182,9 +182,10 @@ def mul(c: Converter, k: int, node: onnx.NodeProto) -> bool:
         return False
     if b is None:
         const = c.inits.get(node.input[1])
-        if const is None or const.size != 1 or float(const) <= 0:
+        if const is None or const.size != 1 or float(const.reshape(-1)[0]) <= 0:
             return False
-        factor = float(const) if node.op_type == "Mul" else 1.0 / float(const)
+        value = float(const.reshape(-1)[0])  # a scalar or shape [1] (the dynamo exporter's)
+        factor = value if node.op_type == "Mul" else 1.0 / value
         return _rescale(c, a, float(a.scale) * factor / float(spec[0]), spec)
     if b.scale.size != 1 or node.op_type != "Mul":
         return False

@@ -39,6 +39,7 @@ from stages.ptq.graph import (
     layer_of,
     rename_input,
     set_layer,
+    size_nodes,
     users,
 )
 
@@ -59,6 +60,9 @@ class Plan:
     outputs: dict[str, str]
     input_dtype: str
     weights: set[str]  # layer ids whose input 1 is a constant weight
+    tokens: set[str] = field(default_factory=set)
+    """Layer ids of an Expand of a float constant to the batch (a class token): the
+    constant gets a per-tensor weight quantizer, so the Concat it feeds stays integer."""
 
 
 def plan(model: onnx.ModelProto, cfg: QuantConfig, names: dict[str, str]) -> Plan:
@@ -78,8 +82,11 @@ def plan(model: onnx.ModelProto, cfg: QuantConfig, names: dict[str, str]) -> Pla
     dtype = {keys[k]: v for k, v in cfg.overrides.items()}
     inits = {i.name for i in model.graph.initializer}
     outs: dict[str, str] = {}
+    sizes = size_nodes(model)
     for node in model.graph.node:
         lid = layer_of(node)
+        if node.name in sizes:
+            continue
         if lid in dtype or (
             _quantized(model, node, inits) and node.op_type in COMPUTE_OPS | TABLE_OPS | ISLAND_OPS
         ):
@@ -88,7 +95,11 @@ def plan(model: onnx.ModelProto, cfg: QuantConfig, names: dict[str, str]) -> Pla
         layer_of(n) for n in model.graph.node
         if n.op_type in WEIGHT_AXIS and len(n.input) > 1 and n.input[1] in inits
     }  # fmt: skip
-    return Plan(outs, dtype.get(f"input:{x}", cfg.activation_dtype), weights)
+    tokens = {
+        layer_of(n) for n in model.graph.node
+        if n.name in sizes and n.op_type == "Expand" and n.input[0] in inits
+    }  # fmt: skip
+    return Plan(outs, dtype.get(f"input:{x}", cfg.activation_dtype), weights, tokens)
 
 
 def _quantized(model: onnx.ModelProto, node: onnx.NodeProto, inits: set[str]) -> bool:
@@ -200,6 +211,12 @@ def insert_qdq(model: onnx.ModelProto, p: Plan, amax: dict[str, float], cfg: Qua
             w.pair(lid, f"{lid}[weight]", node.input[1], f"{lid}[weight]",
                    weight_scale(wt, axis, cfg.weight_dtype), cfg.weight_dtype, axis)  # fmt: skip
             node.input[1] = f"{lid}[weight]"
+        if lid in p.tokens:
+            wt = w.inits[node.input[0]]
+            scale = fp.symmetric_scale(float(np.max(np.abs(wt))), cfg.weight_dtype)
+            w.pair(lid, f"{lid}[weight]", node.input[0], f"{lid}[weight]", scale,
+                   cfg.weight_dtype)  # fmt: skip
+            node.input[0] = f"{lid}[weight]"
         w.nodes.append(node)
         if lid in p.outputs:
             node.output[0] = f"{lid}/raw"

@@ -27,8 +27,8 @@ from stages.convert.stage import ISLANDS, layer_json
 from stages.exactness import batch_ranges, check_evaluation, check_exact, render_runs
 from stages.onnx_export import render_graph_text
 from stages.onnx_runner import OnnxRunner
+from stages.ptq import batch, equivalence, original, ptq, shapes
 from stages.ptq import calibrate_onnx as cal
-from stages.ptq import equivalence, original, ptq, shapes
 from stages.ptq.context import PtqContext, PtqModel
 from stages.ptq.graph import layer_of, save_model
 from stages.ptq.optimize import optimize
@@ -51,19 +51,25 @@ def _load(ctx: PtqContext, art: PtqModel) -> onnx.ModelProto:
 
 
 def original_stage(_: None, ctx: PtqContext, call: StageCall) -> PtqModel:
-    """Load, fix the input shapes, check, fold the size computations, assign layer ids;
-    refuse unsupported ops after writing the report."""
-    model = original.load_model(ctx.source)
-    shapes.fix_input_shapes(model, ctx.input_shapes, ctx.source)
-    model, folded = shapes.fold_shapes(original.check_model(model, ctx.source))
+    """Load, fix the input shapes, check, fold the size computations and make the batch
+    dynamic (:func:`stages.ptq.batch.dynamic_batch`), assign layer ids; refuse unsupported
+    ops after writing the report; prove the rewritten model computes what the file does."""
+    source = original.load_model(ctx.source)
+    shapes.fix_input_shapes(source, ctx.input_shapes, ctx.source)
+    source = original.check_model(source, ctx.source)
+    batched = batch.dynamic_batch(source, ctx.input_shapes)
+    model = batched.model
     original.assign_layer_ids(model)
     bad = original.unsupported(model)
     report = original.render_check(model, ctx.source, bad)
-    ctx.write_debug(
-        "model_check_result.txt", report + "\n".join(shapes.render_folded(folded)) + "\n"
-    )
+    lines = shapes.render_folded(batched.folded) + batch.render(batched, None, 0)
+    ctx.write_debug("model_check_result.txt", report + "\n".join(lines) + "\n")
     if bad:
         raise original.refuse(bad, ctx.source)
+    if batched.folded.nodes or batched.fixed:
+        x = ctx.evaluation.x[: max(4, 2 * (batched.fixed or 1))]
+        diff = batch.prove_same(source, model, x, batch.fixed_batch(source))
+        ctx.append_check(batch.render(batched, diff, len(x))[-1:])
     rel = _save(ctx, "original", model)
     metrics = _onnx_metrics(ctx, "original", rel)
     return call.make(PtqModel, ctx.run, [rel], onnx_file=rel, metrics=metrics)

@@ -79,6 +79,22 @@ def producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
     return {o: n for n in graph.node for o in n.output if o}
 
 
+def size_nodes(model: onnx.ModelProto) -> set[str]:
+    """Names of the nodes of a run-time size computation: ``Shape`` and the nodes whose
+    non-constant inputs all come from one (the Concat building a class token's Expand
+    target, the Expand of the constant token); compile runs them on the CPU side, as
+    :meth:`stages.compile_graph.Compiler` decides, and no quantizer goes on them."""
+    inits = {i.name for i in model.graph.initializer}
+    values: set[str] = set()
+    out = set()
+    for node in model.graph.node:
+        data = [i for i in node.input if i and i not in inits]
+        if node.op_type == "Shape" or (data and all(i in values for i in data)):
+            values.update(node.output)
+            out.add(node.name)
+    return out
+
+
 def attr(node: onnx.NodeProto, name: str, default=None):
     """The value of attribute ``name`` (strings decoded), or ``default``."""
     for a in node.attribute:

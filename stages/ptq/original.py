@@ -80,12 +80,27 @@ def check_model(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
 
 
 def unsupported(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """Nodes whose op the chain cannot model (another domain, or not in SUPPORTED_OPS)."""
+    """Nodes whose op the chain cannot model (another domain, or not in SUPPORTED_OPS); a
+    ``Shape`` reading the batch size of the input (``Shape(x)[0:1]``, a class token's
+    Expand target) is supported: compile runs it on the CPU side."""
+    inputs = {i.name for i in model.graph.input}
     return [
         n
         for n in model.graph.node
-        if n.domain not in ("", "ai.onnx") or n.op_type not in SUPPORTED_OPS
+        if n.domain not in ("", "ai.onnx")
+        or (n.op_type not in SUPPORTED_OPS and not batch_size_read(n, inputs))
     ]
+
+
+def batch_size_read(node: onnx.NodeProto, inputs: set[str]) -> bool:
+    """True for ``Shape(x, start=0, end=1)`` of a graph input: the batch size."""
+    attrs = {a.name: a.i for a in node.attribute}
+    return (
+        node.op_type == "Shape"
+        and node.input[0] in inputs
+        and attrs.get("start", 0) == 0
+        and attrs.get("end") == 1
+    )
 
 
 def assign_layer_ids(model: onnx.ModelProto) -> dict[str, str]:
@@ -198,11 +213,18 @@ def refuse(bad: list[onnx.NodeProto], path: Path) -> StageError:
     for n in bad:
         by_op.setdefault(n.op_type, []).append(n.name)
     what = "; ".join(f"{op} (node {', '.join(names)})" for op, names in by_op.items())
+    sizes = (
+        "; a Shape left is a size computation that follows the batch: set "
+        "model.input_shapes with dim 0 (e.g. [1, C, H, W]) and original fixes the batch, "
+        "folds it and makes the batch dynamic again"
+        if "Shape" in by_op
+        else ""
+    )
     return StageError(
         f"unsupported ops: {what}",
         where=str(path),
         hint="see debug/model_check_result.txt; replace these ops in the model "
-        "(docs/design.md 'Op coverage') or export it without them",
+        f"(docs/design.md 'Op coverage') or export it without them{sizes}",
     )
 
 

@@ -22,6 +22,7 @@ from schemas.spec import load_spec, parse_spec
 from schemas.store import RunStore
 from tests.catalog import (
     cases_analysis,
+    cases_batch,
     cases_cam,
     cases_cli,
     cases_contract,
@@ -125,6 +126,7 @@ def all_cases() -> dict:
         **cases_data.cases(),
         **cases_contract.cases(),
         **cases_files.cases(),
+        **cases_batch.cases(),
         **cases_cli.cases(),
         **cases_inputs.cases(),
         **cases_analysis.cases(),

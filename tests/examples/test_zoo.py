@@ -132,3 +132,25 @@ def test_segmentation_models_are_judged_by_miou_against_the_float_map():
     assert miou(moved, ref, None)["miou"] == pytest.approx((2 / 3 + 1 / 2) / 2)  # classes 1, 0
     spec = yaml.safe_load(make_specs.spec_text("lraspp_mobilenet_v3_large"))
     assert spec["data"]["metric"] == "examples.zoo.data:miou"
+
+
+def test_the_dynamo_export_falls_back_to_a_fixed_batch_when_torch_export_refuses(
+    tmp_path, monkeypatch
+):
+    """convnext: torch.export refuses the dynamic batch of the batch-1 example; the file
+    is then written with the batch fixed, which the PTQ chain's original makes dynamic."""
+    import torch
+
+    from examples.zoo import onnx_export
+
+    calls = []
+
+    def export(model, example, path, dynamic=True):
+        calls.append(dynamic)
+        if dynamic:
+            raise torch.onnx.OnnxExporterError("Invalid ranges [2:1]")
+        return path
+
+    monkeypatch.setattr(onnx_export, "dynamo_export", export)
+    assert onnx_export.dynamo_small_squeezenet1_1(tmp_path / "sq.onnx") == tmp_path / "sq.onnx"
+    assert calls == [True, False]

@@ -23,6 +23,7 @@ from stages.ptq.context import PtqModel
 from stages.registry_types import StageCall
 from tests.models import data
 from tests.stages.helpers import H, break_frozen_plan
+from tests.stages.ptq import batch_models
 from tests.stages.ptq.conftest import spec
 
 VENDOR = [
@@ -160,3 +161,21 @@ def test_a_dataset_without_labels_is_judged_by_agreement_with_the_original(tiny_
     ]
     assert cosine["original"] == 1.0 and cosine["board"] > 0.99
     assert cosine["board"] == cosine["quantized"]  # hbm and board are bit-exact
+
+
+def test_a_file_with_its_batch_fixed_at_1_runs_every_stage_hbm_bit_exact(tmp_path):
+    """A ViT in small exported at batch 1 (tests/stages/ptq/batch_models.py): original
+    makes the batch dynamic and proves it against the file frame by frame."""
+    path = tmp_path / "vit1.onnx"
+    onnx.save(batch_models.class_token(1), path)
+    run = RunStore(tmp_path / "runs").open(run_ptq(path, spec(), tmp_path / "runs"))
+    assert run.manifest().status == "complete"
+    check = run.path("debug/model_check_result.txt").read_text()
+    assert "batch: fixed at 1, made dynamic (2 rewrites)" in check
+    assert "the rewritten model equals the file on 4 frames" in check
+    assert "\nseq\n" not in check  # the class token's Concat is integer, not an island
+    assert (
+        run.path("debug/bit_exact.txt")
+        .read_text()
+        .startswith("# program vs quantized.onnx on 4 probe samples: all equal")
+    )

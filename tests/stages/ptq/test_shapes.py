@@ -12,8 +12,11 @@ from pipelines.ptq import run_ptq
 from schemas.errors import StageError
 from schemas.store import RunStore
 from stages.onnx_runner import OnnxRunner
-from stages.ptq.shapes import fix_input_shapes, fold_shapes
+from stages.ptq import batch
+from stages.ptq.original import check_model, unsupported
+from stages.ptq.shapes import fix_input_shapes, fold_shapes, render_folded
 from tests.models import data
+from tests.stages.ptq import batch_models
 from tests.stages.ptq.conftest import spec
 
 
@@ -76,7 +79,7 @@ def test_dynamic_height_and_width_without_input_shapes_name_the_dims_and_the_fie
 def test_folding_keeps_the_batch_dynamic_and_the_numbers():
     model = dynamic_detector()
     fix_input_shapes(model, {"x": [1, 1, 8, 8]}, "det.onnx")
-    folded_model, folded = fold_shapes(model)
+    folded_model, folded, _ = fold_shapes(model)
     ops = [n.op_type for n in folded_model.graph.node]
     assert ops == ["Conv", "Relu", "Add", "Reshape", "Mul", "Flatten", "Gemm"]
     assert {n.op_type for n in folded} >= {"Shape", "Gather", "Range", "Cast", "ConstantOfShape"}
@@ -106,3 +109,44 @@ def test_a_detector_with_dynamic_dims_runs_every_stage_once_its_shapes_are_set(t
     assert run.manifest().status == "complete"
     check = run.path("debug/model_check_result.txt").read_text()
     assert "## shape computations folded into constants" in check and "Range: 1" in check
+
+
+def _folded_equal(model: onnx.ModelProto, frames: int = 3):
+    """fold_shapes of ``model``; its outputs equal the model's on ``frames`` frames."""
+    folded = fold_shapes(check_model(model, "m.onnx"))
+    x = data()["evaluation"][0][:frames]
+    assert batch.prove_same(model, folded.model, x, None) == 0.0
+    return folded
+
+
+def test_a_class_token_expanded_to_the_batch_reads_the_batch_size_at_run_time():
+    folded = _folded_equal(batch_models.class_token())
+    ops = [n.op_type for n in folded.model.graph.node]
+    assert ops[3:6] == ["Shape", "Concat", "Expand"] and "Slice" not in ops
+    shape = next(n for n in folded.model.graph.node if n.op_type == "Shape")
+    assert shape.input[0] == "x" and unsupported(folded.model) == []
+    assert any(r.startswith("Expand ce:") for r in folded.rewrites)
+
+
+@pytest.mark.parametrize("opset, want", [(18, "sizes = [8, 8] on axes [2, 3]"),
+                                         (17, "scales = [1.0, 1.0, 2.0, 2.0]")])  # fmt: skip
+def test_resize_sizes_from_shape_become_constant_spatial_sizes(opset, want):
+    folded = _folded_equal(batch_models.upsample(opset=opset))
+    assert [n.op_type for n in folded.model.graph.node] == ["Conv", "Resize"]
+    assert len(folded.rewrites) == 1 and want in folded.rewrites[0]
+
+
+def test_a_reshape_target_that_is_a_multiple_of_the_batch_infers_it():
+    folded = _folded_equal(batch_models.windows())
+    assert [n.op_type for n in folded.model.graph.node] == [
+        "Conv", "Reshape", "ReduceMean", "Reshape", "MatMul"]  # fmt: skip
+    assert folded.rewrites == ["Reshape win: target/folded = [-1, 4, 4, 4]"]
+    assert "Reshape win: target/folded = [-1, 4, 4, 4]" in render_folded(folded)
+
+
+def test_a_shape_left_after_folding_is_refused_naming_the_node_and_input_shapes(tmp_path):
+    path = tmp_path / "win.onnx"
+    onnx.save(batch_models.windows(rest=(-1, 4, 4)), path)
+    with pytest.raises(StageError, match=r"Shape \(node shape\)") as e:
+        run_ptq(path, spec(), tmp_path / "runs")
+    assert "model.input_shapes with dim 0" in e.value.hint

@@ -1,0 +1,114 @@
+"""The batch of a PTQ model, and the proof that ``original`` computes what the file does.
+
+:func:`dynamic_batch` is what ``original`` does to the checked file: size computations
+folded, targets that follow the batch rewritten (:mod:`stages.ptq.shapes`); a batch fixed
+by the file (``[1, 3, H, W]``) made dynamic (:mod:`stages.ptq.generalize`); a dynamic
+batch whose size computations do not fold fixed at ``model.input_shapes``' dim 0 first,
+then made dynamic the same way. :func:`prove_same` runs the file as given (in chunks of
+its fixed batch, if it has one) and the rewritten model (all frames at once) on the first
+evaluation frames: every output must agree, else a StageError naming the output.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import onnx
+
+from schemas.errors import StageError
+from stages.onnx_runner import OnnxRunner
+from stages.ptq import shapes
+from stages.ptq.generalize import generalize
+from stages.ptq.original import unsupported
+
+FIELD = "model.input_shapes"
+RTOL = 1e-5
+"""Outputs agree within ``RTOL * max |source|`` (batched kernels may sum in another order);
+a wrong rewrite mixes frames or drops them, far beyond this."""
+
+
+def fixed_batch(model: onnx.ModelProto) -> int | None:
+    """The batch the model's first input fixes (dim 0 a number), or None (dynamic)."""
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    return dims[0].dim_value if dims and dims[0].dim_value > 0 else None
+
+
+class Batched(NamedTuple):
+    """What :func:`dynamic_batch` made: the model, the folding, the batch it was fixed at
+    (None: dynamic in the file and kept so) and the generalizing rewrites."""
+
+    model: onnx.ModelProto
+    folded: shapes.Folded
+    fixed: int | None
+    rewrites: list[str]
+
+
+def dynamic_batch(source: onnx.ModelProto, input_shapes: dict) -> Batched:
+    """``source`` (checked, input shapes fixed) folded, with a dynamic batch."""
+    fixed = fixed_batch(source)
+    folded = shapes.fold_shapes(source)
+    given = input_shapes.get(source.graph.input[0].name, [None])[0]
+    if fixed is None and given and any(n.op_type == "Shape" for n in unsupported(folded.model)):
+        fixed = given
+        folded = shapes.fold_shapes(_with_fixed_batch(source, given))
+    if fixed is None:
+        return Batched(folded.model, folded, None, [])
+    model, rewrites = generalize(folded.model, fixed)
+    return Batched(model, folded, fixed, rewrites)
+
+
+def _with_fixed_batch(model: onnx.ModelProto, b: int) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    dim = out.graph.input[0].type.tensor_type.shape.dim[0]
+    dim.Clear()
+    dim.dim_value = b
+    del out.graph.value_info[:]
+    return onnx.shape_inference.infer_shapes(out, data_prop=True)
+
+
+def render(batched: Batched, diff: float | None, frames: int) -> list[str]:
+    """The model_check_result.txt section on the batch."""
+    how = ("dynamic in the file" if batched.fixed is None and not batched.rewrites
+           else f"fixed at {batched.fixed}, made dynamic ({len(batched.rewrites)} rewrites)")  # fmt: skip
+    lines = ["", "## batch", f"batch: {how}", *batched.rewrites]
+    if diff is not None:
+        lines.append(f"the rewritten model equals the file on {frames} frames (max relative "
+                     f"difference {diff:.2g})")  # fmt: skip
+    return lines
+
+
+def prove_same(
+    source: onnx.ModelProto, model: onnx.ModelProto, x: np.ndarray, batch: int | None
+) -> float:
+    """Run ``source`` (chunks of ``batch``, or all of ``x``) and ``model`` (all of ``x``);
+    the largest output difference relative to the source's magnitude."""
+    if batch:
+        x = x[: len(x) // batch * batch]
+        if not len(x):
+            raise StageError(
+                f"original: the model fixes the batch at {batch}, the evaluation split has "
+                "fewer frames",
+                where="data.evaluation_samples",
+                hint=f"evaluate on at least {batch} frames (the file runs on {batch} at a time)",
+            )
+    chunks = [x[k : k + batch] for k in range(0, len(x), batch)] if batch else [x]
+    runner = OnnxRunner(source)
+    want = [np.concatenate(o) for o in zip(*(runner.run(c) for c in chunks), strict=True)]
+    got = OnnxRunner(model).run(x)
+    worst = 0.0
+    for name, w, g in zip(runner.output_names, want, got, strict=True):
+        scale = max(float(np.abs(w).max()), 1e-12)
+        diff = np.inf if w.shape != g.shape else float(np.abs(w - g).max()) / scale
+        if diff > RTOL:
+            raise StageError(
+                f"original: the rewritten model's output {name!r} differs from the model "
+                f"file's on {len(x)} frames (shape {list(g.shape)} vs {list(w.shape)}, "
+                f"max relative difference {diff:.3g})",
+                where=f"{FIELD} / output {name}",
+                hint="see debug/model_check_result.txt for the rewrites; export the model "
+                f"with a dynamic batch, or set {FIELD} to the sizes it is deployed at",
+            )
+        worst = max(worst, diff)
+    return worst
