@@ -3,8 +3,9 @@
 Backends: onnxruntime when every node is a standard op (BASIC graph optimization only:
 higher levels rejected a transformer at opset 21, docs/environment.md "ONNX"); otherwise
 ``onnx.reference.ReferenceEvaluator`` with the ``qparity`` domain ops of
-:mod:`simulator.arith.custom_ops` plugged in as ``new_ops``. Layers are captured by tensor name:
-export names each layer's final float tensor exactly its layer id.
+:mod:`simulator.arith.custom_ops` plugged in as ``new_ops``, plus the memory-bounded Conv and
+the run that keeps only the asked tensors (:mod:`stages.onnx_ref_ops`). Layers are captured
+by tensor name: export names each layer's final float tensor exactly its layer id.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import onnx
 from onnx import helper
 
 from schemas.errors import StageError
+from stages.onnx_ref_ops import Conv, run_kept
 
 DOMAIN = "qparity"
 THREADS = 2
@@ -98,7 +100,7 @@ class OnnxRunner:
         if self.backend == "onnxruntime":
             values = self._ort(tuple(extra)).run(None, feeds)
             return dict(zip(self.output_names + extra, values, strict=True))
-        return self._reference().run(None, feeds, intermediate=True)
+        return run_kept(self._reference(), feeds, self.output_names + extra)
 
     def _ort(self, extra: tuple[str, ...]):
         """An onnxruntime session whose outputs also include ``extra`` tensors (cached)."""
@@ -129,7 +131,7 @@ class OnnxRunner:
                 for v in self.model.graph.value_info
                 if v.type.tensor_type.elem_type
             }
-            ops = custom_op_classes(types)
+            ops = [*custom_op_classes(types), Conv]  # Conv: bounded memory at real size
             self._sessions["ref"] = ReferenceEvaluator(self.model, new_ops=ops)
         return self._sessions["ref"]
 
