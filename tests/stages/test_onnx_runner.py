@@ -135,3 +135,15 @@ def test_non_finite_inputs_quantize_as_the_board_does():
     assert plain.tolist()[0] == -128  # the quirk the override removes
     assert ours.tolist() == board.tolist() == [127, -128, -128, 20]
     assert onnx.checker.check_model(model) is None
+
+
+def test_reference_backend_keeps_only_outputs_and_captured_tensors():
+    """The reference run drops intermediates (stages.onnx_ref_ops.run_kept) and its Conv is
+    the bounded one: onnx's own holds every tensor and builds dense dilated kernels."""
+    from stages.onnx_ref_ops import Conv
+
+    runner = OnnxRunner(_model("qparity"))
+    named = runner._named({"x": X}, ["relu"])
+    assert set(named) == {"dq", "relu"}
+    np.testing.assert_array_equal(named["relu"], np.maximum(X, 0))
+    assert runner._reference().new_ops_[("", "Conv")] is Conv
