@@ -27,7 +27,7 @@ from schemas.errors import QueryError
 from schemas.spec_sections import CompareSpec
 from schemas.store import Run
 from stages.data import Split, load_splits
-from stages.ptq import runners
+from stages.ptq import feeds, runners
 from stages.ptq.context import PtqModel
 from stages.ptq.graph import layer_of
 
@@ -69,21 +69,22 @@ def analyze_ptq(run: Run, spec) -> Analysis:
         )
     d = spec.data
     evaluation = load_splits(d.dataset, d.calibration_samples, d.evaluation_samples)["evaluation"]
-    ctx = PtqAnalysisContext(run, evaluation, _spec(d))
+    ctx = PtqAnalysisContext(run, evaluation, _spec(d, spec.compare.output))
     arts = {s: run.load_artifact(s, PtqModel) for s in done}
     integer = _integer(run, arts)
-    models = {s: _model(run, s, arts, evaluation.x, integer) for s in done}
     graph = next(s for s in ("calibrated", *done) if s in arts)  # the QDQ graph's layers
     calibrated = onnx.load(str(run.path(arts[graph].onnx_file)))
+    at = feeds.judged_index(calibrated, spec.compare.output, evaluation.labels is not None)
+    models = {s: _model(run, s, arts, evaluation.inputs, integer, at) for s in done}
     layers = layer_graph(calibrated)
     flops = functools.partial(onnx_flops, calibrated, layers)
     return analyze_models(ctx, done, models, layers, integer, flops)
 
 
-def _spec(data) -> SimpleNamespace:
+def _spec(data, output: str | None) -> SimpleNamespace:
     return SimpleNamespace(
         data=SimpleNamespace(batch_size=data.batch_size),
-        compare=CompareSpec(probe_samples=data.probe_samples),
+        compare=CompareSpec(probe_samples=data.probe_samples, output=output),
         stages=SimpleNamespace(board_sim=SimpleNamespace(runtime_format="featuremap")),
     )
 
@@ -93,12 +94,12 @@ def _integer(run: Run, arts: dict) -> dict:
     return json.loads(run.path(art.layers_file).read_text()) if art else {}
 
 
-def _model(run: Run, stage: str, arts: dict, x, integer: dict):
+def _model(run: Run, stage: str, arts: dict, inputs: dict, integer: dict, at: int):
     if stage == "board":  # the board runs the hbm stage's program
-        return runners.hbm_model(stage, run.path(arts["hbm"].hbm_file), x, integer)
+        return runners.hbm_model(stage, run.path(arts["hbm"].hbm_file), inputs, integer, at)
     art = arts[stage]
     path = run.path(art.hbm_file if stage == "hbm" else art.onnx_file)
-    return LOADERS[stage](stage, path, x, integer)
+    return LOADERS[stage](stage, path, inputs, integer, at)
 
 
 def layer_graph(model: onnx.ModelProto) -> dict[str, Layer]:
