@@ -135,3 +135,11 @@ def test_non_finite_inputs_quantize_as_the_board_does():
     assert plain.tolist()[0] == -128  # the quirk the override removes
     assert ours.tolist() == board.tolist() == [127, -128, -128, 20]
     assert onnx.checker.check_model(model) is None
+
+
+def test_inputs_fed_by_name_in_any_order():
+    from tests.stages.ptq.multi_io_models import inputs, two_io
+
+    xs, runner = inputs(4, 0), OnnxRunner(two_io())
+    by_name = runner.run(xs)  # m listed before x: the names place them
+    np.testing.assert_array_equal(by_name[0], runner.run((xs["x"], xs["m"]))[0])
