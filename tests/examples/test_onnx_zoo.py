@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 from examples.onnx_zoo import export
-from examples.onnx_zoo.graphs import BUILDERS, INPUT_SHAPES
+from examples.onnx_zoo.graphs import INPUT_SHAPES
 from pipelines.ptq import PtqSpec, run_ptq
 from schemas.store import RunStore
 
