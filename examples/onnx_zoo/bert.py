@@ -13,9 +13,11 @@ token-type embeddings (constant ids, folded by ``original``) and its embedding L
 The attention mask is BERT's additive mask, a constant: -10000 on the positions every
 sentence of :mod:`examples.bert.data` pads (``MAX_TOKENS`` and beyond), 0 elsewhere.
 :class:`MaskedEncoder` (``bert_mask``) takes that mask as a second float input ``mask``
-(N, 1, 1, SEQ), each sentence's own (:func:`additive_masks`): two inputs fed by name. The
-tokenizer's int64 ``input_ids`` / ``attention_mask`` are not inputs: the PTQ chain refuses
-integer inputs (stages/ptq/feeds.py).
+(N, 1, 1, SEQ), each sentence's own (:func:`additive_masks`): two inputs fed by name.
+:class:`IdsEncoder` (``bert_ids``) takes the tokenizer's int64 ``input_ids`` instead of the
+embeddings (the word embedding a Gather the PTQ chain carries to the .hbm) and the same
+float mask; the tokenizer's int64 ``attention_mask`` is not an input: cast to float and
+computed on, the PTQ chain refuses it (stages/ptq/feeds.py).
 """
 
 from __future__ import annotations
@@ -67,6 +69,16 @@ class MaskedEncoder(Encoder):
         return out.last_hidden_state
 
 
+class IdsEncoder(Encoder):
+    """:class:`Encoder` fed the tokenizer's int64 ``input_ids`` (its word embedding a Gather
+    of the table) and the additive float mask."""
+
+    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        out = self.bert(input_ids=input_ids, attention_mask=mask, position_ids=self.positions,
+                        token_type_ids=self.token_types)  # fmt: skip
+        return out.last_hidden_state
+
+
 @cache
 def encoder(seed: int = 0) -> Encoder:
     """The seeded encoder of :data:`CONFIG` (eval mode)."""
@@ -92,6 +104,13 @@ def bert_mask() -> onnx.ModelProto:
     return _export(masked, xs)
 
 
+def bert_ids() -> onnx.ModelProto:
+    """The encoder fed int64 ``input_ids`` and the float ``mask``, exported the same way."""
+    ids = IdsEncoder(encoder().bert).eval()
+    xs = {"input_ids": torch.zeros(1, SEQ, dtype=torch.long), "mask": torch.zeros(1, 1, 1, SEQ)}
+    return _export(ids, xs)
+
+
 def _export(model: nn.Module, xs: dict[str, torch.Tensor]) -> onnx.ModelProto:
     f = io.BytesIO()
     axes = {k: {0: "N"} for k in [*xs, "y"]}
@@ -107,6 +126,11 @@ def additive_masks(n: int, seed: int) -> np.ndarray:
     padding."""
     mask = split(n, seed)["inputs"]["attention_mask"].astype(np.float32)
     return ((1.0 - mask) * -10000.0)[:, None, None, :]
+
+
+def token_ids(n: int, seed: int) -> np.ndarray:
+    """The tokenizer's int64 ``input_ids`` (N, SEQ) of ``n`` sentences (seeded)."""
+    return split(n, seed)["inputs"]["input_ids"].astype(np.int64)
 
 
 def embeddings(n: int, seed: int) -> np.ndarray:

@@ -3,7 +3,8 @@
 Crops of scikit-learn's two sample photographs (examples/zoo/images.py) at the graph's
 input size, NHWC for the tf2onnx graph; for ``bert`` the word embeddings of examples/bert/data.py's
 tokenized sentences (:func:`examples.onnx_zoo.bert.embeddings`), for ``bert_mask`` those
-and each sentence's additive attention mask (two named inputs); no labels: every stage is judged by its agreement
+and each sentence's additive attention mask (two named inputs), for ``bert_ids`` the int64
+token ids and that mask; no labels: every stage is judged by its agreement
 with the original float model (output cosine).
 """
 
@@ -16,12 +17,12 @@ CALIBRATION, EVALUATION = 64, 32
 
 
 def dataset(name: str) -> dict:
-    if name in ("bert", "bert_mask"):
-        from examples.onnx_zoo.bert import additive_masks, embeddings
+    if name.startswith("bert"):
+        from examples.onnx_zoo.bert import additive_masks, embeddings, token_ids
 
         n = CALIBRATION + EVALUATION
-        inputs = {"x": embeddings(n, seed=7)}
-        if name == "bert_mask":
+        inputs = {"input_ids": token_ids(n, 7)} if name == "bert_ids" else {"x": embeddings(n, 7)}
+        if name != "bert":
             inputs["mask"] = additive_masks(n, seed=7)
         return _splits(inputs)
     x = images.crops(CALIBRATION + EVALUATION, SIZE, seed=7)

@@ -14,7 +14,8 @@ Each builder returns a seeded float model as that exporter writes it:
   + ``Add`` for dense layers and a LayerNorm written out as ReduceMean/Sub/Pow/ReduceMean/
   Add/Sqrt/Div/Mul/Add;
 - :func:`bert` (torch's TorchScript exporter): a small BertModel, :mod:`examples.onnx_zoo.bert`;
-  :func:`bert_mask` the same with its attention mask as a second float input.
+  :func:`bert_mask` the same with its attention mask as a second float input, :func:`bert_ids`
+  fed int64 token ids and that mask.
 The weights are random (seeded); the chain is judged by agreement with the float model.
 """
 
@@ -188,7 +189,16 @@ def bert_mask() -> onnx.ModelProto:
     return export_bert_mask()
 
 
+def bert_ids() -> onnx.ModelProto:
+    """The BERT encoder fed int64 ``input_ids`` and the float ``mask``
+    (:func:`examples.onnx_zoo.bert.bert_ids`)."""
+    from examples.onnx_zoo.bert import bert_ids as export_bert_ids
+
+    return export_bert_ids()
+
+
 BUILDERS = {"paddle_mobilenet": paddle_mobilenet, "yolo_head": yolo_head, "tf_nhwc": tf_nhwc,
-            "bert": bert, "yolo_split": yolo_split, "bert_mask": bert_mask}  # fmt: skip
+            "bert": bert, "yolo_split": yolo_split, "bert_mask": bert_mask,
+            "bert_ids": bert_ids}  # fmt: skip
 INPUT_SHAPES = {"yolo_head": {"x": [1, 3, SIZE, SIZE]}, "yolo_split": {"x": [1, 3, SIZE, SIZE]}}
 """``model.input_shapes`` a model needs (dynamic dims other than the batch)."""

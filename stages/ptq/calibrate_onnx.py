@@ -1,8 +1,10 @@
 """calibrated: QDQ inserted into the optimized float model per a quant config.
 
 Which tensors get a quantizer (the QAT chain's placement, so convert sees the same graph):
-- each graph input: ``input:<name>[input]/q`` -> ``/dq``, writing ``input:<name>[input]``
-  (every input is float: ``original`` refuses integer ones);
+- each float graph input: ``input:<name>[input]/q`` -> ``/dq``, writing
+  ``input:<name>[input]`` (an integer input, token ids, gets none: ``original`` accepts one
+  only as the indices of an embedding, whose constant table is quantized like a class
+  token's, below);
 - the constant weight of Conv / Gemm / MatMul: ``<layer>[weight]/q`` on the initializer ->
   ``/dq`` writing ``<layer>[weight]``, int8, symmetric per output channel;
 - the output of every compute, table and float-island op (:data:`COMPUTE_OPS`,
@@ -44,6 +46,8 @@ from stages.ptq.graph import (
     users,
 )
 
+FLOAT = onnx.TensorProto.FLOAT
+
 
 @dataclass(frozen=True)
 class QuantConfig:
@@ -62,14 +66,15 @@ class Plan:
     inputs: dict[str, str]  # graph input name -> dtype of its quantizer
     weights: set[str]  # layer ids whose input 1 is a constant weight
     tokens: set[str] = field(default_factory=set)
-    """Layer ids of an Expand of a float constant to the batch (a class token): the
-    constant gets a per-tensor weight quantizer, so the Concat it feeds stays integer."""
+    """Layer ids of an Expand of a float constant to the batch (a class token) or of a
+    Gather of a constant table by run-time indices (an embedding): the constant gets a
+    per-tensor weight quantizer, so the Concat it feeds or the lookup stays integer."""
 
 
 def plan(model: onnx.ModelProto, cfg: QuantConfig, names: dict[str, str]) -> Plan:
     """Decide the quantizers; ``names``: original node name -> layer id (for overrides)."""
     ids = {layer_of(n) for n in model.graph.node}
-    xs = [i.name for i in model.graph.input]
+    xs = [i.name for i in model.graph.input if i.type.tensor_type.elem_type == FLOAT]
     keys = {**{k: v for k, v in names.items() if v in ids}, **{i: i for i in ids}}
     for x in xs:
         keys.update({f"input:{x}": f"input:{x}", x: f"input:{x}"})
@@ -99,7 +104,8 @@ def plan(model: onnx.ModelProto, cfg: QuantConfig, names: dict[str, str]) -> Pla
     }  # fmt: skip
     tokens = {
         layer_of(n) for n in model.graph.node
-        if n.name in sizes and n.op_type == "Expand" and n.input[0] in inits
+        if (n.name in sizes and n.op_type == "Expand" and n.input[0] in inits)
+        or (n.op_type == "Gather" and n.input[0] in inits and n.input[1] not in inits)
     }  # fmt: skip
     inputs = {x: dtype.get(f"input:{x}", cfg.activation_dtype) for x in xs}
     return Plan(outs, inputs, weights, tokens)

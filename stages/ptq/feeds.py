@@ -2,9 +2,12 @@
 
 Inputs: every graph input is fed by name from the split's inputs (stages.data ``Split.inputs``);
 the graph's input names and the dataset's must be the same set, else a StageError names
-the file, both lists and the fix. Integer inputs (token ids, masks) are refused at
-``original``: calibration observes float tensors only and convert has no integer graph
-input, so such an input could not be carried to the .hbm (:func:`refuse_integer_inputs`).
+the file, both lists and the fix. An integer input (token ids) is carried to the .hbm as the
+indices of an embedding: a Gather of a constant table, whose table calibrated quantizes like
+a weight (per tensor), so the lookup reads integers; it gets no input quantizer (calibration
+observes float tensors only). Any other integer input (an int64 mask cast to float and
+computed on) is refused at ``original``, naming it and its reader
+(:func:`refuse_integer_inputs`).
 
 Outputs: a graph's outputs in graph order get the canonical ids of stages.outputs: one
 output is ``output``; several are ``output.<name>`` by their ONNX names when every name
@@ -46,19 +49,31 @@ def check_inputs(model: onnx.ModelProto, split: Split, where: str) -> None:
 
 
 def refuse_integer_inputs(model: onnx.ModelProto, where: str) -> None:
-    """A graph input that is not float32 is refused, naming it (module docstring)."""
+    """A graph input that is not float32 and is read other than as the indices of an
+    embedding (a Gather of a constant table) is refused, naming it and that reader."""
     inits = {i.name for i in model.graph.initializer}
     for i in model.graph.input:
         elem = i.type.tensor_type.elem_type
-        if i.name not in inits and elem != FLOAT:
+        if i.name in inits or elem == FLOAT:
+            continue
+        bad = next((n for n in model.graph.node if i.name in n.input
+                    and not _embedding_index(n, i.name, inits)), None)  # fmt: skip
+        if bad is not None:
             dtype = onnx.helper.tensor_dtype_to_np_dtype(elem).name if elem else "unknown"
             raise StageError(
-                f"input {i.name!r} is {dtype}: the PTQ chain carries float32 inputs only "
-                "(calibration observes float tensors, the .hbm takes no integer input)",
+                f"input {i.name!r} is {dtype} and read by {bad.op_type} {bad.name!r}: the PTQ "
+                "chain carries an integer input only as the indices of an embedding (a "
+                "Gather of a constant table); calibration observes float tensors only",
                 where=f"{where} / input {i.name}",
-                hint="export the model from the first float tensor on (e.g. BERT's word "
-                "embeddings instead of its token ids; a mask as an additive float input)",
+                hint="export the model from the first float tensor on (e.g. an attention "
+                "mask as BERT's additive float mask, examples/onnx_zoo bert_ids)",
             )
+
+
+def _embedding_index(node: onnx.NodeProto, name: str, inits: set[str]) -> bool:
+    """``node`` reads ``name`` only as the indices of a Gather of a constant table."""
+    return (node.op_type == "Gather" and node.input[0] in inits
+            and list(node.input[1:]) == [name])  # fmt: skip
 
 
 def take(inputs: dict[str, np.ndarray], sl) -> dict[str, np.ndarray]:

@@ -45,9 +45,32 @@ def two_io(int_input: bool = False) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+def embedding() -> onnx.ModelProto:
+    """int64 ``ids`` [N,6] -> Gather of a constant table [20,8] (an embedding) -> MatMul
+    [8,4] -> ``y`` [N,6,4]: an integer input read only as embedding indices."""
+    rng = np.random.default_rng(4)
+    inits = {"table": rng.normal(0, 1, (20, 8)), "w": rng.normal(0, 0.3, (8, 4))}
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], name="emb"),
+             helper.make_node("MatMul", ["e", "w"], ["y"], name="fc")]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "embedding",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6, 4])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
 def write(path: Path, int_input: bool = False) -> Path:
     onnx.save(two_io(int_input), str(path))
     return path
+
+
+def ids_data() -> dict:
+    """Token ids for :func:`embedding`, no labels."""
+    rng = np.random.default_rng(5)
+    return {k: {"inputs": {"ids": rng.integers(0, 20, (n, 6)).astype(np.int64)}, "labels": None}
+            for k, n in (("train", N_CAL), ("evaluation", N_EVAL))}  # fmt: skip
 
 
 def inputs(n: int, seed: int) -> dict[str, np.ndarray]:

@@ -5,6 +5,7 @@ judged one (compare.output) its top1, hbm and board run both; localize works on 
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 
 from analysis.ptq_analysis import analyze_ptq, ptq_models
@@ -71,6 +72,24 @@ def test_a_dataset_not_named_like_the_graph_inputs_stops_at_original(tmp_path, m
     path = multi_io_models.write(tmp_path / "two_io.onnx")
     with pytest.raises(StageError, match=r"inputs \['x', 'm'\] are not the dataset's"):
         run_ptq(path, _spec(path, "renamed_data"), tmp_path / "runs")
+
+
+def test_int64_token_ids_reach_the_board_through_an_embedding(tmp_path, monkeypatch):
+    monkeypatch.setenv("QPARITY_ALLOWED_ROOTS", str(tmp_path))
+    path = tmp_path / "embedding.onnx"
+    onnx.save(multi_io_models.embedding(), str(path))
+    spec = PtqSpec.model_validate({
+        "model": {"file": str(path)},
+        "data": {"dataset": f"{DATA}:ids_data", "calibration_samples": 32,
+                 "evaluation_samples": 16, "batch_size": 16, "probe_samples": 2},
+    })  # fmt: skip
+    run = RunStore(tmp_path / "runs").open(run_ptq(path, spec, tmp_path / "runs"))
+    assert run.manifest().status == "complete"  # hbm bit-exact, fed the int64 ids
+    rows = read_run_table(run, "metrics")
+    board = [r["value"] for r in rows if r["stage"] == "board" and r["metric"] == "cosine"]
+    assert board and board[0] > 0.99
+    islands = [r["value"] for r in rows if r["metric"] == "float_islands"]
+    assert islands == [0]  # the table quantized like a weight: fc's input is integer
 
 
 def test_an_int64_input_is_refused_at_original(tmp_path, monkeypatch):

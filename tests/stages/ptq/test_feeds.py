@@ -15,7 +15,7 @@ from stages.ptq import feeds
 from stages.ptq.context import PtqContext
 from stages.ptq.graph import layer_of, save_model
 from stages.ptq.original import assign_layer_ids
-from tests.stages.ptq.multi_io_models import inputs, two_io
+from tests.stages.ptq.multi_io_models import embedding, inputs, two_io
 
 
 def test_a_name_mismatch_names_the_file_and_both_lists():
@@ -27,11 +27,21 @@ def test_a_name_mismatch_names_the_file_and_both_lists():
     feeds.check_inputs(two_io(), Split("evaluation", inputs(2, 0)), "f")  # any order
 
 
-def test_an_integer_input_is_refused_naming_it():
-    with pytest.raises(StageError, match="input 'm' is int64") as e:
+def test_an_integer_input_not_read_as_embedding_indices_is_refused_naming_it():
+    with pytest.raises(StageError, match="input 'm' is int64 and read by Cast 'cast'") as e:
         feeds.refuse_integer_inputs(two_io(int_input=True), "two_io.onnx")
     assert e.value.where == "two_io.onnx / input m"
     feeds.refuse_integer_inputs(two_io(), "two_io.onnx")
+    feeds.refuse_integer_inputs(embedding(), "embedding.onnx")  # token ids: carried
+
+
+def test_token_ids_get_no_input_quantizer_their_table_a_weight_one():
+    model = embedding()
+    assign_layer_ids(model)
+    names = {n.name: layer_of(n) for n in model.graph.node}
+    cal.name_by_layer(model)
+    plan = cal.plan(model, cal.QuantConfig(), names)
+    assert plan.inputs == {} and plan.tokens == {"emb"}
 
 
 def test_output_ids_follow_the_onnx_names():
