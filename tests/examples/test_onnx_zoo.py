@@ -23,7 +23,7 @@ FUSED = {
     "yolo_head": {},
 }
 """Ops the optimized stage's pattern fusion makes of each graph's idioms (the graphs run
-here; the several-input/output ones, yolo_split and bert_mask, are bench rows: their
+here; the several-input/output ones, yolo_split, bert_mask and bert_ids, are bench rows: their
 contract is tested cheaply by tests/stages/ptq/test_chain_multi_io.py)."""
 
 
