@@ -69,9 +69,10 @@ def original_stage(_: None, ctx: PtqContext, call: StageCall) -> PtqModel:
     if bad:
         raise original.refuse(bad, ctx.source)
     if batched.folded.nodes or batched.fixed:
-        x = feeds.take(ctx.evaluation.inputs, slice(max(4, 2 * (batched.fixed or 1))))
+        n = min(max(4, 2 * (batched.fixed or 1)), len(ctx.evaluation))
+        x = feeds.take(ctx.evaluation.inputs, slice(n))
         diff = batch.prove_same(source, model, x, batch.fixed_batch(source))
-        ctx.append_check(batch.render(batched, diff, len(next(iter(x.values()))))[-1:])
+        ctx.append_check(batch.render(batched, diff, n)[-1:])
     rel = _save(ctx, "original", model)
     metrics = _onnx_metrics(ctx, "original", rel)
     return call.make(PtqModel, ctx.run, [rel], onnx_file=rel, metrics=metrics)
@@ -83,7 +84,8 @@ def optimized_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
     source, patterns = _load(ctx, up), []
     model, removed = optimize(_load(ctx, up), patterns)
     rel = _save(ctx, "optimized", model)
-    x = feeds.take(ctx.calibration.inputs, slice(max(ctx.probe_samples, 8)))
+    n = min(max(ctx.probe_samples, 8), len(ctx.calibration))
+    x = feeds.take(ctx.calibration.inputs, slice(n))
     rows = equivalence.compare_layers(source, model, x, removed)
     text = equivalence.render_rows(rows, ctx.cosine, patterns)
     ctx.write_debug("optimize_equivalence.txt", text)
@@ -92,12 +94,7 @@ def optimized_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
                      + ([f"{k}: {v}" for k, v in removed.items()] or ["none"]))  # fmt: skip
     metrics = [
         *_onnx_metrics(ctx, "optimized", rel),
-        Metric(
-            stage="optimized",
-            metric="min_layer_cosine",
-            value=worst,
-            n_samples=len(next(iter(x.values()))),
-        ),  # fmt: skip
+        Metric(stage="optimized", metric="min_layer_cosine", value=worst, n_samples=n),
     ]
     return call.make(PtqModel, ctx.run, [rel], onnx_file=rel, removed=removed, metrics=metrics)
 
