@@ -4,12 +4,15 @@ judged one (compare.output) its top1, hbm and board run both; localize works on 
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import onnx
 import pytest
 
-from analysis.ptq_analysis import analyze_ptq, ptq_models
+from analysis.ptq_analysis import ptq_models
 from pipelines.ptq import PtqCompareSpec, PtqSpec, run_ptq
+from qparity import cli
 from schemas.errors import StageError
 from schemas.store import RunStore
 from schemas.tables import read_run_table
@@ -50,10 +53,16 @@ def test_both_inputs_and_outputs_run_through_every_stage(two_io_run):
     assert top1 == {(s.name, "output.shifted") for s in STAGES}
 
 
-def test_localize_judges_the_named_output(two_io_run):
-    run, spec = two_io_run
-    analysis = analyze_ptq(run, spec)
-    assert "output.shifted" in analysis.judged
+def test_localize_judges_the_named_output(two_io_run, monkeypatch, capsys):
+    run, _ = two_io_run
+    monkeypatch.setenv("QPARITY_ALLOWED_ROOTS", str(run.root.parent.parent))
+    monkeypatch.setattr(sys, "argv", ["qparity", "localize", run.run_id,
+                                      "--runs", str(run.root.parent)])  # fmt: skip
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+        raise SystemExit(0)
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "output.shifted" in out.replace("\n", " ")
 
 
 @pytest.mark.parametrize("output, at", [("output.shifted", 0), ("output.pooled", 1)])
