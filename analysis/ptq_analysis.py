@@ -27,7 +27,7 @@ from schemas.errors import QueryError
 from schemas.spec_sections import CompareSpec
 from schemas.store import Run
 from stages.data import Split, load_splits
-from stages.ptq import runners
+from stages.ptq import feeds, runners
 from stages.ptq.context import PtqModel
 from stages.ptq.graph import layer_of
 
@@ -59,31 +59,49 @@ def is_ptq_run(run: Run) -> bool:
 
 def analyze_ptq(run: Run, spec) -> Analysis:
     """Compare, bad cases, localization of a PTQ run (``spec``: its PtqSpec)."""
-    done = [s for s in CHAIN if run.manifest().stages.get(s) and
-            run.manifest().stages[s].status == "complete"]  # fmt: skip
+    done = _done(run)
     if len(done) < 2:
         raise QueryError(
             f"PTQ run {run.run_id} has {len(done)} comparable stage(s)",
             where="localize",
             hint="run the PTQ chain at least to ptq",
         )
-    d = spec.data
-    evaluation = load_splits(d.dataset, d.calibration_samples, d.evaluation_samples)["evaluation"]
-    ctx = PtqAnalysisContext(run, evaluation, _spec(d))
+    evaluation = _evaluation(spec)
+    ctx = PtqAnalysisContext(run, evaluation, _spec(spec.data, spec.compare.output))
     arts = {s: run.load_artifact(s, PtqModel) for s in done}
-    integer = _integer(run, arts)
-    models = {s: _model(run, s, arts, evaluation.x, integer) for s in done}
     graph = next(s for s in ("calibrated", *done) if s in arts)  # the QDQ graph's layers
     calibrated = onnx.load(str(run.path(arts[graph].onnx_file)))
     layers = layer_graph(calibrated)
     flops = functools.partial(onnx_flops, calibrated, layers)
-    return analyze_models(ctx, done, models, layers, integer, flops)
+    models = ptq_models(run, spec, evaluation)
+    return analyze_models(ctx, done, models, layers, _integer(run, arts), flops)
 
 
-def _spec(data) -> SimpleNamespace:
+def ptq_models(run: Run, spec, evaluation: Split | None = None) -> dict:
+    """The complete comparable stages' models, each fed every evaluation input by name and
+    comparing the judged output (``compare.output``, ids of the original model's outputs)."""
+    evaluation = evaluation or _evaluation(spec)
+    arts = {s: run.load_artifact(s, PtqModel) for s in _done(run)}
+    integer = _integer(run, arts)
+    original = onnx.load(str(run.path(run.load_artifact("original", PtqModel).onnx_file)))
+    at = feeds.judged_index(original, spec.compare.output, evaluation.labels is not None)
+    return {s: _model(run, s, arts, evaluation.inputs, integer, at) for s in arts}
+
+
+def _done(run: Run) -> list[str]:
+    stages = run.manifest().stages
+    return [s for s in CHAIN if stages.get(s) and stages[s].status == "complete"]
+
+
+def _evaluation(spec) -> Split:
+    d = spec.data
+    return load_splits(d.dataset, d.calibration_samples, d.evaluation_samples)["evaluation"]
+
+
+def _spec(data, output: str | None) -> SimpleNamespace:
     return SimpleNamespace(
         data=SimpleNamespace(batch_size=data.batch_size),
-        compare=CompareSpec(probe_samples=data.probe_samples),
+        compare=CompareSpec(probe_samples=data.probe_samples, output=output),
         stages=SimpleNamespace(board_sim=SimpleNamespace(runtime_format="featuremap")),
     )
 
@@ -93,12 +111,12 @@ def _integer(run: Run, arts: dict) -> dict:
     return json.loads(run.path(art.layers_file).read_text()) if art else {}
 
 
-def _model(run: Run, stage: str, arts: dict, x, integer: dict):
+def _model(run: Run, stage: str, arts: dict, inputs: dict, integer: dict, at: int):
     if stage == "board":  # the board runs the hbm stage's program
-        return runners.hbm_model(stage, run.path(arts["hbm"].hbm_file), x, integer)
+        return runners.hbm_model(stage, run.path(arts["hbm"].hbm_file), inputs, integer, at)
     art = arts[stage]
     path = run.path(art.hbm_file if stage == "hbm" else art.onnx_file)
-    return LOADERS[stage](stage, path, x, integer)
+    return LOADERS[stage](stage, path, inputs, integer, at)
 
 
 def layer_graph(model: onnx.ModelProto) -> dict[str, Layer]:

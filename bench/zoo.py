@@ -103,7 +103,10 @@ def _results(store: Path, spec_name: str, stages: list[str]) -> dict:
         "WHERE metric IN ('top1', 'cosine')"
     ).fetchall() if (run / "tables/metrics").exists() else []  # fmt: skip
     metric = "top1" if any(m == "top1" for m, _, _ in rows) else "cosine"  # no labels: cosine
-    metrics = [(stage, value) for m, stage, value in rows if m == metric]
+    metrics: dict[str, float] = {}  # several outputs: the worst one's
+    for m, stage, value in rows:
+        if m == metric:
+            metrics[stage] = min(metrics.get(stage, value), value)
     loc = run / "tables/localization"
     diverges = "-"
     if loc.exists():
@@ -112,7 +115,7 @@ def _results(store: Path, spec_name: str, stages: list[str]) -> dict:
             "WHERE kind = 'stage' AND rank = 1 LIMIT 1"
         ).fetchall()
         diverges = rows[0][0] if rows else "none"
-    return {"top1": dict(metrics), "completed": len(done), "diverges": diverges, "metric": metric}
+    return {"top1": metrics, "completed": len(done), "diverges": diverges, "metric": metric}
 
 
 def render(rows: list[dict], markdown: bool, stages: list[str]) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import AfterValidator, ValidationError
+from pydantic import AfterValidator, Field, ValidationError
 
 from pipelines.gc import mark_interrupted
 from pipelines.runs import end_run, run_recorded, versions
@@ -98,6 +98,15 @@ class PtqStagesSpec(Section):
     """Stop the chain after this stage; null runs every stage."""
 
 
+class PtqCompareSpec(Section):
+    """Which output the stages are judged on (the QAT chain's ``compare.output``)."""
+
+    output: str | None = Field(default=None, pattern=r"^output(\.[\w]+)*$")
+    """The output id (stages.ptq.feeds: ``output`` for one output, ``output.<onnx name>``
+    or ``output.<k>`` for several) labels, top1 and localization apply to; null: the
+    first class-like ((N, C)) output, else the first. Every output gets its metrics."""
+
+
 class PtqSpec(Section):
     """A PTQ chain spec (examples/digits_ptq/spec.yaml); ``pipeline:`` may name a fragment
     of pipelines/named/ptq/ it starts from."""
@@ -110,6 +119,8 @@ class PtqSpec(Section):
     """Dtypes and march."""
     stages: PtqStagesSpec = PtqStagesSpec()
     """Which stages run."""
+    compare: PtqCompareSpec = PtqCompareSpec()
+    """The judged output."""
     optimized_cosine: float = 0.999
     """Per-layer cosine the optimized model must keep against the original."""
     tags: dict[str, str] = {}
@@ -189,7 +200,8 @@ def _context(run: Run, name: str, path: Path, spec: PtqSpec) -> PtqContext:
     quant = QuantConfig(q.activation_dtype, dict(q.overrides))
     return PtqContext(run, name, path, quant, MARCHES[q.march], splits, d.batch_size,
                       d.probe_samples, spec.optimized_cosine,
-                      {k: list(v) for k, v in spec.model.input_shapes.items()})  # fmt: skip
+                      {k: list(v) for k, v in spec.model.input_shapes.items()},
+                      spec.compare.output)  # fmt: skip
 
 
 def _check_spec_stage(name: str | None) -> str | None:
@@ -219,9 +231,9 @@ def _execute(store: RunStore, ctx: PtqContext, stage: PtqStage, upstream: PtqMod
     def make_call() -> StageCall:
         digests = [upstream.digest] if upstream else [_source_digest(ctx.source)]
         digests += [ctx.splits[s].digest for s in stage.reads]
-        config = json_digest(
-            [stage.name, spec.quant.model_dump(mode="json"), spec.optimized_cosine]
-        )
+        judged = [spec.compare.output] if spec.compare.output else []  # old keys kept
+        config = json_digest([stage.name, spec.quant.model_dump(mode="json"),
+                              spec.optimized_cosine, *judged])  # fmt: skip
         return StageCall(stage.name, combined_digest(*digests), config, code_version(), versions())
 
     outcome = run_recorded(

@@ -46,15 +46,17 @@ class OnnxRunner:
         self.tensor_names = {t for n in self.model.graph.node for t in n.output}
         self._sessions: dict[tuple[str, ...], object] = {}
 
-    def run(self, x: np.ndarray | tuple[np.ndarray, ...]) -> list[np.ndarray]:
-        """The graph outputs for input ``x`` (a tuple: the graph's inputs in order)."""
+    def run(self, x: np.ndarray | tuple[np.ndarray, ...] | dict) -> list[np.ndarray]:
+        """The graph outputs for input ``x`` (a tuple: the graph's inputs in order; a dict:
+        by input name)."""
         outputs, _ = self.run_capture(x, [])
         return outputs
 
     def run_capture(
-        self, x: np.ndarray, layer_ids: list[str], feeds: dict[str, np.ndarray] | None = None
+        self, x, layer_ids: list[str], feeds: dict[str, np.ndarray] | None = None
     ) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
-        """(outputs, {layer id: tensor}) for the tensors named by ``layer_ids``.
+        """(outputs, {layer id: tensor}) for the tensors named by ``layer_ids``; ``x`` as
+        :meth:`run` takes it.
 
         ``feeds`` gives extra graph inputs (the cut tensors of :meth:`with_inputs`)."""
         missing = [i for i in layer_ids if i not in self.tensor_names]
@@ -65,10 +67,10 @@ class OnnxRunner:
                 hint="capture ids of ExportResult.layer_ids whose layer has one output",
             )
         extra = [i for i in layer_ids if i not in self.output_names]
-        xs = x if isinstance(x, tuple) else (x,)
-        names = [i.name for i in self.model.graph.input[: len(xs)]]
-        feeds = {**{n: np.ascontiguousarray(v) for n, v in zip(names, xs, strict=True)},
-                 **(feeds or {})}  # fmt: skip
+        if not isinstance(x, dict):
+            xs = x if isinstance(x, tuple) else (x,)
+            x = dict(zip([i.name for i in self.model.graph.input[: len(xs)]], xs, strict=True))
+        feeds = {**{n: np.ascontiguousarray(v) for n, v in x.items()}, **(feeds or {})}
         try:
             named = self._named(feeds, extra)
         except StageError:

@@ -2,7 +2,9 @@
 
 Crops of scikit-learn's two sample photographs (examples/zoo/images.py) at the graph's
 input size, NHWC for the tf2onnx graph; for ``bert`` the word embeddings of examples/bert/data.py's
-tokenized sentences (:func:`examples.onnx_zoo.bert.embeddings`); no labels: every stage is judged by its agreement
+tokenized sentences (:func:`examples.onnx_zoo.bert.embeddings`), for ``bert_mask`` those
+and each sentence's additive attention mask (two named inputs), for ``bert_ids`` the int64
+token ids and that mask; no labels: every stage is judged by its agreement
 with the original float model (output cosine).
 """
 
@@ -15,22 +17,26 @@ CALIBRATION, EVALUATION = 64, 32
 
 
 def dataset(name: str) -> dict:
-    if name == "bert":
-        from examples.onnx_zoo.bert import embeddings
+    if name.startswith("bert"):
+        from examples.onnx_zoo.bert import additive_masks, embeddings, token_ids
 
-        x = embeddings(CALIBRATION + EVALUATION, seed=7)
-        return _splits(x)
+        n = CALIBRATION + EVALUATION
+        inputs = {"input_ids": token_ids(n, 7)} if name == "bert_ids" else {"x": embeddings(n, 7)}
+        if name != "bert":
+            inputs["mask"] = additive_masks(n, seed=7)
+        return _splits(inputs)
     x = images.crops(CALIBRATION + EVALUATION, SIZE, seed=7)
     if name == "tf_nhwc":
         x = x.transpose(0, 2, 3, 1).copy()
-    return _splits(x)
+    return _splits({"x": x})
 
 
-def _splits(x) -> dict:
+def _splits(inputs: dict) -> dict:
     return {
-        "train": {"inputs": {"x": x[:CALIBRATION]}, "labels": None},
-        "evaluation": {"inputs": {"x": x[CALIBRATION:]}, "labels": None},
-    }
+        "train": {"inputs": {k: v[:CALIBRATION] for k, v in inputs.items()}, "labels": None},
+        "evaluation": {"inputs": {k: v[CALIBRATION:] for k, v in inputs.items()},
+                       "labels": None},
+    }  # fmt: skip
 
 
 def __getattr__(attr: str):

@@ -8,11 +8,14 @@ Each builder returns a seeded float model as that exporter writes it:
   ``Split`` into box and class maps, the DFL (``Reshape`` to ``[N, 4, 16, HW]`` through
   ``Concat(Shape(x)[0:1], ...)``, ``Softmax`` over the 16 bins, a 1x1 ``Conv`` with
   ``0..15`` as weights), an anchor grid from ``Shape/Gather/Range/Cast``, ``Sigmoid``
-  class scores, ``Concat`` of both;
+  class scores, ``Concat`` of both; :func:`yolo_split` the same head with boxes and scores
+  as two outputs;
 - :func:`tf_nhwc` (tf2onnx): an NHWC input with ``Transpose`` around each conv, ``MatMul``
   + ``Add`` for dense layers and a LayerNorm written out as ReduceMean/Sub/Pow/ReduceMean/
   Add/Sqrt/Div/Mul/Add;
-- :func:`bert` (torch's TorchScript exporter): a small BertModel, :mod:`examples.onnx_zoo.bert`.
+- :func:`bert` (torch's TorchScript exporter): a small BertModel, :mod:`examples.onnx_zoo.bert`;
+  :func:`bert_mask` the same with its attention mask as a second float input, :func:`bert_ids`
+  fed int64 token ids and that mask.
 The weights are random (seeded); the chain is judged by agreement with the float model.
 """
 
@@ -48,11 +51,15 @@ class Graph:
         return outs[0] if n_out == 1 else outs
 
     def model(self, x: list, y: str, y_shape: list, opset: int = 17) -> onnx.ModelProto:
+        return self.multi({"x": x}, {y: y_shape}, opset)
+
+    def multi(self, xs: dict, ys: dict, opset: int = 17) -> onnx.ModelProto:
+        """The model with float inputs ``xs`` and outputs ``ys`` (name -> shape)."""
         graph = helper.make_graph(
             self.nodes,
             "g",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, x)],
-            [helper.make_tensor_value_info(y, TensorProto.FLOAT, y_shape)],
+            [helper.make_tensor_value_info(k, TensorProto.FLOAT, v) for k, v in xs.items()],
+            [helper.make_tensor_value_info(k, TensorProto.FLOAT, v) for k, v in ys.items()],
             [numpy_helper.from_array(v, k) for k, v in self.inits.items()],
         )
         m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
@@ -91,6 +98,23 @@ def paddle_mobilenet() -> onnx.ModelProto:
 
 def yolo_head(classes: int = 3, bins: int = 16) -> onnx.ModelProto:
     g = Graph(2)
+    dist, scores = _yolo(g, classes, bins)
+    out = g.op("Concat", [dist, scores], "output", axis=1)
+    return g.model(["N", 3, "H", "W"], out, ["N", 4 + classes, "HW"])
+
+
+def yolo_split(classes: int = 3, bins: int = 16) -> onnx.ModelProto:
+    """yolo_head with its box and class maps as two outputs (``boxes``, ``scores``), as
+    ultralytics exports a head for an NMS outside the graph."""
+    g = Graph(2)
+    _yolo(g, classes, bins, ("boxes", "scores"))
+    return g.multi({"x": ["N", 3, "H", "W"]},
+                   {"boxes": ["N", 4, "HW"], "scores": ["N", classes, "HW"]})  # fmt: skip
+
+
+def _yolo(g: Graph, classes: int, bins: int, names=("box.anchored", "cls.sigmoid")):
+    """The YOLOv8 head's box distances (anchored) and class scores (module docstring),
+    written to the tensors ``names``."""
     x = g.op("Conv", ["x", g.w("stem.w", 16, 3, 3, 3)], "stem", pads=[1] * 4, strides=[2, 2])
     x = g.op("Mul", [x, g.op("Sigmoid", [x], "stem.sig")], "stem.silu")  # SiLU as ultralytics
     head = g.op("Conv", [x, g.w("head.w", 4 * bins + classes, 16, 1, 1)], "head")
@@ -111,12 +135,11 @@ def yolo_head(classes: int = 3, bins: int = 16) -> onnx.ModelProto:
     grid = g.op("Range", [g.c("r0", np.array(0)), cells, g.c("r1", np.array(1))], "grid")
     grid = g.op("Div", [g.op("Cast", [grid], "grid.f", to=TensorProto.FLOAT),
                         g.c("grid.scale", np.float32(SIZE))], "anchors")  # fmt: skip
-    dist = g.op("Add", [dist, grid], "box.anchored")
+    dist = g.op("Add", [dist, grid], names[0])
     flat_t = g.op("Concat", [batch, g.c("cls.shape", np.array([classes, -1]))], "cls.target",
                   axis=0)  # fmt: skip
-    scores = g.op("Sigmoid", [g.op("Reshape", [cls, flat_t], "cls.reshape")], "cls.sigmoid")
-    out = g.op("Concat", [dist, scores], "output", axis=1)
-    return g.model(["N", 3, "H", "W"], out, ["N", 4 + classes, "HW"])
+    scores = g.op("Sigmoid", [g.op("Reshape", [cls, flat_t], "cls.reshape")], names[1])
+    return dist, scores
 
 
 def _layernorm(g: Graph, x: str, name: str, dim: int) -> str:
@@ -158,7 +181,24 @@ def bert() -> onnx.ModelProto:
     return export_bert()
 
 
+def bert_mask() -> onnx.ModelProto:
+    """The BERT encoder with two float inputs: word embeddings ``x`` and the additive
+    attention ``mask`` (:func:`examples.onnx_zoo.bert.bert_mask`)."""
+    from examples.onnx_zoo.bert import bert_mask as export_bert_mask
+
+    return export_bert_mask()
+
+
+def bert_ids() -> onnx.ModelProto:
+    """The BERT encoder fed int64 ``input_ids`` and the float ``mask``
+    (:func:`examples.onnx_zoo.bert.bert_ids`)."""
+    from examples.onnx_zoo.bert import bert_ids as export_bert_ids
+
+    return export_bert_ids()
+
+
 BUILDERS = {"paddle_mobilenet": paddle_mobilenet, "yolo_head": yolo_head, "tf_nhwc": tf_nhwc,
-            "bert": bert}  # fmt: skip
-INPUT_SHAPES = {"yolo_head": {"x": [1, 3, SIZE, SIZE]}}
+            "bert": bert, "yolo_split": yolo_split, "bert_mask": bert_mask,
+            "bert_ids": bert_ids}  # fmt: skip
+INPUT_SHAPES = {"yolo_head": {"x": [1, 3, SIZE, SIZE]}, "yolo_split": {"x": [1, 3, SIZE, SIZE]}}
 """``model.input_shapes`` a model needs (dynamic dims other than the batch)."""

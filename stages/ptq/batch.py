@@ -80,20 +80,24 @@ def render(batched: Batched, diff: float | None, frames: int) -> list[str]:
 
 
 def prove_same(
-    source: onnx.ModelProto, model: onnx.ModelProto, x: np.ndarray, batch: int | None
+    source: onnx.ModelProto, model: onnx.ModelProto, x: dict | np.ndarray, batch: int | None
 ) -> float:
-    """Run ``source`` (chunks of ``batch``, or all of ``x``) and ``model`` (all of ``x``);
-    the largest output difference relative to the source's magnitude."""
+    """Run ``source`` (chunks of ``batch``, or all of ``x``) and ``model`` (all of ``x``;
+    every input by name); the largest output difference relative to the source's magnitude."""
+    x = x if isinstance(x, dict) else {source.graph.input[0].name: x}
+    n = len(next(iter(x.values())))
     if batch:
-        x = x[: len(x) // batch * batch]
-        if not len(x):
+        n = n // batch * batch
+        x = {k: v[:n] for k, v in x.items()}
+        if not n:
             raise StageError(
                 f"original: the model fixes the batch at {batch}, the evaluation split has "
                 "fewer frames",
                 where="data.evaluation_samples",
                 hint=f"evaluate on at least {batch} frames (the file runs on {batch} at a time)",
             )
-    chunks = [x[k : k + batch] for k in range(0, len(x), batch)] if batch else [x]
+    chunks = [{k: v[a : a + batch] for k, v in x.items()} for a in range(0, n, batch)] \
+        if batch else [x]  # fmt: skip
     runner = OnnxRunner(source)
     want = [np.concatenate(o) for o in zip(*(runner.run(c) for c in chunks), strict=True)]
     got = OnnxRunner(model).run(x)
@@ -104,7 +108,7 @@ def prove_same(
         if diff > RTOL:
             raise StageError(
                 f"original: the rewritten model's output {name!r} differs from the model "
-                f"file's on {len(x)} frames (shape {list(g.shape)} vs {list(w.shape)}, "
+                f"file's on {n} frames (shape {list(g.shape)} vs {list(w.shape)}, "
                 f"max relative difference {diff:.3g})",
                 where=f"{FIELD} / output {name}",
                 hint="see debug/model_check_result.txt for the rewrites; export the model "

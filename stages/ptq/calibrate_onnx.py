@@ -1,7 +1,10 @@
 """calibrated: QDQ inserted into the optimized float model per a quant config.
 
 Which tensors get a quantizer (the QAT chain's placement, so convert sees the same graph):
-- the graph input: ``input:<name>[input]/q`` -> ``/dq``, writing ``input:<name>[input]``;
+- each float graph input: ``input:<name>[input]/q`` -> ``/dq``, writing
+  ``input:<name>[input]`` (an integer input, token ids, gets none: ``original`` accepts one
+  only as the indices of an embedding, whose constant table is quantized like a class
+  token's, below);
 - the constant weight of Conv / Gemm / MatMul: ``<layer>[weight]/q`` on the initializer ->
   ``/dq`` writing ``<layer>[weight]``, int8, symmetric per output channel;
 - the output of every compute, table and float-island op (:data:`COMPUTE_OPS`,
@@ -43,6 +46,8 @@ from stages.ptq.graph import (
     users,
 )
 
+FLOAT = onnx.TensorProto.FLOAT
+
 
 @dataclass(frozen=True)
 class QuantConfig:
@@ -58,19 +63,21 @@ class Plan:
     """Where the quantizers go: layer id -> activation dtype of its output quantizer."""
 
     outputs: dict[str, str]
-    input_dtype: str
+    inputs: dict[str, str]  # graph input name -> dtype of its quantizer
     weights: set[str]  # layer ids whose input 1 is a constant weight
     tokens: set[str] = field(default_factory=set)
-    """Layer ids of an Expand of a float constant to the batch (a class token): the
-    constant gets a per-tensor weight quantizer, so the Concat it feeds stays integer."""
+    """Layer ids of an Expand of a float constant to the batch (a class token) or of a
+    Gather of a constant table by run-time indices (an embedding): the constant gets a
+    per-tensor weight quantizer, so the Concat it feeds or the lookup stays integer."""
 
 
 def plan(model: onnx.ModelProto, cfg: QuantConfig, names: dict[str, str]) -> Plan:
     """Decide the quantizers; ``names``: original node name -> layer id (for overrides)."""
     ids = {layer_of(n) for n in model.graph.node}
-    x = model.graph.input[0].name
+    xs = [i.name for i in model.graph.input if i.type.tensor_type.elem_type == FLOAT]
     keys = {**{k: v for k, v in names.items() if v in ids}, **{i: i for i in ids}}
-    keys.update({f"input:{x}": f"input:{x}", x: f"input:{x}"})
+    for x in xs:
+        keys.update({f"input:{x}": f"input:{x}", x: f"input:{x}"})
     unknown = sorted(k for k in cfg.overrides if k not in keys)
     if unknown:
         raise StageError(
@@ -97,9 +104,11 @@ def plan(model: onnx.ModelProto, cfg: QuantConfig, names: dict[str, str]) -> Pla
     }  # fmt: skip
     tokens = {
         layer_of(n) for n in model.graph.node
-        if n.name in sizes and n.op_type == "Expand" and n.input[0] in inits
+        if (n.name in sizes and n.op_type == "Expand" and n.input[0] in inits)
+        or (n.op_type == "Gather" and n.input[0] in inits and n.input[1] not in inits)
     }  # fmt: skip
-    return Plan(outs, dtype.get(f"input:{x}", cfg.activation_dtype), weights, tokens)
+    inputs = {x: dtype.get(f"input:{x}", cfg.activation_dtype) for x in xs}
+    return Plan(outs, inputs, weights, tokens)
 
 
 def _quantized(model: onnx.ModelProto, node: onnx.NodeProto, inits: set[str]) -> bool:
@@ -137,15 +146,16 @@ def name_by_layer(model: onnx.ModelProto) -> None:
                         v.name = new
 
 
-def observe(model: onnx.ModelProto, tensors: list[str], x: np.ndarray, batch: int) -> dict:
-    """``amax = max |t|`` of each tensor over the calibration samples (batch by batch)."""
+def observe(model: onnx.ModelProto, tensors: list[str], inputs: dict, batch: int) -> dict:
+    """``amax = max |t|`` of each tensor over the calibration samples (batch by batch);
+    ``inputs``: the samples of every graph input by name."""
     runner = OnnxRunner(model)
     amax = dict.fromkeys(tensors, 0.0)
-    capture = [t for t in tensors if t != runner.input_name]
-    for start in range(0, len(x), batch):
-        xb = x[start : start + batch]
+    capture = [t for t in tensors if t not in inputs]
+    for start in range(0, len(next(iter(inputs.values()))), batch):
+        xb = {k: v[start : start + batch] for k, v in inputs.items()}
         _, values = runner.run_capture(xb, capture)
-        values[runner.input_name] = xb
+        values.update(xb)
         for t in tensors:
             amax[t] = max(amax[t], float(np.max(np.abs(values[t]))))
     return amax
@@ -192,17 +202,10 @@ class QdqWriter:
 def insert_qdq(model: onnx.ModelProto, p: Plan, amax: dict[str, float], cfg: QuantConfig):
     """The calibrated model (QDQ inserted; ``model`` is modified) and the quantizer table."""
     w = QdqWriter(model)
-    x = model.graph.input[0].name
-    layer, dq_out = f"input:{x}", f"input:{x}[input]"
-    rename_input(model.graph, x, dq_out)
-    w.pair(
-        layer,
-        f"{layer}[input]",
-        x,
-        dq_out,
-        fp.symmetric_scale(amax[x], p.input_dtype),
-        p.input_dtype,
-    )
+    for x, dt in p.inputs.items():
+        layer, dq_out = f"input:{x}", f"input:{x}[input]"
+        rename_input(model.graph, x, dq_out)
+        w.pair(layer, f"{layer}[input]", x, dq_out, fp.symmetric_scale(amax[x], dt), dt)
     for node in list(model.graph.node):
         lid = layer_of(node)
         if lid in p.weights:

@@ -27,7 +27,7 @@ from stages.convert.stage import ISLANDS, layer_json
 from stages.exactness import batch_ranges, check_evaluation, check_exact, render_runs
 from stages.onnx_export import render_graph_text
 from stages.onnx_runner import OnnxRunner
-from stages.ptq import batch, equivalence, original, ptq, shapes
+from stages.ptq import batch, equivalence, feeds, original, ptq, shapes
 from stages.ptq import calibrate_onnx as cal
 from stages.ptq.context import PtqContext, PtqModel
 from stages.ptq.graph import layer_of, save_model
@@ -43,7 +43,7 @@ def _save(ctx: PtqContext, stage: str, model: onnx.ModelProto) -> str:
 
 def _onnx_metrics(ctx: PtqContext, stage: str, rel: str) -> list[Metric]:
     runner = OnnxRunner(ctx.run.path(rel))
-    return ctx.measure(stage, lambda x: runner.run(x)[0])
+    return ctx.measure(stage, runner.run)
 
 
 def _load(ctx: PtqContext, art: PtqModel) -> onnx.ModelProto:
@@ -57,6 +57,8 @@ def original_stage(_: None, ctx: PtqContext, call: StageCall) -> PtqModel:
     source = original.load_model(ctx.source)
     shapes.fix_input_shapes(source, ctx.input_shapes, ctx.source)
     source = original.check_model(source, ctx.source)
+    feeds.check_inputs(source, ctx.evaluation, str(ctx.source))
+    feeds.refuse_integer_inputs(source, str(ctx.source))
     batched = batch.dynamic_batch(source, ctx.input_shapes)
     model = batched.model
     original.assign_layer_ids(model)
@@ -67,9 +69,10 @@ def original_stage(_: None, ctx: PtqContext, call: StageCall) -> PtqModel:
     if bad:
         raise original.refuse(bad, ctx.source)
     if batched.folded.nodes or batched.fixed:
-        x = ctx.evaluation.x[: max(4, 2 * (batched.fixed or 1))]
+        n = min(max(4, 2 * (batched.fixed or 1)), len(ctx.evaluation))
+        x = feeds.take(ctx.evaluation.inputs, slice(n))
         diff = batch.prove_same(source, model, x, batch.fixed_batch(source))
-        ctx.append_check(batch.render(batched, diff, len(x))[-1:])
+        ctx.append_check(batch.render(batched, diff, n)[-1:])
     rel = _save(ctx, "original", model)
     metrics = _onnx_metrics(ctx, "original", rel)
     return call.make(PtqModel, ctx.run, [rel], onnx_file=rel, metrics=metrics)
@@ -81,7 +84,8 @@ def optimized_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
     source, patterns = _load(ctx, up), []
     model, removed = optimize(_load(ctx, up), patterns)
     rel = _save(ctx, "optimized", model)
-    x = ctx.calibration.x[: max(ctx.probe_samples, 8)]
+    n = min(max(ctx.probe_samples, 8), len(ctx.calibration))
+    x = feeds.take(ctx.calibration.inputs, slice(n))
     rows = equivalence.compare_layers(source, model, x, removed)
     text = equivalence.render_rows(rows, ctx.cosine, patterns)
     ctx.write_debug("optimize_equivalence.txt", text)
@@ -90,7 +94,7 @@ def optimized_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
                      + ([f"{k}: {v}" for k, v in removed.items()] or ["none"]))  # fmt: skip
     metrics = [
         *_onnx_metrics(ctx, "optimized", rel),
-        Metric(stage="optimized", metric="min_layer_cosine", value=worst, n_samples=len(x)),
+        Metric(stage="optimized", metric="min_layer_cosine", value=worst, n_samples=n),
     ]
     return call.make(PtqModel, ctx.run, [rel], onnx_file=rel, removed=removed, metrics=metrics)
 
@@ -101,8 +105,8 @@ def calibrated_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel
     names = {n.name: layer_of(n) for n in model.graph.node}
     cal.name_by_layer(model)
     plan = cal.plan(model, ctx.quant, names)
-    x = model.graph.input[0].name
-    amax = cal.observe(model, [x, *plan.outputs], ctx.calibration.x, ctx.batch_size)
+    observed = [*plan.inputs, *plan.outputs]
+    amax = cal.observe(model, observed, ctx.calibration.inputs, ctx.batch_size)
     model, table = cal.insert_qdq(model, plan, amax, ctx.quant)
     rel = _save(ctx, "calibrated", model)
     ctx.write_debug("ptq_quantizers.txt", cal.render_quantizers(table))
@@ -147,42 +151,42 @@ def hbm_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
     path = ctx.run.path(up.onnx_file)
     model = onnx.load(str(path))
     layers = json.loads(ctx.run.path(up.layers_file).read_text())
-    shapes = tensor_shapes(path, model, ctx.evaluation.x[:2])
+    shapes = tensor_shapes(path, model, feeds.take(ctx.evaluation.inputs, slice(2)))
     program = Compiler(model, ctx.march.name, ctx.march.channel_alignment, shapes).run(
         {lid: v["tensor"] for lid, v in layers.items()}
     )
     rel = ctx.file("hbm")
     hbm.save(program, ctx.run.path(rel))
     program = hbm.load(ctx.run.path(rel))
-    x = ctx.evaluation.x[: max(ctx.probe_samples, 2)]
+    n = min(max(ctx.probe_samples, 2), len(ctx.evaluation))
+    x = feeds.ordered(program.inputs, feeds.take(ctx.evaluation.inputs, slice(n)))
     exact = check_exact(program, ctx.run.root, up, x, "hbm")
-    executor, name = Executor(program), next(iter(program.inputs))
-    runner = OnnxRunner(path)
-    runs = check_evaluation(executor, _feeds(ctx, name), lambda f: runner.run(f[name]), "hbm")
+    executor, runner = Executor(program), OnnxRunner(path)
+    runs = check_evaluation(executor, _feeds(ctx), runner.run, "hbm")
     ctx.write_debug("bit_exact.txt", replace(exact, evaluation=runs).render())
     metrics = [
-        *ctx.measure("hbm", lambda x: next(iter(executor.run({name: x})[0].values()))),
-        Metric(stage="hbm", metric="bit_exact_layers", value=len(exact.layers), n_samples=len(x)),
+        *ctx.measure("hbm", lambda f: list(executor.run(f)[0].values())),
+        Metric(stage="hbm", metric="bit_exact_layers", value=len(exact.layers), n_samples=n),
     ]
     return call.make(PtqModel, ctx.run, [rel], hbm_file=rel, layers_file=up.layers_file,
                      onnx_file=up.onnx_file, metrics=metrics)  # fmt: skip
 
 
-def _feeds(ctx: PtqContext, name: str) -> list[dict]:
-    """The evaluation's batch geometries as the PTQ stages feed them (stages.exactness)."""
+def _feeds(ctx: PtqContext) -> list[dict]:
+    """The evaluation's batch geometries as the PTQ stages feed them (stages.exactness),
+    every input by name."""
     ranges = batch_ranges(len(ctx.evaluation), ctx.batch_size)
-    return [{name: ctx.evaluation.x[a:b]} for a, b in ranges]
+    return [feeds.take(ctx.evaluation.inputs, slice(a, b)) for a, b in ranges]
 
 
 def board_stage(up: PtqModel, ctx: PtqContext, call: StageCall) -> PtqModel:
     """The .hbm loaded fresh and run by the simulated BPU on the evaluation inputs; its
     replays and frozen plan checked first against its own kernels (stages.exactness)."""
     executor = Executor(hbm.load(ctx.run.path(up.hbm_file)))
-    name = next(iter(executor.program.inputs))
     kernels = lambda f: list(Executor(executor.program).run(f)[0].values())  # noqa: E731
-    runs = check_evaluation(executor, _feeds(ctx, name), kernels, "board", "its kernels")
+    runs = check_evaluation(executor, _feeds(ctx), kernels, "board", "its kernels")
     ctx.write_debug("board_exact.txt", render_runs(runs) + "\n")
-    metrics = ctx.measure("board", lambda x: next(iter(executor.run({name: x})[0].values())))
+    metrics = ctx.measure("board", lambda f: list(executor.run(f)[0].values()))
     return call.make(PtqModel, ctx.run, [], hbm_file=up.hbm_file, metrics=metrics)
 
 

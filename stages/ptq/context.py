@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import torch
+import onnx
 
 from schemas.artifacts import Artifact, Metric
 from schemas.store import Run
@@ -17,6 +17,7 @@ from simulator.program.march import March
 from stages.data import Split
 from stages.evaluate import collect, measure
 from stages.onnx_runner import OnnxRunner
+from stages.ptq import feeds
 from stages.ptq.calibrate_onnx import QuantConfig
 
 VENDOR_FILES = {
@@ -65,6 +66,8 @@ class PtqContext:
     cosine: float = 0.999
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
     """model.input_shapes: input name -> dims fixed at ``original``."""
+    judged: str | None = None
+    """compare.output: the output id labels and top1 apply to (null: stages.outputs' rule)."""
 
     def file(self, stage: str) -> str:
         """Run-relative path of the stage's vendor-named file."""
@@ -87,19 +90,28 @@ class PtqContext:
     def calibration(self) -> Split:
         return self.splits["calibration"]
 
+    @cached_property
+    def output_ids(self) -> list[str]:
+        """The original model's outputs by canonical id, in graph order (stages.ptq.feeds)."""
+        return feeds.output_ids(onnx.load(str(self.run.path(self.file("original")))))
+
     def _outputs(self, stage: str, fn) -> dict[str, np.ndarray]:
-        model = lambda x: torch.from_numpy(np.asarray(fn(x.numpy())))  # noqa: E731
-        return collect(model, self.evaluation, self.batch_size, f"{stage} metrics")
+        names = list(self.evaluation.inputs)
+        model = lambda *ts: fn(dict(zip(names, (t.numpy() for t in ts), strict=True)))  # noqa: E731
+        ids = self.output_ids
+        return collect(model, self.evaluation, self.batch_size, f"{stage} metrics", ids)
 
     @cached_property
     def reference(self) -> dict[str, np.ndarray]:
         """The original float model's outputs on the evaluation split (what every stage's
         agreement is measured against)."""
         runner = OnnxRunner(self.run.path(self.file("original")))
-        return self._outputs("original", lambda x: runner.run(x)[0])
+        return self._outputs("original", runner.run)
 
     def measure(self, stage: str, fn) -> list[Metric]:
-        """The metrics of ``fn`` (numpy batch -> outputs) on the evaluation split
-        (stages.evaluate): agreement with the original model, top1 with labels."""
+        """The metrics of ``fn`` ({input name: numpy batch} -> the outputs in graph order)
+        on the evaluation split (stages.evaluate), per output: agreement with the original
+        model, top1 with labels on the judged output (``judged``, stages.outputs)."""
         outputs = self._outputs(stage, fn)
-        return measure(stage, outputs, self.reference, self.evaluation.labels)
+        labels = self.evaluation.labels
+        return measure(stage, outputs, self.reference, labels, judged=self.judged)

@@ -35,8 +35,9 @@ def generalize(model: onnx.ModelProto, b: int) -> tuple[onnx.ModelProto, list[st
     g = out.graph
     inferred = onnx.shape_inference.infer_shapes(out, data_prop=True)
     consts = {i.name: numpy_helper.to_array(i) for i in g.initializer}
-    x = g.input[0].name
-    w = Walk(sh.static_shapes(inferred), consts, b, x, sh.opset_of(model), {x: 0})
+    x = g.input[0].name  # the batch of expanded constants is read from the first input
+    axis = {i.name: 0 for i in g.input}
+    w = Walk(sh.static_shapes(inferred), consts, b, x, sh.opset_of(model), axis)
     nodes = []
     for node in g.node:
         data = [i for i in node.input if i in w.axis]
@@ -53,7 +54,7 @@ def generalize(model: onnx.ModelProto, b: int) -> tuple[onnx.ModelProto, list[st
 
 def _dynamic_io(g: onnx.GraphProto, w: Walk) -> None:
     """Input dim 0 and each output's batch axis named ``batch``; shapes inferred again."""
-    for v, k in [(g.input[0], 0), *((o, w.axis.get(o.name)) for o in g.output)]:
+    for v, k in [*((i, 0) for i in g.input), *((o, w.axis.get(o.name)) for o in g.output)]:
         if k is None:
             raise StageError(f"original: output {v.name!r} does not follow the batch",
                              where=f"{sh.FIELD} / output {v.name}",

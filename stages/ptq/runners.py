@@ -4,7 +4,8 @@ by the same builders as the QAT chain's (stages/stage_runners.py).
 calibrated and ptq are QDQ graphs: a layer's value is the output of the last node carrying
 its layer id (its output DequantizeLinear, a float on the layer's grid); weight QDQ nodes
 are not layers. quantized is the integer graph (layers.json as convert writes it); hbm and
-board run the .hbm on the simulator. Every model reads the evaluation samples ``idx``.
+board run the .hbm on the simulator. Every model reads the evaluation samples ``idx`` of
+every input, fed by name (stages.ptq.feeds), and compares its judged output.
 """
 
 from __future__ import annotations
@@ -27,17 +28,23 @@ def layer_tensors(model: onnx.ModelProto) -> dict[str, str]:
     return out
 
 
-def qdq_model(stage: str, path, x: np.ndarray, integer: dict) -> StageModel:
-    """A QDQ ONNX stage (calibrated, ptq)."""
+def qdq_model(stage: str, path, inputs: dict, integer: dict, at: int = 0) -> StageModel:
+    """A QDQ ONNX stage (calibrated, ptq); ``inputs``: the evaluation samples of every graph
+    input by name; its output ``at`` (the judged one) is compared."""
     tensors = layer_tensors(onnx.load(str(path)))
-    return float_graph(stage, path, lambda idx: (x[idx],), tensors, integer)
+    return float_graph(stage, path, _feed(inputs), tensors, integer, at)
 
 
-def integer_model(stage: str, path, x: np.ndarray, integer: dict) -> StageModel:
+def integer_model(stage: str, path, inputs: dict, integer: dict, at: int = 0) -> StageModel:
     """The integer graph (quantized), dequantized per layer."""
-    return integer_graph(stage, path, lambda idx: (x[idx],), integer)
+    return integer_graph(stage, path, _feed(inputs), integer, at)
 
 
-def hbm_model(stage: str, path, x: np.ndarray, integer: dict) -> StageModel:
+def hbm_model(stage: str, path, inputs: dict, integer: dict, at: int = 0) -> StageModel:
     """The .hbm on the simulator (outputs and captured layers, dequantized)."""
-    return program(stage, path, lambda idx: (x[idx],), integer)
+    return program(stage, path, _feed(inputs), integer, at=at)
+
+
+def _feed(inputs: dict[str, np.ndarray]):
+    """The samples ``idx`` of every input, by name (graphs and programs feed them so)."""
+    return lambda idx: {k: v[idx] for k, v in inputs.items()}

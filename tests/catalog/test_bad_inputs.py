@@ -34,6 +34,7 @@ from tests.catalog import (
     cases_inputs,
     cases_loc,
     cases_outputs,
+    cases_ptq_io,
     cases_sec,
     cases_store,
     cases_tables,
@@ -140,6 +141,7 @@ def all_cases() -> dict:
         **cases_vendor.cases(),
         **cases_store.cases(),
         **cases_sec.cases(),
+        **cases_ptq_io.cases(),
     }
 
 

@@ -147,3 +147,11 @@ def test_reference_backend_keeps_only_outputs_and_captured_tensors():
     assert set(named) == {"dq", "relu"}
     np.testing.assert_array_equal(named["relu"], np.maximum(X, 0))
     assert runner._reference().new_ops_[("", "Conv")] is Conv
+
+
+def test_inputs_fed_by_name_in_any_order():
+    from tests.stages.ptq.multi_io_models import inputs, two_io
+
+    xs, runner = inputs(4, 0), OnnxRunner(two_io())
+    by_name = runner.run(xs)  # m listed before x: the names place them
+    np.testing.assert_array_equal(by_name[0], runner.run((xs["x"], xs["m"]))[0])
