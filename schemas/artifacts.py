@@ -30,7 +30,7 @@ def combined_digest(*digests: str) -> str:
 class Artifact(BaseModel):
     """Base of every stage artifact."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: str
     """What the artifact is; subclasses narrow it with a Literal."""
@@ -72,7 +72,7 @@ class Artifact(BaseModel):
 class Metric(BaseModel):
     """One dataset-level judgement of a stage model (a row of the ``metrics`` table)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     stage: str
     """The stage whose model was measured (``float`` for the float model)."""
