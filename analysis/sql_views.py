@@ -1,4 +1,4 @@
-"""The read-only DuckDB session over a run store: one view per table, then locked.
+"""The read-only DuckDB session over a run store: every table of every run, then locked.
 
 Every table of :data:`schemas.table_schemas.SCHEMAS` is a table (or view) named like the
 table over all runs' ``<root>/<run_id>/tables/<table>/**/*.parquet`` files, with the
@@ -14,7 +14,7 @@ A run's table whose parts fail the digests its manifest records (:mod:`schemas.t
 is left out with a warning naming the file: never read as truth, never blocking the rest.
 Given the statement it is opened for, a session reads (and verifies) only the tables the
 statement names, directly or through a derived view (:func:`tables_used`); the others are
-empty views with the right columns: on a store of 100 runs, hashing every part of every
+empty tables with the right columns: on a store of 100 runs, hashing every part of every
 table cost seconds for a query that reads one.
 
 Why no ``read_parquet`` views: DuckDB 2.0.1 checks file access when a view runs, so views
@@ -155,8 +155,8 @@ def _load(con: duckdb.DuckDBPyConnection, table: str, files: list[str]) -> None:
 
         con.register(table, ds.dataset(files, schema=schema, format="parquet"))
         return
-    columns = ", ".join(f"{f.name} {duckdb_type(f.type)}" for f in schema)
-    con.execute(f"CREATE TABLE {table} ({columns})")  # not from an Arrow table: 30 ms
+    columns = ", ".join(f'"{f.name}" {duckdb_type(f.type)}' for f in schema)
+    con.execute(f"CREATE TABLE {table} ({columns})")  # registering Arrow first: ~30 ms
     if files:
         names = ", ".join(f"'{n}'" for n in schema.names)  # our column names: no quotes
         con.execute(
@@ -217,11 +217,12 @@ def _create_chain(con: duckdb.DuckDBPyConnection) -> None:
 def connect(
     root: str | Path, sql: str | None = None, runs: Collection[str] | None = None
 ) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB with one view per table of the store at ``root``, locked down;
-    given the statement(s) ``sql`` it is for, only :func:`tables_used` are read, the other
-    views are empty; given ``runs`` (run ids), only their rows are read.
+    """An in-memory DuckDB with one table (:func:`_load`) per table of the store at
+    ``root``, locked down; given the statement(s) ``sql`` it is for, only
+    :func:`tables_used` are read, the others are empty; given ``runs`` (run ids), only
+    their rows are read.
 
-    After the views exist the session is read-only for its user: no file access at all
+    After the tables and views exist the session is read-only for its user: no file access at all
     (``enable_external_access=false``, no ``allowed_directories``), no extension loading,
     and ``lock_configuration=true`` so no ``SET`` can undo it. Files written after this
     call are not seen: connect again for a fresh view of the store.
