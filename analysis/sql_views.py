@@ -1,9 +1,9 @@
-"""The read-only DuckDB session over a run store: one view per table, then locked.
+"""The read-only DuckDB session over a run store: every table of every run, then locked.
 
-Every table of :data:`schemas.table_schemas.SCHEMAS` is a view named like the table over
-all runs' ``<root>/<run_id>/tables/<table>/**/*.parquet`` files, read as one Arrow
-dataset with the table's schema: columns a file lacks (older runs) read as NULL, and a
-table no run has written yet is an empty view with the right columns and types, so a query
+Every table of :data:`schemas.table_schemas.SCHEMAS` is a table (or view) named like the
+table over all runs' ``<root>/<run_id>/tables/<table>/**/*.parquet`` files, with the
+table's schema: columns a file lacks (older runs) read as NULL, and a
+table no run has written yet is empty with the right columns and types, so a query
 never fails on a young store. ``chain`` is one more view: ``(stage, position, step)`` of every
 stage in chain order (a PTQ stage at its QAT step's position), for ``ORDER BY`` and "the stage before" questions. Each file of
 ``analysis/sql/views/`` is one more view over those, named after the file
@@ -14,19 +14,25 @@ A run's table whose parts fail the digests its manifest records (:mod:`schemas.t
 is left out with a warning naming the file: never read as truth, never blocking the rest.
 Given the statement it is opened for, a session reads (and verifies) only the tables the
 statement names, directly or through a derived view (:func:`tables_used`); the others are
-empty views with the right columns: on a store of 100 runs, hashing every part of every
+empty tables with the right columns: on a store of 100 runs, hashing every part of every
 table cost seconds for a query that reads one.
 
-Why Arrow datasets, not ``read_parquet(glob)`` views: DuckDB 2.0.1 checks file access when a
-view runs, so views over ``read_parquet`` need the store root in ``allowed_directories``,
-and that would also let ``COPY ... TO`` and ``ATTACH`` write inside the store. Here pyarrow
-reads the files (DuckDB still pushes projections and filters down to it), so the session
-runs with ``enable_external_access=false``, no allowed directory and a locked configuration:
-DuckDB itself can neither read nor write any file.
+Why no ``read_parquet`` views: DuckDB 2.0.1 checks file access when a view runs, so views
+over ``read_parquet`` need the files in ``allowed_directories`` or ``allowed_paths``, and
+both also let ``COPY ... TO`` and ``ATTACH`` write there (measured: ``COPY ... TO <part>
+(USE_TMP_FILE false)`` overwrites an allowed part). So the session runs with
+``enable_external_access=false``, no allowed path and a locked configuration: DuckDB can
+neither read nor write any file once the user's statement runs. Before that, a table whose
+verified parts total at most :data:`SMALL_TABLE_BYTES` (4 MB) is read into an in-memory
+table by DuckDB's own ``read_parquet`` of exactly those files (bound as a parameter list:
+no Arrow dataset layer to import, which cost ``qparity sql`` about 0.1 s of start-up,
+bench/cli.py); a larger one is an Arrow dataset that pyarrow reads as the query runs, DuckDB pushing
+projections and filters down to it, so it is never loaded whole.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
 from collections.abc import Collection, Iterable
@@ -34,8 +40,6 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from schemas.errors import ArtifactError, QueryError
 from schemas.manifest import Manifest
@@ -45,12 +49,18 @@ from schemas.store import RunStore
 from schemas.store_layout import StoreWarning, run_folders
 from schemas.table_digests import check_table, read_manifest
 from schemas.table_schemas import SCHEMAS
-from schemas.tables import to_arrow
 
 CHAIN_VIEW = "chain"
 """Name of the extra view of stages in chain order."""
 VIEWS_DIR = Path(__file__).resolve().parent / "sql" / "views"
 """Derived views: ``<name>.sql`` holds the SELECT of the view ``<name>``."""
+SMALL_TABLE_BYTES = 4 * 2**20
+"""A table (of the runs read) with at most this many bytes of Parquet parts is read into
+the session whole; a larger one is an Arrow dataset read as the query runs. Reading whole
+costs about 20 ms of CPU per MB of parts (layer_stats of 4 digits runs, 47 MB: 1.0 s CPU and
+455 MB peak memory, against 0.25-0.33 s and 200 MB as a dataset), the dataset layer's
+import about 0.1 s: even at about 5 MB. ``runs`` is always read whole (one row per run;
+:func:`_mark_interrupted` updates it)."""
 
 
 _DYNAMIC_RE = re.compile(r"\b(query|query_table)\s*\(", re.IGNORECASE)
@@ -115,31 +125,70 @@ def _verified(run: Path, table: str, manifest: Manifest | None) -> list[Path]:
         return []
 
 
-def _dataset(table: str, files: list[str]) -> ds.Dataset | pa.Table:
+_DUCKDB_TYPES = {
+    "string": "VARCHAR", "bool": "BOOLEAN", "int32": "INTEGER", "int64": "BIGINT",
+    "float": "FLOAT", "double": "DOUBLE", "timestamp[us, tz=UTC]": "TIMESTAMPTZ",
+}  # fmt: skip
+
+
+def duckdb_type(dtype: pa.DataType) -> str:
+    """The DuckDB type an Arrow column of ``dtype`` reads as (the types of SCHEMAS)."""
+    if pa.types.is_list(dtype):
+        return f"{duckdb_type(dtype.value_type)}[]"
+    try:
+        return _DUCKDB_TYPES[str(dtype)]
+    except KeyError:
+        raise QueryError(
+            f"no DuckDB type for the Arrow type {dtype}",
+            where="schemas/table_schemas.py",
+            hint="add it to analysis.sql_views._DUCKDB_TYPES",
+        ) from None
+
+
+def _load(con: duckdb.DuckDBPyConnection, table: str, files: list[str]) -> None:
+    """``table`` in the session with the columns and types of its schema: columns a part
+    lacks are NULL, columns the schema lacks are dropped. Read whole by DuckDB when its
+    parts are small (always for ``runs``), else an Arrow dataset over them."""
     schema = SCHEMAS[table]
-    if not files:
-        return schema.empty_table()
-    return ds.dataset(files, schema=schema, format="parquet")
+    if table != "runs" and sum(os.path.getsize(f) for f in files) > SMALL_TABLE_BYTES:
+        import pyarrow.dataset as ds  # only here: its import is a tenth of a second
+
+        con.register(table, ds.dataset(files, schema=schema, format="parquet"))
+        return
+    columns = ", ".join(f'"{f.name}" {duckdb_type(f.type)}' for f in schema)
+    con.execute(f"CREATE TABLE {table} ({columns})")  # registering Arrow first: ~30 ms
+    if files:
+        names = ", ".join(f"'{n}'" for n in schema.names)  # our column names: no quotes
+        con.execute(
+            f"INSERT INTO {table} BY NAME SELECT COLUMNS(lambda c: c IN ({names})) "
+            "FROM read_parquet($files, union_by_name = true)",
+            {"files": files},
+        )
 
 
-def _show_interrupted(
-    data: ds.Dataset | pa.Table, root: str | Path, runs: Collection[str] | None
-) -> ds.Dataset | pa.Table:
-    """The runs rows with status ``interrupted`` for runs (of ``runs``, default all) whose
+def _mark_interrupted(
+    con: duckdb.DuckDBPyConnection, root: str | Path, runs: Collection[str] | None
+) -> None:
+    """Status ``interrupted`` in the runs table for runs (of ``runs``, default all) whose
     process died but that no one has marked yet (schemas.owner), and a row for each such
     run killed before it wrote its own: SQL shows what ``qparity runs`` shows."""
     local = RunStore(RunStore(root).root)  # store_files already synced a URL store's copy
     mine = [m for m in local.list_runs() if runs is None or m.run_id in runs]
     dead = {m.run_id: m for m in mine if died(m)}
     if not dead:
-        return data
-    rows = data.to_table() if isinstance(data, ds.Dataset) else data
-    gone = pc.is_in(rows["run_id"], value_set=pa.array(list(dead), pa.string()))
-    status = pc.if_else(gone, pa.scalar("interrupted"), rows["status"])
-    rows = rows.set_column(rows.schema.get_field_index("status"), "status", status)
-    rowless = sorted(set(dead) - set(rows["run_id"].to_pylist()))
-    extra = [bare_run_row(interrupted(dead[r])) for r in rowless]
-    return pa.concat_tables([rows, to_arrow("runs", extra).cast(rows.schema)])
+        return
+    con.execute(
+        "UPDATE runs SET status = 'interrupted' WHERE list_contains($dead, run_id)",
+        {"dead": list(dead)},
+    )
+    have = {r for (r,) in con.execute("SELECT run_id FROM runs").fetchall()}
+    extra = [bare_run_row(interrupted(dead[r])) for r in sorted(set(dead) - have)]
+    if extra:
+        from schemas.tables import to_arrow  # here: it imports pyarrow.parquet
+
+        con.register("_extra", to_arrow("runs", extra))
+        con.execute("INSERT INTO runs BY NAME FROM _extra")
+        con.unregister("_extra")
 
 
 PTQ_STEPS = {
@@ -151,29 +200,29 @@ quantization, fake quant, fixed-point tables, the integer graph, the program, th
 so a QAT run and a PTQ run of one architecture line up (``qparity diff``)."""
 
 
-def _chain() -> pa.Table:
-    """``(stage, position, step)``: the QAT stages in order, then each PTQ stage at the
-    position of its QAT step (the float model before the first: -1)."""
+def _create_chain(con: duckdb.DuckDBPyConnection) -> None:
+    """The table ``chain`` of ``(stage, position, step)``: the QAT stages in order, then
+    each PTQ stage at the position of its QAT step (the float model before the first: -1)."""
     qat = {name: i for i, name in enumerate(STAGE_NAMES)}
     rows = [(n, i, n) for n, i in qat.items()]
     rows += [(n, qat.get(step, -1), step) for n, step in PTQ_STEPS.items()]
-    return pa.table(
-        {
-            "stage": pa.array([r[0] for r in rows], pa.string()),
-            "position": pa.array([r[1] for r in rows], pa.int32()),
-            "step": pa.array([r[2] for r in rows], pa.string()),
-        }
-    )
+    con.execute(f"CREATE TABLE {CHAIN_VIEW} (stage VARCHAR, position INTEGER, step VARCHAR)")
+    con.execute(
+        f"INSERT INTO {CHAIN_VIEW} SELECT unnest($stage), unnest($position), unnest($step)",
+        {"stage": [r[0] for r in rows], "position": [r[1] for r in rows],
+         "step": [r[2] for r in rows]},
+    )  # fmt: skip
 
 
 def connect(
     root: str | Path, sql: str | None = None, runs: Collection[str] | None = None
 ) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB with one view per table of the store at ``root``, locked down;
-    given the statement(s) ``sql`` it is for, only :func:`tables_used` are read, the other
-    views are empty; given ``runs`` (run ids), only their rows are read.
+    """An in-memory DuckDB with one table (:func:`_load`) per table of the store at
+    ``root``, locked down; given the statement(s) ``sql`` it is for, only
+    :func:`tables_used` are read, the others are empty; given ``runs`` (run ids), only
+    their rows are read.
 
-    After the views exist the session is read-only for its user: no file access at all
+    After the tables and views exist the session is read-only for its user: no file access at all
     (``enable_external_access=false``, no ``allowed_directories``), no extension loading,
     and ``lock_configuration=true`` so no ``SET`` can undo it. Files written after this
     call are not seen: connect again for a fresh view of the store.
@@ -183,10 +232,10 @@ def connect(
         con.execute("SET TimeZone = 'UTC'")
         files = store_files(root, None if sql is None else tables_used(sql), runs)
         for table in SCHEMAS:
-            data = _dataset(table, files.get(table, []))
-            read = table == "runs" and table in files  # a view not read stays empty
-            con.register(table, _show_interrupted(data, root, runs) if read else data)
-        con.register(CHAIN_VIEW, _chain())
+            _load(con, table, files.get(table, []))
+        if "runs" in files:  # a table not read stays empty
+            _mark_interrupted(con, root, runs)
+        _create_chain(con)
         for path in sorted(VIEWS_DIR.glob("*.sql")):
             con.execute(f"CREATE VIEW {path.stem} AS {path.read_text()}")
         con.execute("SET temp_directory = ''")  # else DuckDB allows writing there

@@ -9,9 +9,11 @@ whole process, ``time.perf_counter`` around ``subprocess.run``):
   localization table);
 - ``qparity runs``, ``qparity show RUN``, ``qparity --help`` against a python process that
   imports duckdb and nothing else;
-- two floors, for scale: a python process that imports only the libraries every command
-  loads (typer, which coerces every parameter through pydantic, and rich), and one that
-  adds what ``qparity sql`` reads with (duckdb, pyarrow's dataset layer).
+- three floors, for scale: a python process that imports only the libraries every command
+  loads (typer, which coerces every parameter through pydantic, and rich), one that adds
+  what ``qparity sql`` needs (duckdb, which reads the parts, and pyarrow, which holds the
+  result and the table schemas), and one that adds what ``qparity show`` reads with
+  (pyarrow.parquet, and yaml for the run's spec).
 The ratio is command / anchor (targets: at most 2, and under 0.5 s). The store must hold
 runs; ``--make-store N`` first fills the store with N clones of its first run, each a
 distinct run (its own id in the folder name, the manifest and every table row, fresh table
@@ -41,7 +43,8 @@ sys.path.insert(0, str(ROOT))
 TARGET_RATIO, TARGET_S = 2.0, 0.5
 QUERY_ANCHOR, BARE_ANCHOR = "anchor: python + duckdb query", "anchor: python + import duckdb"
 FRAMEWORK = "import typer, typer._adapters, rich.console, rich.table"
-SQL_LIBS = f"{FRAMEWORK}, duckdb, pyarrow.dataset"
+SQL_LIBS = f"{FRAMEWORK}, duckdb, pyarrow"
+SHOW_LIBS = f"{FRAMEWORK}, pyarrow.parquet, yaml"
 
 
 def _cpu() -> float:
@@ -80,7 +83,8 @@ def commands(store: Path) -> dict[str, list[str]]:
         f"qparity show {run}": [*cli, "show", run, "--runs", str(store)],
         "qparity --help": [*cli, "--help"],
         "floor: python + typer (its pydantic coercion) + rich": [py, "-c", FRAMEWORK],
-        "floor of qparity sql: the above + duckdb + pyarrow.dataset": [py, "-c", SQL_LIBS],
+        "floor of qparity sql: the above + duckdb + pyarrow": [py, "-c", SQL_LIBS],
+        "floor of qparity show: typer + rich + pyarrow.parquet + yaml": [py, "-c", SHOW_LIBS],
     }
 
 

@@ -12,10 +12,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from qparity.cli_options import QuietOpt, RunsOpt, store_root
+from qparity.cli_options import LazyConsole, QuietOpt, RunsOpt, store_root
 from schemas.errors import QparityError
 
 app = typer.Typer(
@@ -24,8 +22,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Find where a quantized model stops agreeing with itself, stage by stage.",
 )
-out = Console()
-err = Console(stderr=True)
+out = LazyConsole()
+err = LazyConsole(stderr=True)
 STATE = {"debug": False}
 REPO = Path(__file__).resolve().parent.parent
 DEMO_SPEC = REPO / "examples" / "digits" / "spec.yaml"
@@ -93,10 +91,11 @@ def list_runs(runs: RunsOpt = None, quiet: QuietOpt = False):
     from schemas.owner import shown_status
     from schemas.store import RunStore
 
-    if quiet:
-        for m in RunStore(store_root(runs)).list_runs():
-            out.print(m.run_id, highlight=False, soft_wrap=True)
+    if quiet:  # run ids hold no markup (fileio.validate_run_id): plain lines, no rich
+        sys.stdout.write("".join(f"{m.run_id}\n" for m in RunStore(store_root(runs)).list_runs()))
         return
+    from rich.table import Table
+
     table = Table("run_id", "status", "started_at", "stages", "tags")
     for m in RunStore(store_root(runs)).list_runs():
         done = sum(s.status == "complete" for s in m.stages.values())

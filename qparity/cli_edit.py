@@ -5,12 +5,10 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from qparity.cli_options import QuietOpt, RunsOpt, store_root
+from qparity.cli_options import LazyConsole, QuietOpt, RunsOpt, store_root
 
-out = Console()
+out = LazyConsole()
 
 
 def edit_command(
@@ -52,6 +50,8 @@ def edit_command(
 
 
 def _print_fallbacks(fallbacks) -> None:
+    from rich.table import Table
+
     table = Table("nodes in float", "Q/DQ pairs removed", "L1", "cosine", "L1 gain",
                   title="fallbacks, most consistency gained first")  # fmt: skip
     skipped = any(f.faults_skipped for f in fallbacks)

@@ -6,11 +6,9 @@ same first; this command is for a store nothing runs in any more.
 
 from __future__ import annotations
 
-from rich.console import Console
+from qparity.cli_options import LazyConsole, QuietOpt, RunsOpt, store_root
 
-from qparity.cli_options import QuietOpt, RunsOpt, store_root
-
-out = Console()
+out = LazyConsole()
 
 
 def gc_command(runs: RunsOpt = None, quiet: QuietOpt = False):

@@ -8,11 +8,10 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from qparity.cli_options import QuietOpt
+from qparity.cli_options import LazyConsole, QuietOpt
 
-out = Console()
+out = LazyConsole()
 
 
 def ops_command(

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 RunsOpt = Annotated[
     str | None,
@@ -34,3 +37,31 @@ def store_root(runs: str | None) -> str | Path:
     if not is_url(root):
         check_root(local_root(root))
     return root
+
+
+class LazyConsole:
+    """A rich Console made on first use: a command that prints no table and no error
+    (``runs -q``, ``sql -q``) starts without importing rich (~20 ms; bench/cli.py). It
+    stands in for the Console everywhere (rich's own Live and Progress use it as a context
+    manager too); to change the Console itself, change :meth:`real`'s."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Console | None = None
+
+    def real(self) -> Console:
+        """The Console, made now if it was not yet."""
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real(), name)
+
+    def __enter__(self) -> Console:
+        return self.real().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.real().__exit__(*exc)

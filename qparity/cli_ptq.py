@@ -6,12 +6,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from qparity.cli_options import QuietOpt, RunsOpt, store_root
+from qparity.cli_options import LazyConsole, QuietOpt, RunsOpt, store_root
 
-out = Console()
+out = LazyConsole()
 
 
 def ptq_command(
@@ -60,6 +58,8 @@ def _show(run) -> None:
     m = run.manifest()
     metrics = {(r["stage"], r["metric"]): r["value"] for r in read_run_table(run, "metrics")}
     primary = run_primary(run)
+    from rich.table import Table
+
     table = Table(
         "stage", "status", "duration_s", primary.name, "note", title=f"PTQ run {m.run_id}"
     )

@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from qparity.cli_options import QuietOpt, RunsOpt, store_root
+from qparity.cli_options import LazyConsole, QuietOpt, RunsOpt, store_root
 
-console = Console()
+console = LazyConsole()
 
 OutOpt = Annotated[
     Path | None,

@@ -17,16 +17,16 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 
 from analysis.query_limits import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
-from qparity.cli_options import QuietOpt, RunsOpt, store_root
+from qparity.cli_options import LazyConsole, QuietOpt, RunsOpt, store_root
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from rich.console import Console
 
-out = Console()
-err = Console(stderr=True)
+out = LazyConsole()
+err = LazyConsole(stderr=True)
 
 
 class Format(StrEnum):
@@ -51,8 +51,6 @@ def write_result(result: pa.Table, fmt: str, console: Console = out, quiet: bool
     import pyarrow as pa  # the data commands' imports wait for the command (bench/cli.py)
     import pyarrow.csv as pacsv
 
-    from analysis.rich_tables import rich_table
-
     fmt = Format(fmt).value
     if fmt == "csv" or quiet:
         sink = pa.BufferOutputStream()
@@ -62,6 +60,8 @@ def write_result(result: pa.Table, fmt: str, console: Console = out, quiet: bool
         rows = [{k: _json_value(v) for k, v in row.items()} for row in result.to_pylist()]
         sys.stdout.write(json.dumps(rows, indent=1, default=str) + "\n")
     else:
+        from analysis.rich_tables import rich_table  # rich only for a table
+
         console.print(rich_table(result))
         console.print(f"{result.num_rows} row{'s' * (result.num_rows != 1)}", style="dim")
 

@@ -6,12 +6,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from qparity.cli_options import QuietOpt, RunsOpt, store_root
+from qparity.cli_options import LazyConsole, QuietOpt, RunsOpt, store_root
 
-out = Console()
+out = LazyConsole()
 
 
 def verify_command(
@@ -27,6 +25,8 @@ def verify_command(
 
     Example: qparity verify my-run:export my-run:convert -i input.npy
     """
+    from rich.table import Table
+
     from analysis.verify import load_input, verify
     from analysis.verify_sides import side
 

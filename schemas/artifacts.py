@@ -30,7 +30,9 @@ def combined_digest(*digests: str) -> str:
 class Artifact(BaseModel):
     """Base of every stage artifact."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+    # defer_build: a model's validator is built when first used, so a process that reads
+    # one kind (`qparity show`: convert's) does not build all ten (~20 ms; bench/cli.py)
 
     kind: str
     """What the artifact is; subclasses narrow it with a Literal."""
@@ -72,7 +74,7 @@ class Artifact(BaseModel):
 class Metric(BaseModel):
     """One dataset-level judgement of a stage model (a row of the ``metrics`` table)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     stage: str
     """The stage whose model was measured (``float`` for the float model)."""

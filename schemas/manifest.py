@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict
 
 
 class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class StageRecord(_Record):

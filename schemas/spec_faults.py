@@ -46,7 +46,7 @@ coarsening crashed pre_export."""
 class FaultSpec(BaseModel):
     """One injected fault."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal[
         "calib_scale",

@@ -60,7 +60,7 @@ STAGE_METRICS = ("top1", "top1_agreement", "cosine", "sqnr_db", "l1")
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ModelSpec(Section):

@@ -61,3 +61,39 @@ def test_a_query_verifies_and_reads_only_the_tables_it_uses(tmp_path):
     with pytest.warns(StoreWarning, match="changed after the run wrote it"):
         assert run_sql(tmp_path, "SELECT * FROM output_metrics").num_rows == 0
     assert run.run_id in {m.run_id for m in RunStore(tmp_path).list_runs()}
+
+
+def test_every_table_reads_with_the_columns_and_types_of_its_schema(tmp_path):
+    """The tables DuckDB reads itself are created from SCHEMAS' Arrow types
+    (:func:`sql_views.duckdb_type`): they read back as those types."""
+    con = sql_views.connect(tmp_path)
+    try:
+        for table, schema in sql_views.SCHEMAS.items():
+            got = con.sql(f"SELECT * FROM {table}").to_arrow_table().schema
+            assert got.names == schema.names, table
+            for field in schema:
+                want, have = field.type, got.field(field.name).type
+                if want.num_fields:  # a list: its item's name is DuckDB's own
+                    want, have = want.value_type, have.value_type
+                assert have == want, (table, field.name)
+    finally:
+        con.close()
+
+
+def test_a_large_table_reads_as_a_dataset_with_the_same_rows(tmp_path, monkeypatch):
+    """Over SMALL_TABLE_BYTES a table stays an Arrow dataset (never loaded whole): the
+    same rows, columns and types as the table DuckDB reads itself."""
+    run = RunStore(tmp_path).create_run("tiny", "", "ab" * 32, "0.1.0", {}, {})
+    rows = [{"run_id": run.run_id, "stage": s, "metric": "top1", "value": v, "n_samples": 8,
+             "output": None} for s, v in (("qat", 0.5), ("convert", 0.25))]  # fmt: skip
+    write_rows(run, "metrics", rows, "qat")
+    sql = "SELECT * FROM metrics ORDER BY stage"
+    small = run_sql(tmp_path, sql)
+    monkeypatch.setattr(sql_views, "SMALL_TABLE_BYTES", 0)
+    large = run_sql(tmp_path, sql)
+    assert large.equals(small)
+    assert small.to_pylist()[0] == rows[1]
+    con = sql_views.connect(tmp_path, sql)
+    kinds = dict(con.sql("SELECT table_name, table_type FROM information_schema.tables").fetchall())
+    con.close()
+    assert kinds["metrics"] == "VIEW" and kinds["runs"] == "BASE TABLE"

@@ -38,7 +38,7 @@ def _cli(monkeypatch, capsys, *args) -> str:
     from qparity import cli
 
     monkeypatch.setattr(sys, "argv", ["qparity", *map(str, args)])
-    monkeypatch.setattr(cli.out, "_width", 200)  # no wrapped table cells
+    monkeypatch.setattr(cli.out.real(), "_width", 200)  # no wrapped table cells
     with pytest.raises(SystemExit) as e:
         cli.main()
         raise SystemExit(0)

@@ -1,5 +1,6 @@
 """The data commands start without the stage machinery: no torch, onnx or Prefect import;
-`show` and `runs` not even DuckDB or pyarrow's dataset layer, `sql` no spec models
+`show` and `runs` not even DuckDB or pyarrow's dataset layer, `sql` no spec models and no
+pyarrow reader of Parquet: DuckDB reads the parts; `runs -q` and `sql -q` not even rich
 (bench/cli.py measures their start-up against python + duckdb)."""
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from tests.conftest import tiny_spec_dict
 STAGES = ("torch", "torchao", "onnx", "onnxruntime", "prefect")
 SQL = ("duckdb", "pyarrow.dataset", "pyarrow.compute")
 SPEC = ("schemas.spec_sections", "analysis.diff")  # pydantic models `sql` does not need
+ARROW_IO = ("pyarrow.dataset", "pyarrow.compute", "pyarrow.parquet")  # DuckDB reads for `sql`
+RICH = ("rich",)  # only a table or an error needs it: one-line outputs print without it
 CHILD = """
 import sys
 from qparity.cli import main
@@ -53,9 +56,11 @@ def store(tmp_path_factory):
     [
         (["--help"], STAGES + SQL),
         (["runs"], STAGES + SQL),
+        (["runs", "-q"], STAGES + SQL + RICH),
         (["show", "RUN"], STAGES + SQL),
         (["show", "RUN", "-q"], STAGES + SQL),
-        (["sql", "SELECT * FROM first_divergences"], STAGES + SPEC),
+        (["sql", "SELECT * FROM first_divergences"], STAGES + SPEC + ARROW_IO),
+        (["sql", "SELECT * FROM first_divergences", "-q"], STAGES + SPEC + ARROW_IO + RICH),
         (["diff", "RUN", "RUN", "-q"], STAGES),
     ],
 )

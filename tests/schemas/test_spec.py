@@ -228,3 +228,22 @@ def test_a_primary_no_stage_records_is_refused_naming_the_field():
     assert "data.metric" in e.value.hint
     with pytest.raises(SpecError, match="compare.primary"):
         with_overrides(minimal(), ["compare.primary=top 1"])
+
+
+def test_the_schema_models_build_without_reading_their_source():
+    """``use_attribute_docstrings`` made pydantic find and parse every model's source at
+    import (``inspect.findsource``, ~50 ms of `qparity show` start-up; bench/cli.py); no code
+    reads the field descriptions it made: the docstrings are for readers of the source."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import inspect\n"
+        "def refuse(*a, **k): raise AssertionError('source read')\n"
+        "inspect.findsource = inspect.getsourcelines = refuse\n"
+        "import schemas.manifest, schemas.artifacts, schemas.spec, schemas.spec_faults\n"
+    )
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-500:]
