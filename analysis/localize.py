@@ -145,6 +145,10 @@ def judge_pair(
             )
     if v.reasons:
         _localize(v, result, (base, ana), judged, ids, over, dtypes, layers or {}, th.cosine)
+    # reverted values are every layer of the judged samples, too large to keep for every
+    # pair: only the quantization pair's sensitive ops need theirs (analysis._parts)
+    keep = {lid for lid, *_ in v.sensitive} if v.quantization else set()
+    v.own.reverted = {k: t for k, t in v.own.reverted.items() if k in keep}
     return v
 
 

@@ -23,6 +23,8 @@ from stages.onnx_ref_ops import Conv, run_kept
 DOMAIN = "qparity"
 THREADS = 2
 DISABLED_OPTIMIZERS = ["WeightBiasQuantization"]
+CUT_RUNNERS = 4
+"""Runners of cut graphs (:meth:`OnnxRunner.with_inputs`) a runner keeps."""
 """onnxruntime's BASIC level rewrites a float conv/linear bias between Q/DQ weights and
 activations into int32 at ``s_in * s_w`` (measured: 1.5e-5 off torch on one conv, flipping
 output quantization steps). Torch fake quant keeps the bias float, so export must too; the
@@ -95,6 +97,9 @@ class OnnxRunner:
         """
         key = ("cut", *sorted(names))
         if key not in self._sessions:
+            cuts = [k for k in self._sessions if k[:1] == ("cut",)]
+            for k in cuts[: max(0, len(cuts) - CUT_RUNNERS + 1)]:  # oldest first
+                del self._sessions[k]
             self._sessions[key] = OnnxRunner(_cut(self.model, set(names)))
         return self._sessions[key]
 
@@ -115,6 +120,9 @@ class OnnxRunner:
             # idle ORT threads otherwise spin after each run and starve the numpy work
             # between runs (analysis: about 3x slower, bench/capture.py)
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            # the arena keeps a run's peak (every captured layer of the batch) for the
+            # session's life; analysis holds many sessions (8 GB at 224x224 MobileNetV2)
+            opts.enable_cpu_mem_arena = False
             model = _with_outputs(self.model, extra)
             self._sessions[extra] = ort.InferenceSession(
                 model.SerializeToString(),

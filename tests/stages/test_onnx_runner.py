@@ -155,3 +155,19 @@ def test_inputs_fed_by_name_in_any_order():
     xs, runner = inputs(4, 0), OnnxRunner(two_io())
     by_name = runner.run(xs)  # m listed before x: the names place them
     np.testing.assert_array_equal(by_name[0], runner.run((xs["x"], xs["m"]))[0])
+
+
+def test_cut_runners_are_kept_for_the_last_few_sets_of_names_only(monkeypatch):
+    """Sensitivity cuts one graph per candidate: each cut runner holds a session."""
+    monkeypatch.setattr("stages.onnx_runner.CUT_RUNNERS", 2)
+    runner = OnnxRunner(_model())
+    first = runner.with_inputs(("relu",))
+    assert runner.with_inputs(("relu",)) is first  # cached
+    runner.with_inputs(("mul",))
+    runner.with_inputs(("relu", "mul"))
+    cuts = [k for k in runner._sessions if k[0] == "cut"]
+    assert cuts == [("cut", "mul"), ("cut", "mul", "relu")]
+    again = runner.with_inputs(("relu",))  # rebuilt, and still right
+    assert again is not first
+    outs, got = again.run_capture(X, [], {"relu": np.ones_like(X)})
+    np.testing.assert_array_equal(outs[0], np.full_like(X, 2.0))
