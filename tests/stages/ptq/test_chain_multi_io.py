@@ -61,8 +61,9 @@ def test_localize_judges_the_named_output(two_io_run, monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main()
         raise SystemExit(0)
-    out = capsys.readouterr().out
-    assert e.value.code == 0 and "output.shifted" in out.replace("\n", " ")
+    captured = capsys.readouterr()
+    assert e.value.code == 0, captured.err + captured.out
+    assert "output.shifted" in captured.out.replace("\n", " ")
 
 
 @pytest.mark.parametrize("output, at", [("output.shifted", 0), ("output.pooled", 1)])
