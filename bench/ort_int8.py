@@ -48,6 +48,7 @@ def session(model: torch.nn.Module, calibration: np.ndarray, workdir: Path, thre
         quantize_static,
     )
 
+    Path(workdir).mkdir(parents=True, exist_ok=True)
     fp32 = export_float(model, calibration, Path(workdir) / "float.onnx")
     int8 = Path(workdir) / "int8_qoperator.onnx"
     reader = type("Reader", (_Frames, CalibrationDataReader), {})("x", calibration)
