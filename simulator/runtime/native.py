@@ -46,6 +46,7 @@ P, I64, F64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 SIGNATURES = {
     "qp_cpu_ok": ([], ctypes.c_int),
     "qp_amx_ok": ([], ctypes.c_int),
+    "qp_threads": ([I64], ctypes.c_int),
     "qp_linear_amx": ([P, *[I64] * 4, P, I64, I64, P, P, P, I64, P, *[I64] * 4, P, I64],
                       ctypes.c_int),
     "qp_pad": ([P, *[I64] * 11, P], None),
@@ -155,6 +156,12 @@ def library() -> ctypes.CDLL | None:
     :func:`tracing`, a stand-in that records every call it forwards."""
     lib, traces = _state()[0], _TRACE.get()
     return lib if not traces or lib is None else _Recorder(lib, traces)
+
+
+def untraced() -> ctypes.CDLL | None:
+    """The loaded kernels (or None) even inside :func:`tracing`: for calls that are no part of
+    an instruction's work (the run's thread count, :mod:`simulator.runtime.threads`)."""
+    return _state()[0]
 
 
 def amx() -> bool:
