@@ -151,3 +151,51 @@ def kernel_variants(sim_exec, x) -> str:
         f"{kind}: " + (", ".join(f"{op} x{n}" for op, n in sorted(ops.items())) or "none")
         for kind, ops in ran.items()
     )
+
+
+BUSY_LOOP = "import os\nos.sched_setaffinity(0, {%d})\nwhile True:\n    pass\n"
+
+
+def under_load(fns: dict, sim, rounds: int, core: int = 1) -> tuple[dict[str, float], float]:
+    """Median seconds per engine while a busy loop holds core ``core`` (a child process,
+    ended after), the simulator once per thread policy (``QPARITY_THREADS`` 2 and 1, fixed,
+    and auto: the cores left free, :mod:`simulator.runtime.threads`); and the cores other
+    processes (the loop included) used meanwhile."""
+    import subprocess
+    import sys
+
+    policies = {f"sim {p}": p for p in ("2", "1", "auto")}
+    timed = {**{k: _with_threads(sim, p) for k, p in policies.items()},
+             **{k: v for k, v in fns.items() if k != "sim"}}  # fmt: skip
+    loop = subprocess.Popen([sys.executable, "-c", BUSY_LOOP % core])
+    try:
+        time.sleep(0.5)  # the loop is running, the free-core sampler sees it
+        watch = CpuWatch().start()
+        times = _rounds(timed, rounds)
+        load = watch.stop()
+    finally:
+        loop.kill()
+        loop.wait()
+        os.environ.pop("QPARITY_THREADS", None)
+    return times, load
+
+
+def _with_threads(fn, policy: str):
+    def run():
+        os.environ["QPARITY_THREADS"] = policy
+        return fn()
+
+    return run
+
+
+def _rounds(fns: dict, rounds: int) -> dict[str, float]:
+    """One warm-up each, then ``rounds`` interleaved rounds: median seconds per engine."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: float(np.median(v)) for k, v in times.items()}

@@ -49,7 +49,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bench import ort_int8  # noqa: E402
-from bench.sim_probe import CpuWatch, conv_anatomy, kernel_variants, wait_quiet  # noqa: E402
+from bench.sim_probe import (  # noqa: E402
+    CpuWatch,
+    conv_anatomy,
+    kernel_variants,
+    under_load,
+    wait_quiet,
+)  # noqa: E402
 from schemas.spec import PipelineSpec, load_spec, with_overrides  # noqa: E402
 
 
@@ -275,6 +281,13 @@ def time_batch(name: str, batch: int, store: Path, run_id: str, args) -> tuple:
           f"used {before:.2f} cores before, {load:.2f} during timing; sim ran its "
           f"{sim_exec[0].last_path}", flush=True)  # fmt: skip
     row = (name, batch, fps["sim"], fps["torch"], fps.get("ORT"), load, fps.get("ORT int8"))
+    if args.load:
+        loaded, busy = under_load(fns, fns["sim"], max(args.rounds, 5))
+        int8 = loaded.get("ORT int8")
+        print(f"# {name} batch {batch}: with a busy loop on core 1 (others used {busy:.2f} "
+              "cores), median per batch: " + ", ".join(
+              f"{k} {s * 1e3:.1f} ms" + (f" ({int8 / s:.2f}x ORT int8)" if int8 and
+              k.startswith("sim") else "") for k, s in loaded.items()), flush=True)  # fmt: skip
     anatomy = conv_anatomy(sim_exec, x) if name == "resnet18" and batch > 1 else None
     return row, notes, (split, sim_exec[0].program, secs["sim"], anatomy)
 
@@ -355,6 +368,9 @@ def main() -> None:
                     help="seconds one chain stage may take before it is reported and skipped")  # fmt: skip
     ap.add_argument("--quiet-wait", type=float, default=30.0,
                     help="seconds to wait for other processes to go idle before timing")  # fmt: skip
+    ap.add_argument("--load", action="store_true",
+                    help="also time each batch while a busy loop holds one core: the simulator "
+                    "on 2 threads, 1 thread and the free cores (auto), side by side")  # fmt: skip
     ap.add_argument("--store", default=None, help="run store (default: a temporary folder)")
     ap.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
