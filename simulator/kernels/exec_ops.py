@@ -19,8 +19,8 @@ import torch
 from schemas.errors import SimulatorError
 from simulator.arith import fixedpoint as fp
 from simulator.arith.intmath import PRODUCT_LIMIT, max_abs
+from simulator.kernels import exec_depthwise, exec_native, exec_native_rows
 from simulator.kernels import exec_kernels as ek
-from simulator.kernels import exec_native, exec_native_rows
 from simulator.kernels.exec_conv import build_plan, linear_add_plan, run_conv
 from simulator.kernels.exec_epilogue import (
     acc_bound,
@@ -110,6 +110,11 @@ def k_conv(instr, bufs, consts):
                              lambda: build_plan(instr, consts, x.dtype, b_dtype))  # fmt: skip
         if plan is not None:
             return [run_conv(plan, x, b)]
+    if is_nhwc(instr) and x.ndim == 4 and b is None and int(instr.attrs.get("group") or 1) > 1:
+        dw = consts.cached(("dw_plan", instr.outputs[0], x.dtype),
+                           lambda: exec_depthwise.build(instr, consts, x.dtype))  # fmt: skip
+        if dw is not None:
+            return [exec_depthwise.run(dw, x)]
     if b is None:
         return [_conv_int(instr, bufs, consts)]
     conv = Instruction(instr.op, instr.inputs[:1], ("acc",), instr.consts[:4],

@@ -39,7 +39,7 @@ HINT = (
     "kernels meanwhile (same integers, slower); QPARITY_NATIVE=0 turns the kernels off"
 )
 SOURCES = tuple(Path(__file__).parents[1] / "csrc" / n
-                for n in ("qconv.c", "qamx.c", "qrows.c", "qbmm.c", "qnorm.c", "qmove.c",
+                for n in ("qconv.c", "qdw.c", "qamx.c", "qrows.c", "qbmm.c", "qnorm.c", "qmove.c",
                           "qplan.c"))  # fmt: skip
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-fno-strict-aliasing")
 P, I64, F64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
@@ -51,6 +51,7 @@ SIGNATURES = {
                       ctypes.c_int),
     "qp_pad": ([P, *[I64] * 11, P], None),
     "qp_conv": ([P, *[I64] * 6, P, *[I64] * 10, P, P, P, I64, P, *[I64] * 5, P, I64, I64], None),
+    "qp_dwconv": ([P, *[I64] * 5, P, *[I64] * 10, P, P, *[I64] * 4, P, I64, I64], None),
     "qp_mean": ([P, I64, I64, I64, F64, F64, F64, F64, I64, P, I64], None),
     "qp_mul": ([P, I64, P, I64, I64, I64, I64, F64, F64, F64, I64, P, I64], None),
     "qp_mean_cl": ([P, I64, I64, I64, I64, I64, I64, F64, F64, F64, F64, I64, P, I64], None),
