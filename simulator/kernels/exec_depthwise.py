@@ -1,8 +1,10 @@
 """The executor's depthwise convolution through the compiled kernel (simulator/csrc/qdw.c).
 
-A CONV in the nhwc layout whose ``group`` equals its input and output channels (channel
-multiplier 1: MobileNet's depthwise 3x3), on an int8 input, without a fused add, with a
-requantizing epilogue proven exact, runs here; everything else keeps the int64 path of
+A 2-D CONV whose ``group`` equals its input and output channels (channel multiplier 1:
+MobileNet's depthwise 3x3), on an int8 input, without a fused add, with a requantizing
+epilogue proven exact, runs here, in either layout: the compiler gives grouped convs the
+plain NCHW layout, whose buffers are then NCHW views of NHWC memory (``ToNCHW`` re-views
+an nhwc buffer, and this kernel's output is returned as such a view); everything else keeps the int64 path of
 :func:`simulator.kernels.exec_ops.k_conv` (a block-diagonal GEMM: ``group`` times the work).
 
 FORMULA: ``acc[n, p, c] = sum_{i, j} x_pad[n, p*stride + (i, j)*dilation, c] * w[c, i, j]
@@ -44,10 +46,27 @@ class DepthwisePlan:
     out_dtype: torch.dtype
 
 
-def build(instr: Instruction, consts, in_dtype: torch.dtype) -> DepthwisePlan | None:
-    """The :class:`DepthwisePlan` of a depthwise CONV (weights ``[C, kh, kw, 1]`` nhwc, group
-    ``C``), or None when the kernel does not apply (module docstring)."""
+def conv(instr: Instruction, x: torch.Tensor, consts) -> torch.Tensor | None:
+    """The depthwise CONV ``instr`` on ``x`` (nhwc, or plain NCHW), or None when the kernel
+    does not apply (then the caller runs the int64 path)."""
+    nhwc = instr.attrs.get("layout") == "nhwc"
+    plan = consts.cached(("dw_plan", instr.outputs[0], x.dtype, nhwc),
+                         lambda: build(instr, consts, x.dtype, nhwc))  # fmt: skip
+    if plan is None:
+        return None
+    if nhwc:
+        return run(plan, x)
+    return run(plan, x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+def build(instr: Instruction, consts, in_dtype: torch.dtype, nhwc: bool) -> DepthwisePlan | None:
+    """The :class:`DepthwisePlan` of a depthwise CONV (weights ``[C, kh, kw, 1]`` nhwc, ONNX's
+    ``[C, 1, kh, kw]`` plain; group ``C``), or None when the kernel does not apply (module
+    docstring)."""
     w, bias, mult, shift = (consts[c] if c else None for c in instr.consts[:4])
+    if w.ndim != 4:
+        return None
+    w = w if nhwc else w.permute(0, 2, 3, 1)
     c = int(instr.attrs.get("group") or 1)
     if native.library() is None or in_dtype != torch.int8 or w.shape[0] != c or w.shape[3] != 1:
         return None

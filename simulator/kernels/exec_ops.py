@@ -110,11 +110,10 @@ def k_conv(instr, bufs, consts):
                              lambda: build_plan(instr, consts, x.dtype, b_dtype))  # fmt: skip
         if plan is not None:
             return [run_conv(plan, x, b)]
-    if is_nhwc(instr) and x.ndim == 4 and b is None and int(instr.attrs.get("group") or 1) > 1:
-        dw = consts.cached(("dw_plan", instr.outputs[0], x.dtype),
-                           lambda: exec_depthwise.build(instr, consts, x.dtype))  # fmt: skip
-        if dw is not None:
-            return [exec_depthwise.run(dw, x)]
+    if x.ndim == 4 and b is None and int(instr.attrs.get("group") or 1) > 1:
+        y = exec_depthwise.conv(instr, x, consts)
+        if y is not None:
+            return [y]
     if b is None:
         return [_conv_int(instr, bufs, consts)]
     conv = Instruction(instr.op, instr.inputs[:1], ("acc",), instr.consts[:4],

@@ -16,9 +16,22 @@ from tests.simulator.arith.test_kernels import rand_ints
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"kernels {native.status()}")
 
 
-def _program(x, w, bias, mult, shift, attrs) -> Program:
-    """ToNHWC -> depthwise CONV (nhwc, weights [C, kh, kw, 1]) -> ToNCHW."""
+def _program(x, w, bias, mult, shift, attrs, plain: bool = False) -> Program:
+    """ToNHWC -> depthwise CONV (nhwc, weights [C, kh, kw, 1]) -> ToNCHW; ``plain``: ToNHWC
+    -> ToNCHW (a view of NHWC memory) -> CONV in the plain layout (ONNX weights), as the
+    compiler lays out grouped convs."""
     c = x.shape[1]
+    if plain:
+        consts = {"w": w, "b": bias, "m": mult, "s": shift}
+        instrs = [
+            Instruction(
+                Op.LAYOUT, ("x",), ("xn",), (), {"op_type": "ToNHWC", "channels_padded": c}
+            ),  # fmt: skip
+            Instruction(Op.LAYOUT, ("xn",), ("xp",), (), {"op_type": "ToNCHW", "channels": c}),
+            Instruction(Op.CONV, ("xp",), ("out",), ("w", "b", "m", "s"), attrs, ("dw",)),
+        ]
+        return Program("nash-e", {"x": {"shape": list(x.shape), "dtype": "int8"}},
+                       {"out": {}}, instrs, consts, {"xn": Layout("nhwc", c, c)})  # fmt: skip
     consts = {"w": w.transpose(0, 2, 3, 1).copy(), "b": bias, "m": mult, "s": shift}
     instrs = [
         Instruction(Op.LAYOUT, ("x",), ("xn",), (), {"op_type": "ToNHWC", "channels_padded": c}),
@@ -49,7 +62,7 @@ def test_depthwise_conv_equals_qconv(monkeypatch, seed):
     real = exec_depthwise.run
     monkeypatch.setattr(exec_depthwise, "run", lambda *a: ran.append(1) or real(*a))
     want = CUSTOM_OPS["QConv"].evaluate([x, w, bias, mult, shift], attrs)
-    ex = Executor(_program(x, w, bias, mult, shift, attrs))
+    ex = Executor(_program(x, w, bias, mult, shift, attrs, plain=seed % 3 == 1))
     for _ in range(3):  # kernel, replay, frozen plan
         np.testing.assert_array_equal(ex.run({"x": x})[0]["out"], want)
     assert ran, "the compiled depthwise kernel ran"
@@ -64,4 +77,5 @@ def test_depthwise_without_requantize_keeps_the_int64_path():
     prog = _program(x, w, empty, empty, empty, attrs)
     want = CUSTOM_OPS["QConv"].evaluate([x, w, empty, empty, empty], attrs)
     np.testing.assert_array_equal(Executor(prog).run({"x": x})[0]["out"], want)
-    assert exec_depthwise.build(prog.instructions[1], Executor(prog).consts, torch.int8) is None
+    consts = Executor(prog).consts
+    assert exec_depthwise.build(prog.instructions[1], consts, torch.int8, True) is None
