@@ -79,7 +79,7 @@ TABLE: tuple[Instr, ...] = (
     _int(Op.REDUCE_MEAN, "QReduceMean", k_reduce_mean, ("qp_mean", "qp_mean_cl")),
     _int(Op.REDUCE_SUM, "QReduceSum", k_reduce_sum),
     _int(Op.MAXPOOL, "QMaxPool", k_maxpool, ("qp_maxpool",), nhwc=True),
-    _int(Op.CLIP, "QClip", k_clip, nhwc=True),
+    _int(Op.CLIP, "QClip", k_clip, ("qp_clip",), nhwc=True),
     _int(Op.LUT, "Lut", k_lut, ("qp_gather",)),
     _int(Op.SOFTMAX, "Softmax", k_softmax, ("qp_softmax",)),
     _int(Op.LAYERNORM, "LayerNorm", k_layernorm, ("qp_layernorm",)),

@@ -19,7 +19,7 @@ import torch
 from schemas.errors import SimulatorError
 from simulator.arith import fixedpoint as fp
 from simulator.arith.intmath import PRODUCT_LIMIT, max_abs
-from simulator.kernels import exec_depthwise, exec_native, exec_native_rows
+from simulator.kernels import exec_depthwise, exec_native, exec_native_move, exec_native_rows
 from simulator.kernels import exec_kernels as ek
 from simulator.kernels.exec_conv import build_plan, linear_add_plan, run_conv
 from simulator.kernels.exec_epilogue import (
@@ -289,4 +289,5 @@ def k_clip(instr, bufs, consts):
     (x,) = operands(instr, bufs, consts, 1)
     info = torch.iinfo(x.dtype)
     lo, hi = max(int(instr.attrs["lo"]), info.min), min(int(instr.attrs["hi"]), info.max)
-    return [x.clamp(lo, hi)]
+    y = exec_native_move.clip(x, lo, hi) if lo <= hi else None
+    return [x.clamp(lo, hi) if y is None else y]

@@ -61,6 +61,7 @@ SIGNATURES = {
     "qp_gather": ([P, I64, I64, I64, I64, P, I64, P], None),
     "qp_quantize": ([P, I64, I64, I64, I64, P, I64, F64, F64, P, I64], ctypes.c_int),
     "qp_maxpool": ([P, *[I64] * 15, P], None),
+    "qp_clip": ([P, I64, I64, I64, I64, P], None),
     "qp_copy": ([P, I64, P, P, P], None),
     "qp_bmm_strided": ([P, I64, P, P, I64, P, *[I64] * 5, F64, F64, F64, I64, P, I64], None),
     "qp_bmm_pairs": ([P, I64, P, P, I64, P, *[I64] * 5, F64, F64, F64, I64, P, I64], None),
