@@ -48,6 +48,40 @@ def wait_quiet(max_wait: float, limit: float = 0.25) -> float:
             return load
 
 
+MIN_TIMED_S = 3.0
+"""Small models get more rounds, up to this many seconds of them: their per-batch times are
+a few ms, and on this shared 2-core machine a 7-round median of those still moves ~20%."""
+
+
+def measure(fns: dict, rounds: int, sim_exec) -> tuple[dict[str, float], dict, float]:
+    """Warm up each engine once, then interleaved rounds (``rounds``, or more for fast
+    models: :data:`MIN_TIMED_S`): median seconds per engine, the simulator's median seconds
+    per op kind and per instruction, and the CPU (cores) other processes used meanwhile."""
+    t0 = time.perf_counter()
+    for fn in fns.values():
+        fn()
+    per_round = time.perf_counter() - t0
+    rounds = max(rounds, min(int(MIN_TIMED_S / max(per_round, 1e-6)), 500))
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    by_op: list[dict[str, float]] = []
+    per_instr: dict[int, list[float]] = {}
+    watch = CpuWatch().start()
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+            if k == "sim":
+                by_op.append(sim_exec.timings_by_op())
+                for i, _, s in sim_exec.timings:
+                    per_instr.setdefault(i, []).append(s)
+    load = watch.stop()
+    ops = {k: float(np.median([r.get(k, 0.0) for r in by_op])) for k in by_op[0]}
+    instrs = {i: float(np.median(v)) for i, v in per_instr.items()}
+    split = {"ops": ops, "instrs": instrs, "rounds": rounds}
+    return {k: float(np.median(v)) for k, v in times.items()}, split, load
+
+
 def conv_anatomy(sim_exec, x, repeats: int = 3) -> dict[str, float] | None:
     """Seconds of all blocked NHWC CONV instructions (simulator.kernels.exec_conv) split into
     pad + im2col, the int8 GEMM and the fused float64 epilogue, plus the rest of the

@@ -50,12 +50,14 @@ import torch  # noqa: E402
 
 from bench import ort_int8  # noqa: E402
 from bench.sim_probe import (  # noqa: E402
-    CpuWatch,
+    MIN_TIMED_S,
     conv_anatomy,
     kernel_variants,
+    measure,
     under_load,
     wait_quiet,
-)  # noqa: E402
+)
+from bench.sim_report import print_splits, print_table  # noqa: E402
 from schemas.spec import PipelineSpec, load_spec, with_overrides  # noqa: E402
 
 
@@ -81,10 +83,6 @@ MODELS = {
 DEFAULT_MODELS = ("resnet18", "resnet50", "mobilenet_v2")
 os.environ.setdefault("QPARITY_ZOO_FRAMES", "8")  # the zoo labels only the frames it times
 os.environ.setdefault("QPARITY_ZOO_CALIBRATION", "8")  # and calibrates on
-
-TARGETS = (("sim >= 2x torch fp32 eager", "sim/torch", 2.0),
-           ("sim >= 0.5x ORT", "sim/ORT", 0.5),
-           ("sim >= 1.5x ORT int8", "sim/ORT int8", 1.5))  # fmt: skip
 
 
 def bench_spec(name: str) -> PipelineSpec:
@@ -222,48 +220,6 @@ def engines(name: str, store: Path, run_id: str, batch: int):
     return x, fns, (executor, in_name), ev.y[:batch], notes
 
 
-MIN_TIMED_S = 3.0
-"""Small models get more rounds, up to this many seconds of them: their per-batch times are
-a few ms, and on this shared 2-core machine a 7-round median of those still moves ~20%."""
-
-
-def measure(fns: dict, rounds: int, sim_exec) -> tuple[dict[str, float], dict, float]:
-    """Warm up each engine once, then interleaved rounds (``rounds``, or more for fast
-    models: :data:`MIN_TIMED_S`): median seconds per engine, the simulator's median seconds
-    per op kind and per instruction, and the CPU (cores) other processes used meanwhile."""
-    t0 = time.perf_counter()
-    for fn in fns.values():
-        fn()
-    per_round = time.perf_counter() - t0
-    rounds = max(rounds, min(int(MIN_TIMED_S / max(per_round, 1e-6)), 500))
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    by_op: list[dict[str, float]] = []
-    per_instr: dict[int, list[float]] = {}
-    watch = CpuWatch().start()
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-            if k == "sim":
-                by_op.append(sim_exec.timings_by_op())
-                for i, _, s in sim_exec.timings:
-                    per_instr.setdefault(i, []).append(s)
-    load = watch.stop()
-    ops = {k: float(np.median([r.get(k, 0.0) for r in by_op])) for k in by_op[0]}
-    instrs = {i: float(np.median(v)) for i, v in per_instr.items()}
-    split = {"ops": ops, "instrs": instrs, "rounds": rounds}
-    return {k: float(np.median(v)) for k, v in times.items()}, split, load
-
-
-def _fmt_fps(v):
-    return f"{v:,.1f}" if v is not None else "n/a"
-
-
-def _fmt_ratio(v):
-    return f"{v:.2f}x" if v is not None else "n/a"
-
-
 def time_batch(name: str, batch: int, store: Path, run_id: str, args) -> tuple:
     """One model at one batch: (table row, notes, time split) after a quiet wait."""
     x, fns, sim_exec, labels, extra = engines(name, store, run_id, batch)
@@ -311,51 +267,6 @@ def bench_model(name: str, store: Path, args) -> tuple[list, list, dict]:
         notes += [n for n in extra if n not in notes]
         splits[(name, batch)] = split
     return rows, notes, splits
-
-
-def print_table(rows: list) -> None:
-    """The markdown table and the targets, each ratio against its named anchor."""
-    header = ("model", "batch", "sim fps", "torch fp32 fps", "ORT fps (qat.onnx)",
-              "ORT int8 fps", "sim/torch", "sim/ORT", "sim/ORT int8",
-              "busy cores (others)")  # fmt: skip
-    print("| " + " | ".join(header) + " |")
-    print("|" + "|".join("---" for _ in header) + "|")
-    for name, batch, sim, tor, ort, load, int8 in rows:
-        ratios = [sim / ref if sim and ref else None for ref in (tor, ort, int8)]
-        cells = (name, str(batch), *map(_fmt_fps, (sim, tor, ort, int8)),
-                 *map(_fmt_ratio, ratios), f"{load:.2f}")  # fmt: skip
-        print("| " + " | ".join(cells) + " |")
-    print("\nTargets (from the issue; reported, not asserted):")
-    for label, _, goal in TARGETS:
-        for name, batch, sim, tor, ort, _, int8 in rows:
-            ref = tor if "torch" in label else int8 if "int8" in label else ort
-            what = f"{name} b{batch}"
-            if sim is None or ref is None:
-                why = "no simulator number" if sim is None else "no ORT number"
-                print(f"  {label:<28} {what:<16} n/a ({why})")
-                continue
-            ratio = sim / ref
-            print(f"  {label:<28} {what:<16} {ratio:6.2f}x  {'PASS' if ratio >= goal else 'MISS'}")
-
-
-def print_splits(splits: dict) -> None:
-    """Where the simulator's time went, per model and batch (slowest ops, instructions)."""
-    for (name, batch), (split, program, sim_s, anatomy) in splits.items():
-        ops, total = split["ops"], sum(split["ops"].values())
-        print(f"\nSimulator time by op, {name} (batch {batch}; median per op over the timed "
-              f"rounds, {total * 1e3:.1f} ms summed, {sim_s * 1e3:.1f} ms median run):")  # fmt: skip
-        for op, s in sorted(ops.items(), key=lambda kv: -kv[1]):
-            print(f"  {op:<12} {s * 1e3:9.1f} ms  {100 * s / total:5.1f}%")
-        print("  slowest instructions:")
-        for i, s in sorted(split["instrs"].items(), key=lambda kv: -kv[1])[:6]:
-            ins = program.instructions[i]
-            shape = ",".join(ins.layer_ids)[:60]
-            print(f"    #{i:<3} {ins.op.value:<8} {s * 1e3:8.1f} ms  {shape}")
-        if anatomy:
-            tot = sum(anatomy.values())
-            print(f"  inside the conv instructions ({tot * 1e3:.1f} ms, re-timed step by step):")
-            for k, v in anatomy.items():
-                print(f"    {k:<40} {v * 1e3:8.1f} ms  {100 * v / tot:5.1f}%")
 
 
 def main() -> None:
