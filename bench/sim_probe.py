@@ -89,16 +89,18 @@ def conv_anatomy(sim_exec, x, repeats: int = 3) -> dict[str, float] | None:
     on the compiled kernel split into its input copy and the kernel. None when the executor
     internals differ from what this expects."""
     from simulator.program.isa import Op
+    from simulator.runtime import native, threads
 
     ex, in_name = sim_exec
     parts: dict[str, float] = {}
-    try:
-        bufs = ex._load({in_name: x})
-        ex._run(bufs)
-        for ins in ex.program.instructions:
-            if ins.op == Op.CONV and ins.attrs.get("layout") == "nhwc":
-                for k, v in _conv_steps(ex, ins, bufs, repeats).items():
-                    parts[k] = parts.get(k, 0.0) + v
+    try:  # on the threads a run would take now (simulator.runtime.threads)
+        with threads.kernel_threads(native.untraced(), threads.run_threads()):
+            bufs = ex._load({in_name: x})
+            ex._run(bufs)
+            for ins in ex.program.instructions:
+                if ins.op == Op.CONV and ins.attrs.get("layout") == "nhwc":
+                    for k, v in _conv_steps(ex, ins, bufs, repeats).items():
+                        parts[k] = parts.get(k, 0.0) + v
     except Exception as e:  # internals moved: skip the breakdown, keep the bench
         print(f"# conv anatomy skipped ({type(e).__name__}: {e})")
         return None
