@@ -132,3 +132,14 @@ def test_segmentation_models_are_judged_by_miou_against_the_float_map():
     assert miou(moved, ref, None)["miou"] == pytest.approx((2 / 3 + 1 / 2) / 2)  # classes 1, 0
     spec = yaml.safe_load(make_specs.spec_text("lraspp_mobilenet_v3_large"))
     assert spec["data"]["metric"] == "examples.zoo.data:miou"
+
+
+def test_calibration_crops_follow_qparity_zoo_calibration(monkeypatch):
+    """bench/simulator.py calibrates on 8 crops: labelling 256 at 224x224 was most of its
+    chain's time."""
+    from examples.zoo import data
+
+    monkeypatch.delenv("QPARITY_ZOO_CALIBRATION", raising=False)
+    assert data.calibration_frames() == data.CALIBRATION == 256
+    monkeypatch.setenv("QPARITY_ZOO_CALIBRATION", "8")
+    assert data.calibration_frames() == 8
