@@ -98,8 +98,9 @@ class Executor:
         :mod:`simulator.runtime.replay`, :mod:`simulator.runtime.frozen`); ``capture`` runs instruction by
         instruction. :attr:`last_path` then says which path ran.
         """
+        n = threads.run_threads()  # first: a bad QPARITY_THREADS is named before anything runs
         bufs = self._load(inputs)
-        with threads.kernel_threads(native.untraced(), threads.run_threads()):
+        with threads.kernel_threads(native.untraced(), n):
             frozen = None if capture else self._run_frozen(bufs)
             if frozen is None:
                 self._run(bufs)

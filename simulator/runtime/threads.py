@@ -21,6 +21,8 @@ import os
 import time
 from collections.abc import Callable, Iterator
 
+from schemas.errors import SimulatorError
+
 WINDOW = 0.25
 """Seconds of CPU accounting a decision looks back on (its ticks are 10 ms: +-0.1 core)."""
 HEADROOM = 0.25
@@ -87,7 +89,10 @@ def run_threads(cores: FreeCores | None = None) -> int:
     env = os.environ.get("QPARITY_THREADS", "auto")
     allowed = len(os.sched_getaffinity(0))
     if env != "auto":
-        return max(1, int(env))
+        if not env.isdigit() or int(env) < 1:
+            raise SimulatorError(f"QPARITY_THREADS={env!r} is not a thread count",
+                                 where="environment", hint="set a number >= 1, or auto")  # fmt: skip
+        return int(env)
     busy = (cores or _CORES).others_busy()
     return threads_for(busy, allowed, os.cpu_count() or allowed)
 

@@ -36,6 +36,7 @@ from tests.catalog import (
     cases_sec,
     cases_store,
     cases_tables,
+    cases_threads,
     cases_vendor,
 )
 from tests.conftest import tiny_spec_dict
@@ -138,6 +139,7 @@ def all_cases() -> dict:
         **cases_vendor.cases(),
         **cases_store.cases(),
         **cases_sec.cases(),
+        **cases_threads.cases(),
     }
 
 

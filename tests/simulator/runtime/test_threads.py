@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from schemas.errors import SimulatorError
 from simulator.program.isa import Op
 from simulator.runtime import native, threads
 from simulator.runtime.executor import KERNELS, Executor
@@ -40,6 +41,10 @@ def test_qparity_threads_fixes_the_count(monkeypatch):
     assert threads.run_threads(busy) == 3
     monkeypatch.setenv("QPARITY_THREADS", "auto")
     assert threads.run_threads(busy) == 1
+    for bad in ("two", "0", "-1"):
+        monkeypatch.setenv("QPARITY_THREADS", bad)
+        with pytest.raises(SimulatorError, match=f"QPARITY_THREADS='{bad}' is not a thread"):
+            threads.run_threads(busy)
 
 
 @pytest.mark.skipif(native.library() is None, reason=f"compiled kernels {native.status()}")
