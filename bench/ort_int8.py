@@ -48,6 +48,7 @@ def session(model: torch.nn.Module, calibration: np.ndarray, workdir: Path, thre
         quantize_static,
     )
 
+    Path(workdir).mkdir(parents=True, exist_ok=True)
     fp32 = export_float(model, calibration, Path(workdir) / "float.onnx")
     int8 = Path(workdir) / "int8_qoperator.onnx"
     reader = type("Reader", (_Frames, CalibrationDataReader), {})("x", calibration)
@@ -56,6 +57,7 @@ def session(model: torch.nn.Module, calibration: np.ndarray, workdir: Path, thre
                     weight_type=QuantType.QInt8)  # fmt: skip
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3  # no warning per unused initializer (ReLU6 bounds)
     opts.intra_op_num_threads = threads
     sess = ort.InferenceSession(str(int8), opts, providers=["CPUExecutionProvider"])
     ops: dict[str, int] = {}

@@ -48,6 +48,40 @@ def wait_quiet(max_wait: float, limit: float = 0.25) -> float:
             return load
 
 
+MIN_TIMED_S = 3.0
+"""Small models get more rounds, up to this many seconds of them: their per-batch times are
+a few ms, and on this shared 2-core machine a 7-round median of those still moves ~20%."""
+
+
+def measure(fns: dict, rounds: int, sim_exec) -> tuple[dict[str, float], dict, float]:
+    """Warm up each engine once, then interleaved rounds (``rounds``, or more for fast
+    models: :data:`MIN_TIMED_S`): median seconds per engine, the simulator's median seconds
+    per op kind and per instruction, and the CPU (cores) other processes used meanwhile."""
+    t0 = time.perf_counter()
+    for fn in fns.values():
+        fn()
+    per_round = time.perf_counter() - t0
+    rounds = max(rounds, min(int(MIN_TIMED_S / max(per_round, 1e-6)), 500))
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    by_op: list[dict[str, float]] = []
+    per_instr: dict[int, list[float]] = {}
+    watch = CpuWatch().start()
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+            if k == "sim":
+                by_op.append(sim_exec.timings_by_op())
+                for i, _, s in sim_exec.timings:
+                    per_instr.setdefault(i, []).append(s)
+    load = watch.stop()
+    ops = {k: float(np.median([r.get(k, 0.0) for r in by_op])) for k in by_op[0]}
+    instrs = {i: float(np.median(v)) for i, v in per_instr.items()}
+    split = {"ops": ops, "instrs": instrs, "rounds": rounds}
+    return {k: float(np.median(v)) for k, v in times.items()}, split, load
+
+
 def conv_anatomy(sim_exec, x, repeats: int = 3) -> dict[str, float] | None:
     """Seconds of all blocked NHWC CONV instructions (simulator.kernels.exec_conv) split into
     pad + im2col, the int8 GEMM and the fused float64 epilogue, plus the rest of the
@@ -55,16 +89,18 @@ def conv_anatomy(sim_exec, x, repeats: int = 3) -> dict[str, float] | None:
     on the compiled kernel split into its input copy and the kernel. None when the executor
     internals differ from what this expects."""
     from simulator.program.isa import Op
+    from simulator.runtime import native, threads
 
     ex, in_name = sim_exec
     parts: dict[str, float] = {}
-    try:
-        bufs = ex._load({in_name: x})
-        ex._run(bufs)
-        for ins in ex.program.instructions:
-            if ins.op == Op.CONV and ins.attrs.get("layout") == "nhwc":
-                for k, v in _conv_steps(ex, ins, bufs, repeats).items():
-                    parts[k] = parts.get(k, 0.0) + v
+    try:  # on the threads a run would take now (simulator.runtime.threads)
+        with threads.kernel_threads(native.untraced(), threads.run_threads()):
+            bufs = ex._load({in_name: x})
+            ex._run(bufs)
+            for ins in ex.program.instructions:
+                if ins.op == Op.CONV and ins.attrs.get("layout") == "nhwc":
+                    for k, v in _conv_steps(ex, ins, bufs, repeats).items():
+                        parts[k] = parts.get(k, 0.0) + v
     except Exception as e:  # internals moved: skip the breakdown, keep the bench
         print(f"# conv anatomy skipped ({type(e).__name__}: {e})")
         return None
@@ -127,3 +163,75 @@ def _median_time(fn, repeats: int) -> float:
 
 
 # -- main -----------------------------------------------------------------------------------
+
+
+def kernel_variants(sim_exec, x) -> str:
+    """Which kernel each instruction ran on, counted by op, from one instruction-by-instruction
+    run with every compiled call traced: AMX-INT8 tiles (``qp_linear_amx``), the AVX-512
+    (VNNI) kernels (any other ``qp_*`` call), or torch (no compiled call: the fallback, and
+    the layout views)."""
+    from simulator.runtime import native
+    from simulator.runtime.executor import KERNELS
+
+    ex, in_name = sim_exec
+    bufs = ex._load({in_name: x})
+    ran: dict[str, dict[str, int]] = {"AMX": {}, "VNNI": {}, "torch": {}}
+    for ins in ex.program.instructions:
+        with native.tracing() as trace:
+            ys = KERNELS[ins.op](ins, bufs, ex.consts)
+        bufs.update(zip(ins.outputs, ys, strict=True))
+        names = {getattr(fn, "__name__", "") for fn, _, _ in trace.calls}
+        kind = "AMX" if "qp_linear_amx" in names else "VNNI" if names else "torch"
+        ran[kind][ins.op.value] = ran[kind].get(ins.op.value, 0) + 1
+    return "; ".join(
+        f"{kind}: " + (", ".join(f"{op} x{n}" for op, n in sorted(ops.items())) or "none")
+        for kind, ops in ran.items()
+    )
+
+
+BUSY_LOOP = "import os\nos.sched_setaffinity(0, {%d})\nwhile True:\n    pass\n"
+
+
+def under_load(fns: dict, sim, rounds: int, core: int = 1) -> tuple[dict[str, float], float]:
+    """Median seconds per engine while a busy loop holds core ``core`` (a child process,
+    ended after), the simulator once per thread policy (``QPARITY_THREADS`` 2 and 1, fixed,
+    and auto: the cores left free, :mod:`simulator.runtime.threads`); and the cores other
+    processes (the loop included) used meanwhile."""
+    import subprocess
+    import sys
+
+    policies = {f"sim {p}": p for p in ("2", "1", "auto")}
+    timed = {**{k: _with_threads(sim, p) for k, p in policies.items()},
+             **{k: v for k, v in fns.items() if k != "sim"}}  # fmt: skip
+    loop = subprocess.Popen([sys.executable, "-c", BUSY_LOOP % core])
+    try:
+        time.sleep(0.5)  # the loop is running, the free-core sampler sees it
+        watch = CpuWatch().start()
+        times = _rounds(timed, rounds)
+        load = watch.stop()
+    finally:
+        loop.kill()
+        loop.wait()
+        os.environ.pop("QPARITY_THREADS", None)
+    return times, load
+
+
+def _with_threads(fn, policy: str):
+    def run():
+        os.environ["QPARITY_THREADS"] = policy
+        return fn()
+
+    return run
+
+
+def _rounds(fns: dict, rounds: int) -> dict[str, float]:
+    """One warm-up each, then ``rounds`` interleaved rounds: median seconds per engine."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: float(np.median(v)) for k, v in times.items()}

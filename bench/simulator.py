@@ -1,12 +1,14 @@
 """Speed of the bit-exact simulator against torch float32 eager and onnxruntime.
 
-For each model (examples/digits, examples/transformer, a ResNet-18-shaped net at
-224x224x3 from bench/resnet.py) this runs the chain up to compile in a temporary run store,
-then times, side by side in this one process on the same batch of frames:
+For each model (by default torchvision's ResNet-18, ResNet-50 and MobileNetV2 at 224x224x3
+from examples/zoo/models.py, seeded, 10 classes, at batch 1 and 8; also examples/digits and
+examples/transformer) this runs the chain up to compile in a run store (calibrated on 8
+frames), then times, side by side in this one process on the same batch of frames:
 
 - sim:   ``Executor(hbm.load(model.hbm)).run({input: x})``, the bit-exact integer program
          (with the compiled kernels of ``simulator.runtime.native`` when they build here: the
-         header line says; ``QPARITY_NATIVE=0`` measures the torch kernels alone);
+         header line says; ``QPARITY_NATIVE=0`` measures the torch kernels alone); a line
+         per model says which kernel each instruction ran on (AMX / VNNI / torch);
 - torch: the float model in float32 eager under ``torch.inference_mode()``;
 - ORT int8: the float model through onnxruntime's ``quantize_static`` (QOperator,
          per-channel int8, ORT_ENABLE_ALL, 2 threads; :mod:`bench.ort_int8`): the int8
@@ -22,8 +24,8 @@ Timing: one warm-up run of each engine, then rounds that run every engine once i
 onnxruntime runs 2 intra-op threads. Each chain runs in a child process with a per-stage
 time limit, so a stage that is too slow is reported (name and time) instead of waited for.
 
-    python bench/simulator.py [--models digits transformer resnet18] [--rounds 7]
-                              [--stage-timeout 180]
+    python bench/simulator.py [--models resnet18 resnet50 mobilenet_v2 digits transformer]
+                              [--batches 1 8] [--rounds 7] [--stage-timeout 180]
 """
 
 from __future__ import annotations
@@ -47,25 +49,40 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bench import ort_int8  # noqa: E402
-from bench.sim_probe import CpuWatch, conv_anatomy, wait_quiet  # noqa: E402
+from bench.sim_probe import (  # noqa: E402
+    MIN_TIMED_S,
+    conv_anatomy,
+    kernel_variants,
+    measure,
+    under_load,
+    wait_quiet,
+)
+from bench.sim_report import print_splits, print_table  # noqa: E402
 from schemas.spec import PipelineSpec, load_spec, with_overrides  # noqa: E402
 
+
+def _zoo(name: str) -> tuple[Path, tuple[int, ...], list[str]]:
+    """A torchvision model of the zoo (examples/zoo/models.py: seeded, 10 classes) at 224."""
+    return (ROOT / "examples/zoo/spec.yaml", (1, 8),
+            [f"name={name.replace('_', '-')}-bench", f"model.factory=examples.zoo.models:{name}",
+             f"data.dataset=examples.zoo.data:{name}", "data.calibration_samples=8",
+             "data.evaluation_samples=8", "data.batch_size=4", "stages.calibrate.batch_size=4",
+             "compare.enabled=false", f"tags={{example: {name}}}"])  # fmt: skip
+
+
 MODELS = {
-    # name: (spec file, batch, overrides that keep the chain fast)
-    "digits": (ROOT / "examples/digits/spec.yaml", 256,
+    # name: (spec file, batches, overrides that keep the chain fast)
+    "digits": (ROOT / "examples/digits/spec.yaml", (256,),
                ["data.evaluation_samples=256"]),
-    "transformer": (ROOT / "examples/transformer/spec.yaml", 256,
+    "transformer": (ROOT / "examples/transformer/spec.yaml", (256,),
                     ["data.evaluation_samples=256"]),
-    "resnet18": (ROOT / "examples/digits/spec.yaml", 8,
-                 ["name=resnet18-bench", "model.factory=bench.resnet:build",
-                  "data.dataset=bench.resnet:load", "quant.overrides={}",
-                  "data.calibration_samples=16", "data.evaluation_samples=8",
-                  "data.batch_size=4", "stages.calibrate.batch_size=4",
-                  "compare.probe_samples=2", "tags={example: resnet18}"]),
+    "resnet18": _zoo("resnet18"),
+    "resnet50": _zoo("resnet50"),
+    "mobilenet_v2": _zoo("mobilenet_v2"),
 }  # fmt: skip
-TARGETS = (("sim >= 2x torch fp32 eager", "sim/torch", 2.0),
-           ("sim >= 0.5x ORT", "sim/ORT", 0.5),
-           ("sim >= 1.5x ORT int8", "sim/ORT int8", 1.5))  # fmt: skip
+DEFAULT_MODELS = ("resnet18", "resnet50", "mobilenet_v2")
+os.environ.setdefault("QPARITY_ZOO_FRAMES", "8")  # the zoo labels only the frames it times
+os.environ.setdefault("QPARITY_ZOO_CALIBRATION", "8")  # and calibrates on
 
 
 def bench_spec(name: str) -> PipelineSpec:
@@ -149,6 +166,10 @@ def run_chain_limited(name: str, store: Path, stage_timeout: float) -> dict:
 # -- engines --------------------------------------------------------------------------------
 
 
+_INT8: dict[str, tuple] = {}
+"""Each model's ORT int8 session (dynamic batch), built once for all its batches."""
+
+
 def engines(name: str, store: Path, run_id: str, batch: int):
     """(x, {engine: fn() -> logits}, timed sim executor, labels, notes) for one model."""
     from schemas.artifacts import HbmModel, QatOnnxModel
@@ -181,7 +202,9 @@ def engines(name: str, store: Path, run_id: str, batch: int):
            "torch": torch_fp32}  # fmt: skip
     notes = []
     calib = load_splits(d.dataset, d.calibration_samples, 1)["calibration"].x
-    int8, ops = ort_int8.session(model, np.ascontiguousarray(calib), store)
+    if name not in _INT8:
+        _INT8[name] = ort_int8.session(model, np.ascontiguousarray(calib), store / name)
+    int8, ops = _INT8[name]
     fns["ORT int8"] = lambda: int8(x)
     notes.append("ORT int8: the float model through quantize_static (QOperator, u8 activations, per-channel s8 weights, "
                  f"ORT_ENABLE_ALL, 2 threads): {', '.join(f'{k} {v}' for k, v in sorted(ops.items()) if k.startswith('Q'))}")  # noqa: E501  # fmt: skip
@@ -197,133 +220,88 @@ def engines(name: str, store: Path, run_id: str, batch: int):
     return x, fns, (executor, in_name), ev.y[:batch], notes
 
 
-MIN_TIMED_S = 3.0
-"""Small models get more rounds, up to this many seconds of them: their per-batch times are
-a few ms, and on this shared 2-core machine a 7-round median of those still moves ~20%."""
+def time_batch(name: str, batch: int, store: Path, run_id: str, args) -> tuple:
+    """One model at one batch: (table row, notes, time split) after a quiet wait."""
+    x, fns, sim_exec, labels, extra = engines(name, store, run_id, batch)
+    notes = [f"{name}: {n}" for n in extra]
+    outs = {k: fn() for k, fn in fns.items()}
+    agree = {k: float((np.asarray(v).reshape(len(x), -1).argmax(1) == labels).mean())
+             for k, v in outs.items()}  # fmt: skip
+    print(f"# {name} batch {batch}: kernels that ran: {kernel_variants(sim_exec, x)}", flush=True)
+    before = wait_quiet(args.quiet_wait)
+    secs, split, load = measure(fns, max(args.rounds, 5), sim_exec[0])
+    fps = {k: batch / s for k, s in secs.items()}
+    print(f"# {name} batch {batch}: median per batch over {split['rounds']} rounds " + ", ".join(
+          f"{k} {s * 1e3:.1f} ms" for k, s in secs.items()) + "; top-1 vs labels on the "
+          "batch " + ", ".join(f"{k} {a:.3f}" for k, a in agree.items()) + "; other processes "
+          f"used {before:.2f} cores before, {load:.2f} during timing; sim ran its "
+          f"{sim_exec[0].last_path}", flush=True)  # fmt: skip
+    row = (name, batch, fps["sim"], fps["torch"], fps.get("ORT"), load, fps.get("ORT int8"))
+    if args.load:
+        loaded, busy = under_load(fns, fns["sim"], max(args.rounds, 5))
+        int8 = loaded.get("ORT int8")
+        print(f"# {name} batch {batch}: with a busy loop on core 1 (others used {busy:.2f} "
+              "cores), median per batch: " + ", ".join(
+              f"{k} {s * 1e3:.1f} ms" + (f" ({int8 / s:.2f}x ORT int8)" if int8 and
+              k.startswith("sim") else "") for k, s in loaded.items()), flush=True)  # fmt: skip
+    anatomy = conv_anatomy(sim_exec, x) if name == "resnet18" and batch > 1 else None
+    return row, notes, (split, sim_exec[0].program, secs["sim"], anatomy)
 
 
-def measure(fns: dict, rounds: int, sim_exec) -> tuple[dict[str, float], dict, float]:
-    """Warm up each engine once, then interleaved rounds (``rounds``, or more for fast
-    models: :data:`MIN_TIMED_S`): median seconds per engine, the simulator's median seconds
-    per op kind and per instruction, and the CPU (cores) other processes used meanwhile."""
+def bench_model(name: str, store: Path, args) -> tuple[list, list, dict]:
+    """The chain of one model, then each of its batches timed: (rows, notes, splits)."""
+    batches = args.batches or MODELS[name][1]
     t0 = time.perf_counter()
-    for fn in fns.values():
-        fn()
-    per_round = time.perf_counter() - t0
-    rounds = max(rounds, min(int(MIN_TIMED_S / max(per_round, 1e-6)), 500))
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    by_op: list[dict[str, float]] = []
-    per_instr: dict[int, list[float]] = {}
-    watch = CpuWatch().start()
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-            if k == "sim":
-                by_op.append(sim_exec.timings_by_op())
-                for i, _, s in sim_exec.timings:
-                    per_instr.setdefault(i, []).append(s)
-    load = watch.stop()
-    ops = {k: float(np.median([r.get(k, 0.0) for r in by_op])) for k in by_op[0]}
-    instrs = {i: float(np.median(v)) for i, v in per_instr.items()}
-    split = {"ops": ops, "instrs": instrs, "rounds": rounds}
-    return {k: float(np.median(v)) for k, v in times.items()}, split, load
-
-
-def _fmt_fps(v):
-    return f"{v:,.1f}" if v is not None else "n/a"
-
-
-def _fmt_ratio(v):
-    return f"{v:.2f}x" if v is not None else "n/a"
+    chain = run_chain_limited(name, store, args.stage_timeout)
+    stages = ", ".join(f"{k} {v:.1f}s" for k, v in chain["stages"].items())
+    print(f"# {name}: chain {time.perf_counter() - t0:.1f}s ({stages})", flush=True)
+    if "error" in chain:
+        msg = (f"{name}: chain stopped in stage {chain['stage']} after "
+               f"{chain['seconds']}s ({chain['error']})")  # fmt: skip
+        print("# " + msg + ("\n" + chain["stderr"] if chain.get("stderr") else ""), flush=True)
+        return [(name, b, None, None, None, float("nan"), None) for b in batches], [msg], {}
+    rows, notes, splits = [], [], {}
+    for batch in batches:
+        row, extra, split = time_batch(name, batch, store, chain["run_id"], args)
+        rows.append(row)
+        notes += [n for n in extra if n not in notes]
+        splits[(name, batch)] = split
+    return rows, notes, splits
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--models", nargs="*", default=list(DEFAULT_MODELS), choices=list(MODELS))
+    ap.add_argument("--batches", nargs="*", type=int, default=None,
+                    help="batch sizes (default: each model's own, 1 and 8 for the CNNs)")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=7, help="timed rounds (>= 5)")
-    ap.add_argument(
-        "--stage-timeout",
-        type=float,
-        default=180.0,
-        help="seconds one chain stage may take before it is reported and skipped",
-    )
-    ap.add_argument(
-        "--quiet-wait",
-        type=float,
-        default=30.0,
-        help="seconds to wait for other processes to go idle before timing",
-    )
+    ap.add_argument("--stage-timeout", type=float, default=180.0,
+                    help="seconds one chain stage may take before it is reported and skipped")  # fmt: skip
+    ap.add_argument("--quiet-wait", type=float, default=30.0,
+                    help="seconds to wait for other processes to go idle before timing")  # fmt: skip
+    ap.add_argument("--load", action="store_true",
+                    help="also time each batch while a busy loop holds one core: the simulator "
+                    "on 2 threads, 1 thread and the free cores (auto), side by side")  # fmt: skip
     ap.add_argument("--store", default=None, help="run store (default: a temporary folder)")
     ap.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._child:
         _child(*args._child)
         return
-    rounds = max(args.rounds, 5)
     store = Path(args.store or tempfile.mkdtemp(prefix="qparity-bench-sim-"))
     from simulator.runtime import native
 
     print(f"# run store {store}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{os.cpu_count()} cores; at least {rounds} timed rounds after 1 warm-up (fast models "
-          f"up to {MIN_TIMED_S:.0f} s of rounds); compiled kernels "
-          f"{native.status()}; LINEAR on {native.linear_kernel()}", flush=True)  # fmt: skip
+          f"{os.cpu_count()} cores; load average {Path('/proc/loadavg').read_text().strip()}; "
+          f"at least {max(args.rounds, 5)} timed rounds after 1 warm-up (fast models up to "
+          f"{MIN_TIMED_S:.0f} s of rounds); compiled kernels {native.status()}; LINEAR on "
+          f"{native.linear_kernel()}", flush=True)  # fmt: skip
     rows, notes, splits, t_start = [], [], {}, time.perf_counter()
     for name in args.models:
-        batch = MODELS[name][1]
-        t0 = time.perf_counter()
-        chain = run_chain_limited(name, store, args.stage_timeout)
-        stages = ", ".join(f"{k} {v:.1f}s" for k, v in chain["stages"].items())
-        print(f"# {name}: chain {time.perf_counter() - t0:.1f}s ({stages})", flush=True)
-        if "error" in chain:
-            msg = (f"{name}: chain stopped in stage {chain['stage']} after "
-                   f"{chain['seconds']}s ({chain['error']})")  # fmt: skip
-            print("# " + msg, flush=True)
-            if chain.get("stderr"):
-                print(chain["stderr"], flush=True)
-            notes.append(msg)
-            rows.append((name, batch, None, None, None, float("nan"), None))
-            continue
-        x, fns, sim_exec, labels, extra = engines(name, store, chain["run_id"], batch)
-        notes += [f"{name}: {n}" for n in extra]
-        outs = {k: fn() for k, fn in fns.items()}
-        agree = {k: float((np.asarray(v).reshape(len(x), -1).argmax(1) == labels).mean())
-                 for k, v in outs.items()}  # fmt: skip
-        before = wait_quiet(args.quiet_wait)
-        secs, split, load = measure(fns, rounds, sim_exec[0])
-        fps = {k: batch / s for k, s in secs.items()}
-        print(f"# {name}: median per batch over {split['rounds']} rounds " + ", ".join(
-              f"{k} {s * 1e3:.1f} ms" for k, s in secs.items()) + "; top-1 vs labels on the "
-              "batch " + ", ".join(
-              f"{k} {a:.3f}" for k, a in agree.items()) + f"; other processes used "
-              f"{before:.2f} cores before, {load:.2f} during timing", flush=True)  # fmt: skip
-        rows.append((name, batch, fps["sim"], fps["torch"], fps.get("ORT"), load,
-                     fps.get("ORT int8")))  # fmt: skip
-        anatomy = conv_anatomy(sim_exec, x) if name == "resnet18" else None
-        splits[name] = (split, sim_exec[0].program, secs["sim"], anatomy)
-
+        r, n, s = bench_model(name, store, args)
+        rows, notes, splits = rows + r, notes + n, {**splits, **s}
     print()
-    header = ("model", "batch", "sim fps", "torch fp32 fps", "ORT fps (qat.onnx)",
-              "ORT int8 fps", "sim/torch", "sim/ORT", "sim/ORT int8",
-              "busy cores (others)")  # fmt: skip
-    print("| " + " | ".join(header) + " |")
-    print("|" + "|".join("---" for _ in header) + "|")
-    for name, batch, sim, tor, ort, load, int8 in rows:
-        ratios = [sim / ref if sim and ref else None for ref in (tor, ort, int8)]
-        cells = (name, str(batch), *map(_fmt_fps, (sim, tor, ort, int8)),
-                 *map(_fmt_ratio, ratios), f"{load:.2f}")  # fmt: skip
-        print("| " + " | ".join(cells) + " |")
-    print("\nTargets (from the issue; reported, not asserted):")
-    for label, _, goal in TARGETS:
-        for name, _, sim, tor, ort, _, int8 in rows:
-            ref = tor if "torch" in label else int8 if "int8" in label else ort
-            if sim is None or ref is None:
-                why = "no simulator number" if sim is None else "no ORT number"
-                print(f"  {label:<28} {name:<12} n/a ({why})")
-                continue
-            ratio = sim / ref
-            print(f"  {label:<28} {name:<12} {ratio:6.2f}x  {'PASS' if ratio >= goal else 'MISS'}")
+    print_table(rows)
     for n in notes:
         print(f"note: {n}")
     busy = [r[5] for r in rows if r[5] == r[5] and r[5] > 0.25]
@@ -331,24 +309,7 @@ def main() -> None:
         print(f"note: other processes used up to {max(busy):.2f} of {os.cpu_count()} cores "
               "while timing: absolute numbers are pessimistic and noisy (torch's threads wait "
               "on each other), rerun on a quiet machine")  # fmt: skip
-    for name, (split, program, sim_s, anatomy) in splits.items():
-        ops, total = split["ops"], sum(split["ops"].values())
-        print(
-            f"\nSimulator time by op, {name} (batch {MODELS[name][1]}; median per op over "
-            f"the timed rounds, {total * 1e3:.1f} ms summed, {sim_s * 1e3:.1f} ms median run):"
-        )
-        for op, s in sorted(ops.items(), key=lambda kv: -kv[1]):
-            print(f"  {op:<12} {s * 1e3:9.1f} ms  {100 * s / total:5.1f}%")
-        print("  slowest instructions:")
-        for i, s in sorted(split["instrs"].items(), key=lambda kv: -kv[1])[:6]:
-            ins = program.instructions[i]
-            shape = ",".join(ins.layer_ids)[:60]
-            print(f"    #{i:<3} {ins.op.value:<8} {s * 1e3:8.1f} ms  {shape}")
-        if anatomy:
-            tot = sum(anatomy.values())
-            print(f"  inside the conv instructions ({tot * 1e3:.1f} ms, re-timed step by step):")
-            for k, v in anatomy.items():
-                print(f"    {k:<40} {v * 1e3:8.1f} ms  {100 * v / tot:5.1f}%")
+    print_splits(splits)
     print(f"\n# total {time.perf_counter() - t_start:.0f}s")
 
 

@@ -69,7 +69,7 @@ def _int(op: Op, onnx_op: str, kernel: Callable, native=(), nhwc=False) -> Instr
 TABLE: tuple[Instr, ...] = (
     Instr(Op.QUANTIZE, None, _ref("QuantizeLinear"), k_quantize, ("qp_quantize",)),
     Instr(Op.PREPROCESS, None, _preprocess, k_preprocess),
-    _int(Op.CONV, "QConv", k_conv, ("qp_conv", "qp_pad"), nhwc=True),
+    _int(Op.CONV, "QConv", k_conv, ("qp_conv", "qp_pad", "qp_dwconv"), nhwc=True),
     _int(Op.LINEAR, "QLinear", k_linear, ("qp_conv", "qp_linear_amx")),
     _int(Op.MATMUL, "QMatMul", k_matmul, ("qp_conv", "qp_bmm", "qp_bmm_strided", "qp_bmm_pairs")),
     _int(Op.ADD, "QAdd", k_add, ("qp_add",), nhwc=True),
@@ -79,7 +79,7 @@ TABLE: tuple[Instr, ...] = (
     _int(Op.REDUCE_MEAN, "QReduceMean", k_reduce_mean, ("qp_mean", "qp_mean_cl")),
     _int(Op.REDUCE_SUM, "QReduceSum", k_reduce_sum),
     _int(Op.MAXPOOL, "QMaxPool", k_maxpool, ("qp_maxpool",), nhwc=True),
-    _int(Op.CLIP, "QClip", k_clip, nhwc=True),
+    _int(Op.CLIP, "QClip", k_clip, ("qp_clip",), nhwc=True),
     _int(Op.LUT, "Lut", k_lut, ("qp_gather",)),
     _int(Op.SOFTMAX, "Softmax", k_softmax, ("qp_softmax",)),
     _int(Op.LAYERNORM, "LayerNorm", k_layernorm, ("qp_layernorm",)),

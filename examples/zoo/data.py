@@ -23,6 +23,13 @@ from examples.zoo.models import ZOO, build, entry_of
 CALIBRATION = 256
 
 
+def calibration_frames() -> int:
+    """Calibration crops made: ``$QPARITY_ZOO_CALIBRATION`` (bench/simulator.py sets it to the
+    few frames it calibrates on, so a 224x224 ResNet-50 does not label 256), else
+    :data:`CALIBRATION`."""
+    return int(os.environ.get("QPARITY_ZOO_CALIBRATION", str(CALIBRATION)))
+
+
 def evaluation_frames() -> int:
     """Evaluation crops made: ``$QPARITY_ZOO_FRAMES`` (bench/zoo.py sets it to its frame
     count, so 100-frame runs do not label 1000), else 1000."""
@@ -33,7 +40,7 @@ def evaluation_frames() -> int:
 def dataset(name: str, size: int, frames: int) -> dict:
     """Calibration and evaluation crops of zoo model ``name`` at ``size``, labelled
     (segmentation models: no labels; judged by output agreement and :func:`miou`)."""
-    train = images.crops(CALIBRATION, size, seed=1)
+    train = images.crops(calibration_frames(), size, seed=1)
     evaluation = images.crops(frames, size, seed=2)
     model = build(name, size)
     if ZOO[name].task == "segment":  # named as forward names it (torchvision's: ``input``)

@@ -93,3 +93,25 @@ TGT void qp_copy(const void *x, int64_t size, const int64_t *shape, const int64_
                 }
     }
 }
+
+/* CLIP: out[i] = min(max(x[i], lo), hi) over n int8 (wide 0) or int16 (wide 1) values, lo
+ * and hi already cut to the dtype's range (a result is always an input value or a bound). */
+TGT void qp_clip(const void *x, int64_t wide, int64_t n, int64_t lo, int64_t hi, void *out) {
+    int64_t step = wide ? 32 : 64, blocks = (n + step - 1) / step;
+#pragma omp parallel for schedule(static) if (n >= 262144)
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t i = b * step, left = n - i < step ? n - i : step;
+        __mmask64 m = left >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << left) - 1);
+        if (wide) {
+            __m512i v = _mm512_maskz_loadu_epi16((__mmask32)m, (const int16_t *)x + i);
+            v = _mm512_min_epi16(_mm512_max_epi16(v, _mm512_set1_epi16((int16_t)lo)),
+                                 _mm512_set1_epi16((int16_t)hi));
+            _mm512_mask_storeu_epi16((int16_t *)out + i, (__mmask32)m, v);
+        } else {
+            __m512i v = _mm512_maskz_loadu_epi8(m, (const int8_t *)x + i);
+            v = _mm512_min_epi8(_mm512_max_epi8(v, _mm512_set1_epi8((int8_t)lo)),
+                                _mm512_set1_epi8((int8_t)hi));
+            _mm512_mask_storeu_epi8((int8_t *)out + i, m, v);
+        }
+    }
+}

@@ -3,6 +3,7 @@
  * Every argument of every call is an int64 slot (simulator/runtime/packed.py); qp_packed, written
  * from the kernels' ctypes signatures at build time, holds one wrapper per kernel that
  * unpacks its slots and calls it. */
+#include <omp.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -31,4 +32,12 @@ int64_t qp_run_plan(int64_t n, const int64_t *kernel, const int64_t *start, int6
         if (r != rc[i]) return i;
     }
     return n;
+}
+
+/* OpenMP's thread count for the regions the calling thread opens from now on (n > 0; 0
+ * leaves it); returns the count before (simulator/runtime/threads.py sets it per run). */
+int qp_threads(int64_t n) {
+    int prev = omp_get_max_threads();
+    if (n > 0) omp_set_num_threads((int)n);
+    return prev;
 }

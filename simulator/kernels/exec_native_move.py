@@ -56,3 +56,20 @@ def contiguous(x: torch.Tensor) -> torch.Tensor:
     base = native.ptr(x)  # the view's first element (storage offset applied)
     native.library().qp_copy(base, x.element_size(), shape, stride, native.ptr(out))
     return out
+
+
+def clip(x: torch.Tensor, lo: int, hi: int):
+    """CLIP of ``x`` (int8/int16; ``lo``, ``hi`` within its range) over its memory as it lies:
+    contiguous, or an NCHW view of NHWC memory (a grouped conv's output, returned in the same
+    layout), or None. FORMULA: ``y = min(max(x, lo), hi)``."""
+    lib = native.library()
+    if lib is None or x.dtype not in IN_DTYPES or not x.numel():
+        return None
+    nhwc_view = x.ndim == 4 and not x.is_contiguous() and x.permute(0, 2, 3, 1).is_contiguous()
+    if not (x.is_contiguous() or nhwc_view):
+        return None
+    dense = x.permute(0, 2, 3, 1) if nhwc_view else x
+    out = native.empty(dense.shape, dtype=x.dtype)
+    wide = int(x.dtype == torch.int16)
+    lib.qp_clip(native.ptr(dense), wide, x.numel(), lo, hi, native.ptr(out))
+    return out.permute(0, 3, 1, 2) if nhwc_view else out

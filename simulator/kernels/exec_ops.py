@@ -19,8 +19,8 @@ import torch
 from schemas.errors import SimulatorError
 from simulator.arith import fixedpoint as fp
 from simulator.arith.intmath import PRODUCT_LIMIT, max_abs
+from simulator.kernels import exec_depthwise, exec_native, exec_native_move, exec_native_rows
 from simulator.kernels import exec_kernels as ek
-from simulator.kernels import exec_native, exec_native_rows
 from simulator.kernels.exec_conv import build_plan, linear_add_plan, run_conv
 from simulator.kernels.exec_epilogue import (
     acc_bound,
@@ -110,6 +110,10 @@ def k_conv(instr, bufs, consts):
                              lambda: build_plan(instr, consts, x.dtype, b_dtype))  # fmt: skip
         if plan is not None:
             return [run_conv(plan, x, b)]
+    if x.ndim == 4 and b is None and int(instr.attrs.get("group") or 1) > 1:
+        y = exec_depthwise.conv(instr, x, consts)
+        if y is not None:
+            return [y]
     if b is None:
         return [_conv_int(instr, bufs, consts)]
     conv = Instruction(instr.op, instr.inputs[:1], ("acc",), instr.consts[:4],
@@ -285,4 +289,5 @@ def k_clip(instr, bufs, consts):
     (x,) = operands(instr, bufs, consts, 1)
     info = torch.iinfo(x.dtype)
     lo, hi = max(int(instr.attrs["lo"]), info.min), min(int(instr.attrs["hi"]), info.max)
-    return [x.clamp(lo, hi)]
+    y = exec_native_move.clip(x, lo, hi) if lo <= hi else None
+    return [x.clamp(lo, hi) if y is None else y]

@@ -62,6 +62,7 @@ from simulator.instructions import kernels
 from simulator.kernels.exec_layout import to_reference
 from simulator.kernels.exec_ops import ConstPool, is_nhwc
 from simulator.program.isa import Instruction, Op, Program
+from simulator.runtime import native, threads
 from simulator.runtime.frozen import Frozen, freeze
 from simulator.runtime.replay import Replays
 
@@ -97,12 +98,14 @@ class Executor:
         :mod:`simulator.runtime.replay`, :mod:`simulator.runtime.frozen`); ``capture`` runs instruction by
         instruction. :attr:`last_path` then says which path ran.
         """
+        n = threads.run_threads()  # first: a bad QPARITY_THREADS is named before anything runs
         bufs = self._load(inputs)
-        frozen = None if capture else self._run_frozen(bufs)
-        if frozen is None:
-            self._run(bufs)
-        else:
-            bufs.update(frozen)
+        with threads.kernel_threads(native.untraced(), n):
+            frozen = None if capture else self._run_frozen(bufs)
+            if frozen is None:
+                self._run(bufs)
+            else:
+                bufs.update(frozen)
         self.last_path = self._path(frozen)
         # copies: a replay's buffers are then free again for the next run
         outputs = {name: self._export(bufs, name).copy() for name in self.program.outputs}

@@ -39,17 +39,19 @@ HINT = (
     "kernels meanwhile (same integers, slower); QPARITY_NATIVE=0 turns the kernels off"
 )
 SOURCES = tuple(Path(__file__).parents[1] / "csrc" / n
-                for n in ("qconv.c", "qamx.c", "qrows.c", "qbmm.c", "qnorm.c", "qmove.c",
+                for n in ("qconv.c", "qdw.c", "qamx.c", "qrows.c", "qbmm.c", "qnorm.c", "qmove.c",
                           "qplan.c"))  # fmt: skip
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-fno-strict-aliasing")
 P, I64, F64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 SIGNATURES = {
     "qp_cpu_ok": ([], ctypes.c_int),
     "qp_amx_ok": ([], ctypes.c_int),
+    "qp_threads": ([I64], ctypes.c_int),
     "qp_linear_amx": ([P, *[I64] * 4, P, I64, I64, P, P, P, I64, P, *[I64] * 4, P, I64],
                       ctypes.c_int),
     "qp_pad": ([P, *[I64] * 11, P], None),
     "qp_conv": ([P, *[I64] * 6, P, *[I64] * 10, P, P, P, I64, P, *[I64] * 5, P, I64, I64], None),
+    "qp_dwconv": ([P, *[I64] * 5, P, *[I64] * 10, P, P, *[I64] * 4, P, I64, I64], None),
     "qp_mean": ([P, I64, I64, I64, F64, F64, F64, F64, I64, P, I64], None),
     "qp_mul": ([P, I64, P, I64, I64, I64, I64, F64, F64, F64, I64, P, I64], None),
     "qp_mean_cl": ([P, I64, I64, I64, I64, I64, I64, F64, F64, F64, F64, I64, P, I64], None),
@@ -59,6 +61,7 @@ SIGNATURES = {
     "qp_gather": ([P, I64, I64, I64, I64, P, I64, P], None),
     "qp_quantize": ([P, I64, I64, I64, I64, P, I64, F64, F64, P, I64], ctypes.c_int),
     "qp_maxpool": ([P, *[I64] * 15, P], None),
+    "qp_clip": ([P, I64, I64, I64, I64, P], None),
     "qp_copy": ([P, I64, P, P, P], None),
     "qp_bmm_strided": ([P, I64, P, P, I64, P, *[I64] * 5, F64, F64, F64, I64, P, I64], None),
     "qp_bmm_pairs": ([P, I64, P, P, I64, P, *[I64] * 5, F64, F64, F64, I64, P, I64], None),
@@ -155,6 +158,12 @@ def library() -> ctypes.CDLL | None:
     :func:`tracing`, a stand-in that records every call it forwards."""
     lib, traces = _state()[0], _TRACE.get()
     return lib if not traces or lib is None else _Recorder(lib, traces)
+
+
+def untraced() -> ctypes.CDLL | None:
+    """The loaded kernels (or None) even inside :func:`tracing`: for calls that are no part of
+    an instruction's work (the run's thread count, :mod:`simulator.runtime.threads`)."""
+    return _state()[0]
 
 
 def amx() -> bool:

@@ -37,7 +37,7 @@ from simulator.runtime import native
 
 _IN, _BUF = 0, 1
 _NEVER = object()  # an instruction whose kernel cannot be replayed: always run it
-HOLD_BYTES, HOLD_TOTAL = 4 << 20, 256 << 20
+HOLD_BYTES, HOLD_TOTAL = 32 << 20, 256 << 20
 """A replay keeps its buffers (up to HOLD_BYTES, and up to HOLD_TOTAL for all the replays
 of one program) for its next run, which reuses them when no tensor of the last run still
 refers to them: no allocation, and memory the caches still hold. Other buffers are

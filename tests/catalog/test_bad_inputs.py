@@ -38,6 +38,7 @@ from tests.catalog import (
     cases_sec,
     cases_store,
     cases_tables,
+    cases_threads,
     cases_vendor,
 )
 from tests.conftest import tiny_spec_dict
@@ -142,6 +143,7 @@ def all_cases() -> dict:
         **cases_store.cases(),
         **cases_sec.cases(),
         **cases_ptq_io.cases(),
+        **cases_threads.cases(),
     }
 
 

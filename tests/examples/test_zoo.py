@@ -154,3 +154,14 @@ def test_the_dynamo_export_falls_back_to_a_fixed_batch_when_torch_export_refuses
     monkeypatch.setattr(onnx_export, "dynamo_export", export)
     assert onnx_export.dynamo_small_squeezenet1_1(tmp_path / "sq.onnx") == tmp_path / "sq.onnx"
     assert calls == [True, False]
+
+
+def test_calibration_crops_follow_qparity_zoo_calibration(monkeypatch):
+    """bench/simulator.py calibrates on 8 crops: labelling 256 at 224x224 was most of its
+    chain's time."""
+    from examples.zoo import data
+
+    monkeypatch.delenv("QPARITY_ZOO_CALIBRATION", raising=False)
+    assert data.calibration_frames() == data.CALIBRATION == 256
+    monkeypatch.setenv("QPARITY_ZOO_CALIBRATION", "8")
+    assert data.calibration_frames() == 8

@@ -76,3 +76,29 @@ def test_contiguous_copies_any_strided_view(data, shape, dtype):
     assert got.is_contiguous() and got.dtype == dtype and torch.equal(got, v.contiguous())
     e = torch.arange(4, dtype=dtype).reshape(4, 1).expand(4, 70)  # stride 0, a long run
     assert torch.equal(exec_native_move.contiguous(e.t()), e.t().contiguous())
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), dtype=st.sampled_from([torch.int8, torch.int16]),
+       seed=st.integers(0, 2**31), nhwc_view=st.booleans())  # fmt: skip
+def test_clip_equals_clamp_in_the_layout_it_gets(data, dtype, seed, nhwc_view):
+    """Any length across the 64-byte blocks, contiguous or an NCHW view of NHWC memory (a
+    grouped conv's output): torch's clamp, values and strides."""
+    n, c, h, w = (data.draw(st.integers(1, hi)) for hi in (2, 70, 5, 9))
+    info = torch.iinfo(dtype)
+    lo = data.draw(st.integers(info.min, info.max))
+    hi = data.draw(st.integers(lo, info.max))
+    x = torch.from_numpy(np.random.default_rng(seed).integers(info.min, info.max + 1,
+                         (n, h, w, c) if nhwc_view else (n, c, h, w))).to(dtype)  # fmt: skip
+    x = x.permute(0, 3, 1, 2) if nhwc_view else x
+    y = exec_native_move.clip(x, lo, hi)
+    assert y is not None
+    assert [s for s, d in zip(y.stride(), y.shape, strict=True) if d > 1] == [  # same memory order
+        s for s, d in zip(x.stride(), x.shape, strict=True) if d > 1
+    ]
+    torch.testing.assert_close(y, x.clamp(lo, hi), rtol=0, atol=0)
+
+
+def test_clip_of_other_strides_keeps_the_torch_path():
+    x = torch.arange(24, dtype=torch.int8).reshape(2, 3, 4)
+    assert exec_native_move.clip(x.transpose(0, 2), 0, 5) is None

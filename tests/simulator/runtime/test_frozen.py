@@ -206,3 +206,17 @@ def test_a_plan_of_views_only_runs_without_the_compiled_library(monkeypatch):
     for x in _batches(6):
         np.testing.assert_array_equal(ex.run({"x": x})[0]["t"], x.T)
     assert isinstance(ex._frozen, Frozen) and not ex._frozen.calls
+
+
+def test_a_batch_of_224x224_feature_maps_is_held_and_frozen():
+    """A 6.4 MB buffer (ResNet-18's first conv output at batch 8, 224x224) is held between
+    runs, so the program still freezes (held only up to 4 MB, batch 8 replayed instruction
+    by instruction, allocating that buffer every run)."""
+    x = np.arange(8 * 112 * 112 * 64, dtype=np.int64).astype(np.int8).reshape(8, 112, 112, 64)
+    clip = Instruction(Op.CLIP, ("x",), ("y",), (), {"lo": -3, "hi": 5}, ("clip",))
+    prog = Program("nash-e", {"x": {"shape": list(x.shape), "dtype": "int8"}}, {"y": {}},
+                   [clip], {})  # fmt: skip
+    ex = Executor(prog)
+    for _ in range(5):  # learn (2), replay and freeze, then the plan
+        np.testing.assert_array_equal(ex.run({"x": x})[0]["y"], np.clip(x, -3, 5))
+    assert ex.last_path == "frozen plan"

@@ -1,0 +1,111 @@
+"""How many threads the compiled kernels use for one run: the cores other processes leave.
+
+The kernels' OpenMP regions split their work statically across the threads and end in a
+barrier, so a region lasts as long as its slowest thread. When another process holds one
+of this host's 2 cores, the second thread gets a share of a busy core (or sleeps until the
+scheduler wakes it), and every region, one or more per instruction, waits for it: measured
+on ResNet-18 at 224, batch 8, while others used about one core: 316 ms a run on 2 threads
+against 44 ms on 1 (bench/README.md, "Under load"). A run therefore takes
+:func:`run_threads` threads, from the CPU time other processes used over the last
+:data:`WINDOW` seconds (``/proc/stat`` busy time minus this process's own), and sets them
+only around its own calls (:func:`kernel_threads`), restoring torch's count after.
+
+``QPARITY_THREADS=<n>`` fixes the count (tests, bench comparisons); unset or ``auto``,
+it follows the free cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator
+
+from schemas.errors import SimulatorError
+
+WINDOW = 0.25
+"""Seconds of CPU accounting a decision looks back on (its ticks are 10 ms: +-0.1 core)."""
+HEADROOM = 0.25
+"""A thread is added for a core at least 0.75 free: on a half-free core a second thread
+only makes every region wait for it."""
+
+
+def threads_for(others_busy: float, allowed: int, machine: int) -> int:
+    """Threads for a run when other processes use ``others_busy`` cores (of ``machine``)
+    and this process may run on ``allowed`` of them: one per core that stays (mostly)
+    free, at least one."""
+    busy_here = max(others_busy - (machine - allowed), 0.0)  # others on cores we may use
+    return max(1, min(allowed, int(allowed - busy_here + HEADROOM)))
+
+
+def _proc_busy() -> float | None:
+    """Seconds all cores were busy since boot (``/proc/stat``: all but idle and iowait)."""
+    try:
+        with open("/proc/stat") as fh:
+            v = [int(t) for t in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+class FreeCores:
+    """Cores other processes used over the last :data:`WINDOW` seconds, re-sampled at most
+    once a window (a read of ``/proc/stat`` costs about 20 us)."""
+
+    def __init__(self, busy: Callable[[], float | None] = _proc_busy,
+                 own: Callable[[], float] = _own_cpu,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self._busy, self._own, self._clock = busy, own, clock
+        self._last: tuple[float, float, float] | None = None
+        self.others = 0.0  # cores; 0 until a first window has passed
+
+    def others_busy(self) -> float:
+        """Other processes' cores over the last completed window (0.0 before one)."""
+        now, busy = self._clock(), self._busy()
+        if busy is None:
+            return self.others
+        if self._last is None:
+            self._last = (now, busy, self._own())
+            return self.others
+        t0, busy0, own0 = self._last
+        if now - t0 >= WINDOW:
+            own = self._own()
+            self.others = max((busy - busy0) - (own - own0), 0.0) / (now - t0)
+            self._last = (now, busy, own)
+        return self.others
+
+
+_CORES = FreeCores()
+
+
+def run_threads(cores: FreeCores | None = None) -> int:
+    """Threads for the next run: ``$QPARITY_THREADS`` when set to a number, else one per
+    core the other processes leave free (:func:`threads_for`)."""
+    env = os.environ.get("QPARITY_THREADS", "auto")
+    allowed = len(os.sched_getaffinity(0))
+    if env != "auto":
+        if not env.isdigit() or int(env) < 1:
+            raise SimulatorError(f"QPARITY_THREADS={env!r} is not a thread count",
+                                 where="environment", hint="set a number >= 1, or auto")  # fmt: skip
+        return int(env)
+    busy = (cores or _CORES).others_busy()
+    return threads_for(busy, allowed, os.cpu_count() or allowed)
+
+
+@contextlib.contextmanager
+def kernel_threads(lib, n: int) -> Iterator[int]:
+    """OpenMP's thread count (the calling thread's, which the kernels and torch's OpenMP
+    regions read) set to ``n`` inside the block and restored after; yields the previous."""
+    if lib is None:
+        yield 0
+        return
+    prev = lib.qp_threads(n)
+    try:
+        yield prev
+    finally:
+        lib.qp_threads(prev)

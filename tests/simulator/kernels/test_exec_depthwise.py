@@ -1,0 +1,81 @@
+"""The compiled depthwise convolution (csrc/qdw.c) against the reference QConv: same integers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from simulator.arith.custom_ops import CUSTOM_OPS
+from simulator.kernels import exec_depthwise
+from simulator.program.isa import Instruction, Layout, Op, Program
+from simulator.runtime import native
+from simulator.runtime.executor import Executor
+from tests.simulator.arith.test_kernels import rand_ints
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason=f"kernels {native.status()}")
+
+
+def _program(x, w, bias, mult, shift, attrs, plain: bool = False) -> Program:
+    """ToNHWC -> depthwise CONV (nhwc, weights [C, kh, kw, 1]) -> ToNCHW; ``plain``: ToNHWC
+    -> ToNCHW (a view of NHWC memory) -> CONV in the plain layout (ONNX weights), as the
+    compiler lays out grouped convs."""
+    c = x.shape[1]
+    if plain:
+        consts = {"w": w, "b": bias, "m": mult, "s": shift}
+        instrs = [
+            Instruction(
+                Op.LAYOUT, ("x",), ("xn",), (), {"op_type": "ToNHWC", "channels_padded": c}
+            ),  # fmt: skip
+            Instruction(Op.LAYOUT, ("xn",), ("xp",), (), {"op_type": "ToNCHW", "channels": c}),
+            Instruction(Op.CONV, ("xp",), ("out",), ("w", "b", "m", "s"), attrs, ("dw",)),
+        ]
+        return Program("nash-e", {"x": {"shape": list(x.shape), "dtype": "int8"}},
+                       {"out": {}}, instrs, consts, {"xn": Layout("nhwc", c, c)})  # fmt: skip
+    consts = {"w": w.transpose(0, 2, 3, 1).copy(), "b": bias, "m": mult, "s": shift}
+    instrs = [
+        Instruction(Op.LAYOUT, ("x",), ("xn",), (), {"op_type": "ToNHWC", "channels_padded": c}),
+        Instruction(
+            Op.CONV, ("xn",), ("y",), ("w", "b", "m", "s"), {**attrs, "layout": "nhwc"}, ("dw",)
+        ),  # fmt: skip
+        Instruction(Op.LAYOUT, ("y",), ("out",), (), {"op_type": "ToNCHW", "channels": c}),
+    ]
+    layouts = {n: Layout("nhwc", c, c) for n in ("xn", "y")}
+    return Program("nash-e", {"x": {"shape": list(x.shape), "dtype": "int8"}}, {"out": {}},
+                   instrs, consts, layouts)  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_depthwise_conv_equals_qconv(monkeypatch, seed):
+    rng = np.random.default_rng(seed)
+    c, k = [5, 16, 37, 32, 3][seed % 5], [3, 3, 5, 1, 3][seed % 5]
+    x = rand_ints(rng, (int(rng.integers(1, 3)), c, *rng.integers(k, 12, 2).tolist()), np.int8)
+    w = rand_ints(rng, (c, 1, k, k), np.int8)
+    bias = rng.integers(-5000, 5000, c).astype(np.int32)
+    n = c if seed % 2 else 1  # per-channel or one multiplier
+    mult, shift = rng.integers(1, 2**15, n), rng.choice([1, 3, 9, 17], n).astype(np.int64)
+    attrs = {"rounding": ["half_even", "bpu_round"][seed % 2],
+             "out_dtype": ["int8", "int16"][seed // 5], "relu": seed % 3 == 0, "group": c,
+             "strides": rng.integers(1, 3, 2).tolist(), "pads": rng.integers(0, 2, 4).tolist(),
+             "dilations": [1 + seed % 4 // 3] * 2}  # fmt: skip
+    ran = []
+    real = exec_depthwise.run
+    monkeypatch.setattr(exec_depthwise, "run", lambda *a: ran.append(1) or real(*a))
+    want = CUSTOM_OPS["QConv"].evaluate([x, w, bias, mult, shift], attrs)
+    ex = Executor(_program(x, w, bias, mult, shift, attrs, plain=seed % 3 == 1))
+    for _ in range(3):  # kernel, replay, frozen plan
+        np.testing.assert_array_equal(ex.run({"x": x})[0]["out"], want)
+    assert ran, "the compiled depthwise kernel ran"
+
+
+def test_depthwise_without_requantize_keeps_the_int64_path():
+    rng = np.random.default_rng(0)
+    x, w = rand_ints(rng, (1, 4, 5, 5), np.int8), rand_ints(rng, (4, 1, 3, 3), np.int8)
+    empty = np.zeros(0, np.int64)
+    attrs = {"rounding": "half_even", "out_dtype": "int32", "relu": 0, "group": 4,
+             "pads": [1, 1, 1, 1]}  # fmt: skip
+    prog = _program(x, w, empty, empty, empty, attrs)
+    want = CUSTOM_OPS["QConv"].evaluate([x, w, empty, empty, empty], attrs)
+    np.testing.assert_array_equal(Executor(prog).run({"x": x})[0]["out"], want)
+    consts = Executor(prog).consts
+    assert exec_depthwise.build(prog.instructions[1], consts, torch.int8, True) is None
