@@ -71,3 +71,45 @@ def test_float_islands_run_every_ptq_stage_and_keep_agreement(tmp_path):
         "WHERE metric = 'cosine'"
     ).fetchall())  # fmt: skip
     assert cosine["board"] > 0.99 and cosine["hbm"] == cosine["quantized"]
+
+
+def rest_model() -> onnx.ModelProto:
+    """The rest of #20's op list, as exporters write them: Pad (reflect), Min with a
+    constant, an Equal mask (of exact zeros) into Where, ReduceSum, and a LogSoftmax classifier output."""
+    rng = np.random.default_rng(1)
+    inits = {"w": rng.normal(0, 0.3, (4, 1, 3, 3)).astype(np.float32),
+             "pads": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "cap": np.float32(0.5),
+             "zero": np.float32(0), "ax": np.array([1], np.int64),
+             "fc": rng.normal(0, 0.3, (64, 10)).astype(np.float32)}  # fmt: skip
+    n = helper.make_node
+    nodes = [
+        n("Conv", ["x", "w"], ["c"], name="conv"),
+        n("Pad", ["c", "pads"], ["p"], name="pad", mode="reflect"),
+        n("Min", ["p", "cap"], ["mn"], name="min"),
+        n("Relu", ["mn"], ["r"], name="relu"),
+        n("Equal", ["r", "zero"], ["mask"], name="equal"),
+        n("Where", ["mask", "mn", "r"], ["wh"], name="where"),
+        n("ReduceSum", ["wh", "ax"], ["rs"], name="reducesum", keepdims=1),
+        n("Flatten", ["rs"], ["fl"], name="flatten"),
+        n("Gemm", ["fl", "fc"], ["g"], name="gemm"),
+        n("LogSoftmax", ["g"], ["y"], name="logsoftmax", axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "rest",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+
+
+def test_the_rest_of_the_op_list_runs_every_ptq_stage(tmp_path):
+    path = tmp_path / "rest.onnx"
+    onnx.save(rest_model(), path)
+    run = RunStore(tmp_path / "runs").open(run_ptq(path, spec(), tmp_path / "runs"))
+    assert run.manifest().status == "complete"  # hbm proved bit-exact against quantized
+    cosine = dict(duckdb.sql(
+        f"SELECT stage, value FROM read_parquet('{run.root}/tables/metrics/**/*.parquet') "
+        "WHERE metric = 'cosine'"
+    ).fetchall())  # fmt: skip
+    assert cosine["board"] > 0.99 and cosine["hbm"] == cosine["quantized"]
