@@ -66,7 +66,7 @@ def analyze_ptq(run: Run, spec) -> Analysis:
             where="localize",
             hint="run the PTQ chain at least to ptq",
         )
-    evaluation = _evaluation(spec)
+    evaluation = _evaluation(spec, run)
     ctx = PtqAnalysisContext(run, evaluation, _spec(spec.data, spec.compare.output))
     arts = {s: run.load_artifact(s, PtqModel) for s in done}
     graph = next(s for s in ("calibrated", *done) if s in arts)  # the QDQ graph's layers
@@ -80,7 +80,7 @@ def analyze_ptq(run: Run, spec) -> Analysis:
 def ptq_models(run: Run, spec, evaluation: Split | None = None) -> dict:
     """The complete comparable stages' models, each fed every evaluation input by name and
     comparing the judged output (``compare.output``, ids of the original model's outputs)."""
-    evaluation = evaluation or _evaluation(spec)
+    evaluation = evaluation or _evaluation(spec, run)
     arts = {s: run.load_artifact(s, PtqModel) for s in _done(run)}
     integer = _integer(run, arts)
     original = onnx.load(str(run.path(run.load_artifact("original", PtqModel).onnx_file)))
@@ -93,9 +93,11 @@ def _done(run: Run) -> list[str]:
     return [s for s in CHAIN if stages.get(s) and stages[s].status == "complete"]
 
 
-def _evaluation(spec) -> Split:
+def _evaluation(spec, run: Run) -> Split:
     d = spec.data
-    return load_splits(d.dataset, d.calibration_samples, d.evaluation_samples)["evaluation"]
+    split = load_splits(d.dataset, d.calibration_samples, d.evaluation_samples)["evaluation"]
+    original = run.path(run.load_artifact("original", PtqModel).onnx_file)
+    return feeds.align_splits({"evaluation": split}, original)["evaluation"]
 
 
 def _spec(data, output: str | None) -> SimpleNamespace:

@@ -33,15 +33,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from examples.onnx_zoo.graphs import BUILDERS, INPUT_SHAPES  # noqa: E402
-from examples.zoo.models import ZOO  # noqa: E402
+from examples.zoo.models import ZOO, entry_of  # noqa: E402
 
 QAT = ["prepare", "calibrate", "pre_export", "export", "convert", "compile", "board_sim"]
 PTQ = ["original", "optimized", "calibrated", "ptq", "quantized", "hbm", "board"]
 
 
-def spec_for(name: str, small: bool, frames: int, ptq: bool, store: Path) -> dict:
+def spec_for(
+    name: str, small: bool, frames: int, ptq: bool, store: Path, shapes: bool = False
+) -> dict:
     """examples/zoo/spec.yaml with the model, its dataset and the frame count set; with
-    ``ptq`` a PTQ spec whose ``model.export`` writes the model to ONNX first."""
+    ``ptq`` a PTQ spec whose ``model.export`` writes the model to ONNX first (``shapes``:
+    with ``model.input_shapes`` as the vendor's input_shape, ``x: [1, 3, size, size]``)."""
     exporter, base = ("dynamo_", name[7:]) if name.startswith("dynamo_") else ("", name)
     attr = f"small_{base}" if small else base
     data = {"dataset": f"examples.zoo.data:{attr}", "evaluation_samples": frames}
@@ -53,6 +56,9 @@ def spec_for(name: str, small: bool, frames: int, ptq: bool, store: Path) -> dic
     if ptq:
         attr = exporter + attr
         model = {"file": str(store / f"{attr}.onnx"), "export": f"examples.zoo.onnx_export:{attr}"}
+        if shapes:
+            size = entry_of(attr.removeprefix("dynamo_"))[1]
+            model["input_shapes"] = {"x": [1, 3, size, size]}
         return {"model": model, "data": {**data, "calibration_samples": 64, "batch_size": 16},
                 "quant": {"march": "nash-e"}, "tags": {"example": "zoo"}}  # fmt: skip
     spec = yaml.safe_load((ROOT / "examples/zoo/spec.yaml").read_text())
@@ -64,10 +70,12 @@ def spec_for(name: str, small: bool, frames: int, ptq: bool, store: Path) -> dic
     return spec
 
 
-def run_one(name: str, small: bool, frames: int, store: Path, ptq: bool) -> dict:
+def run_one(
+    name: str, small: bool, frames: int, store: Path, ptq: bool, shapes: bool = False
+) -> dict:
     """One model through ``qparity run`` (or ``qparity ptq``); its row (stages, top-1s,
     divergence, time)."""
-    spec = spec_for(name, small, frames, ptq, store)
+    spec = spec_for(name, small, frames, ptq, store, shapes)
     spec_path = store / f"{name}{'-ptq' if ptq else ''}.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
     roots = os.pathsep.join(filter(None, [os.environ.get("QPARITY_ALLOWED_ROOTS"), str(store)]))
@@ -154,6 +162,9 @@ def main() -> None:
     ap.add_argument("--store", type=Path, help="keep the runs here")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--ptq", action="store_true", help="export to ONNX, run the PTQ chain")
+    ap.add_argument("--input-shapes", action="store_true",
+                    help="PTQ: set model.input_shapes to [1, 3, size, size] (the vendor's "
+                    "input_shape): size computations left by the exporter fold")  # fmt: skip
     args = ap.parse_args()
     names = args.models or [n for n in ZOO if not args.small or ZOO[n].small]
     names += [] if args.models or not args.ptq else sorted(BUILDERS)
@@ -165,7 +176,7 @@ def main() -> None:
           f"load {os.getloadavg()[0]:.1f}; runs in {store}", flush=True)  # fmt: skip
     rows = []
     for name in names:
-        rows.append(run_one(name, args.small, args.frames, store, args.ptq))
+        rows.append(run_one(name, args.small, args.frames, store, args.ptq, args.input_shapes))
         print("\n".join(render(rows[-1:], False, stages).splitlines()[1:]), flush=True)
     print()
     print(render(rows, args.markdown, stages))

@@ -33,6 +33,7 @@ from schemas.tables import write_rows
 from simulator.program.march import MARCHES
 from stages.data import load_splits
 from stages.loader import import_object
+from stages.ptq import feeds
 from stages.ptq.calibrate_onnx import QuantConfig
 from stages.ptq.chain import STAGES, PtqStage
 from stages.ptq.context import PtqContext, PtqModel
@@ -197,6 +198,7 @@ def run_ptq(
 def _context(run: Run, name: str, path: Path, spec: PtqSpec) -> PtqContext:
     d, q = spec.data, spec.quant
     splits = load_splits(d.dataset, d.calibration_samples, d.evaluation_samples)
+    splits = feeds.align_splits(splits, path)
     quant = QuantConfig(q.activation_dtype, dict(q.overrides))
     return PtqContext(run, name, path, quant, MARCHES[q.march], splits, d.batch_size,
                       d.probe_samples, spec.optimized_cosine,

@@ -18,6 +18,7 @@ Every output gets its stage metrics; ``compare.output`` names the judged one.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -34,6 +35,25 @@ def graph_inputs(model: onnx.ModelProto) -> list[str]:
     """The graph's fed inputs in order (initializers listed as inputs left out)."""
     inits = {i.name for i in model.graph.initializer}
     return [i.name for i in model.graph.input if i.name not in inits]
+
+
+def align_one_input(split: Split, graph: list[str]) -> Split:
+    """A graph of one input reads a dataset of one input whatever its name: the (x, y) form
+    names it ``x``, a forward's parameter may be ``input`` (torchvision's LRASPP) while the
+    exporter wrote ``x``. Any other split is returned as it is."""
+    if len(graph) != 1 or len(split.inputs) != 1 or graph[0] in split.inputs:
+        return split
+    return replace(split, inputs={graph[0]: next(iter(split.inputs.values()))})
+
+
+def align_splits(splits: dict[str, Split], path) -> dict[str, Split]:
+    """:func:`align_one_input` on every split, for the ONNX file at ``path`` (unreadable:
+    unchanged; ``original`` reports the file)."""
+    try:
+        graph = graph_inputs(onnx.load(str(path), load_external_data=False))
+    except Exception:  # onnx raises many types; original names the file's problem
+        return splits
+    return {k: align_one_input(v, graph) for k, v in splits.items()}
 
 
 def check_inputs(model: onnx.ModelProto, split: Split, where: str) -> None:

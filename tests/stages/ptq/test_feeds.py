@@ -27,6 +27,15 @@ def test_a_name_mismatch_names_the_file_and_both_lists():
     feeds.check_inputs(two_io(), Split("evaluation", inputs(2, 0)), "f")  # any order
 
 
+def test_one_input_is_read_whatever_its_name_several_are_matched_by_name():
+    """torchvision's LRASPP names its parameter ``input``, the exporter wrote ``x``."""
+    x = np.zeros((2, 3, 8, 8), np.float32)
+    got = feeds.align_one_input(Split("evaluation", {"input": x}), ["x"])
+    assert list(got.inputs) == ["x"] and got.inputs["x"] is x
+    two = Split("evaluation", {"mask": np.zeros((2, 4)), "y": x})
+    assert feeds.align_one_input(two, ["x", "m"]) is two  # left to check_inputs' error
+
+
 def test_an_integer_input_not_read_as_embedding_indices_is_refused_naming_it():
     with pytest.raises(StageError, match="input 'm' is int64 and read by Cast 'cast'") as e:
         feeds.refuse_integer_inputs(two_io(int_input=True), "two_io.onnx")
