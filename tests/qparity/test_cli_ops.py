@@ -24,7 +24,10 @@ def test_ops_lists_every_op():
     lines = res.output.splitlines()
     assert len(lines) == len(ops.ENTRIES)
     assert lines[0].startswith("conv (weighted, weighted): conv1d.default")
-    assert "[reference int_ops.qconv; torch exec_ops.k_conv; native qp_conv, qp_dwconv, qp_pad]" in lines[0]
+    assert (
+        "[reference int_ops.qconv; torch exec_ops.k_conv; native qp_conv, qp_dwconv, qp_pad]"
+        in lines[0]
+    )
 
 
 def test_ops_markdown_is_docs_ops_md():
