@@ -47,15 +47,31 @@ class Batched(NamedTuple):
 def dynamic_batch(source: onnx.ModelProto, input_shapes: dict) -> Batched:
     """``source`` (checked, input shapes fixed) folded, with a dynamic batch."""
     fixed = fixed_batch(source)
-    folded = shapes.fold_shapes(source)
+    folded = shapes.fold_shapes(source, fixed)
     given = input_shapes.get(source.graph.input[0].name, [None])[0]
     if fixed is None and given and any(n.op_type == "Shape" for n in unsupported(folded.model)):
         fixed = given
-        folded = shapes.fold_shapes(_with_fixed_batch(source, given))
+        folded = shapes.fold_shapes(_with_fixed_batch(source, given), given)
+        _refuse_left_shapes(folded.model, given)
     if fixed is None:
         return Batched(folded.model, folded, None, [])
     model, rewrites = generalize(folded.model, fixed)
     return Batched(model, folded, fixed, rewrites)
+
+
+def _refuse_left_shapes(model: onnx.ModelProto, b: int) -> None:
+    """``Shape`` nodes that do not fold even at batch ``b`` read tensors whose shapes
+    shape inference cannot give (a channel split computed from a Shape, as TorchScript
+    writes ``chunk``): the batch walk cannot follow them."""
+    left = [n.name for n in unsupported(model) if n.op_type == "Shape"]
+    if left:
+        raise StageError(
+            f"original: {len(left)} Shape node(s) do not fold even with the batch fixed at "
+            f"{b}: {', '.join(left[:5])}{' ...' if len(left) > 5 else ''}",
+            where=f"{FIELD} / node {left[0]}",
+            hint="their input's shape is computed at run time: export the model with a "
+            "fixed input shape (batch 1) or with torch's dynamo exporter, whose files fold",
+        )
 
 
 def _with_fixed_batch(model: onnx.ModelProto, b: int) -> onnx.ModelProto:

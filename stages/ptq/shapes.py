@@ -101,9 +101,11 @@ class Folded(NamedTuple):
     rewrites: list[str]
 
 
-def fold_shapes(model: onnx.ModelProto) -> Folded:
-    """A copy of ``model`` with its size computations folded (module docstring)."""
-    at = [_evaluate(_with_batch(model, b)) for b in (1, 2)]
+def fold_shapes(model: onnx.ModelProto, fixed: int | None = None) -> Folded:
+    """A copy of ``model`` with its size computations folded (module docstring); with the
+    batch ``fixed``, evaluated at that batch only, so what follows it folds too (the
+    generalizing walk then rewrites the targets that carry it)."""
+    at = [_evaluate(_with_batch(model, b)) for b in ((fixed, fixed) if fixed else (1, 2))]
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph, kept, folded, inits = out.graph, [], [], {}
