@@ -150,3 +150,58 @@ def test_a_shape_left_after_folding_is_refused_naming_the_node_and_input_shapes(
     with pytest.raises(StageError, match=r"Shape \(node shape\)") as e:
         run_ptq(path, spec(), tmp_path / "runs")
     assert "model.input_shapes with dim 0" in e.value.hint
+
+
+def two_pass_model() -> onnx.ModelProto:
+    """x [N, 8, 2] -> Reshape to [N, 8 / 2 (a Div shape inference does not propagate), 4]
+    -> a second Reshape whose target reads the first one's Shape: it folds only once the
+    first target is a constant and the first output's shape is inferred again."""
+    n = helper.make_node
+    nodes = [
+        n("Shape", ["x"], ["s"], name="shape_x"),
+        n("Gather", ["s", "i1"], ["c"], name="gather_c", axis=0),
+        n("Div", ["c", "two"], ["half"], name="div"),
+        n("Concat", ["zero", "half", "four"], ["t1"], name="cat1", axis=0),
+        n("Reshape", ["x", "t1"], ["y"], name="reshape1"),
+        n("Shape", ["y"], ["sy"], name="shape_y"),
+        n("Slice", ["sy", "i1", "i3"], ["tail"], name="slice_y"),
+        n("Concat", ["zero", "tail"], ["t2"], name="cat2", axis=0),
+        n("Reshape", ["y", "t2"], ["z"], name="reshape2"),
+    ]
+    consts = {"i1": [1], "i3": [3], "two": [2], "zero": [0], "four": [4]}
+    graph = helper.make_graph(
+        nodes, "two_pass",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 2])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.asarray(v, np.int64), k) for k, v in consts.items()],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_size_computations_fold_pass_after_pass(monkeypatch):
+    model = two_pass_model()
+    folded = fold_shapes(model)
+    assert not [n for n in folded.model.graph.node if n.op_type == "Shape"]
+    x = np.arange(3 * 16, dtype=np.float32).reshape(3, 8, 2)
+    np.testing.assert_array_equal(OnnxRunner(folded.model).run(x)[0], OnnxRunner(model).run(x)[0])
+    monkeypatch.setattr("stages.ptq.shapes.PASSES", 1)  # one pass leaves shape_y
+    assert [n.name for n in fold_shapes(model).model.graph.node if n.op_type == "Shape"]
+
+
+def test_shape_nodes_that_do_not_fold_at_the_fixed_batch_are_named():
+    """A Shape of a data-dependent size (NonZero) folds at no batch: with input_shapes'
+    dim 0 given, original names it and what to do instead of walking the batch."""
+    n = helper.make_node
+    nodes = [n("NonZero", ["x"], ["nz"], name="nonzero"),
+             n("Shape", ["nz"], ["s"], name="shape_nz"),
+             n("Reshape", ["x", "s"], ["y"], name="reshape")]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "left",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    with pytest.raises(StageError, match=r"1 Shape node\(s\) do not fold even with the batch "
+                       r"fixed at 1: shape_nz") as e:  # fmt: skip
+        batch.dynamic_batch(model, {"x": [1, 2]})
+    assert e.value.where == "model.input_shapes / node shape_nz"
