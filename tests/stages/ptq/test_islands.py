@@ -48,8 +48,13 @@ def islands_model() -> onnx.ModelProto:
     ]
     for k, node in enumerate(nodes):
         node.name = f"{node.op_type.lower()}_{k}"
+    return _model(nodes, "islands", inits)
+
+
+def _model(nodes, name: str, inits: dict) -> onnx.ModelProto:
+    """x [N, 1, 8, 8] -> ``nodes`` -> y [N, 10], opset 18."""
     graph = helper.make_graph(
-        nodes, "islands",
+        nodes, name,
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 8, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
         [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()],
@@ -57,19 +62,26 @@ def islands_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
 
 
-def test_float_islands_run_every_ptq_stage_and_keep_agreement(tmp_path):
-    path = tmp_path / "islands.onnx"
-    onnx.save(islands_model(), path)
+def _run(model: onnx.ModelProto, tmp_path):
+    """The PTQ chain on ``model``: the run (complete: hbm proved bit-exact against
+    quantized) and its output cosine per stage."""
+    path = tmp_path / f"{model.graph.name}.onnx"
+    onnx.save(model, path)
     run = RunStore(tmp_path / "runs").open(run_ptq(path, spec(), tmp_path / "runs"))
-    assert run.manifest().status == "complete"  # hbm proved bit-exact against quantized
-    check = run.path("debug/model_check_result.txt").read_text()
-    listed = {line.rsplit("_", 1)[0] for line in check[check.index("## float islands") :].split()}
-    assert {op.lower() for op in ISLANDS} <= listed
-    assert not {op.lower() for op in INTEGER} & listed
+    assert run.manifest().status == "complete"
     cosine = dict(duckdb.sql(
         f"SELECT stage, value FROM read_parquet('{run.root}/tables/metrics/**/*.parquet') "
         "WHERE metric = 'cosine'"
     ).fetchall())  # fmt: skip
+    return run, cosine
+
+
+def test_float_islands_run_every_ptq_stage_and_keep_agreement(tmp_path):
+    run, cosine = _run(islands_model(), tmp_path)
+    check = run.path("debug/model_check_result.txt").read_text()
+    listed = {line.rsplit("_", 1)[0] for line in check[check.index("## float islands") :].split()}
+    assert {op.lower() for op in ISLANDS} <= listed
+    assert not {op.lower() for op in INTEGER} & listed
     assert cosine["board"] > 0.99 and cosine["hbm"] == cosine["quantized"]
 
 
@@ -94,22 +106,9 @@ def rest_model() -> onnx.ModelProto:
         n("Gemm", ["fl", "fc"], ["g"], name="gemm"),
         n("LogSoftmax", ["g"], ["y"], name="logsoftmax", axis=1),
     ]
-    graph = helper.make_graph(
-        nodes, "rest",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
-        [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()],
-    )  # fmt: skip
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    return _model(nodes, "rest", inits)
 
 
 def test_the_rest_of_the_op_list_runs_every_ptq_stage(tmp_path):
-    path = tmp_path / "rest.onnx"
-    onnx.save(rest_model(), path)
-    run = RunStore(tmp_path / "runs").open(run_ptq(path, spec(), tmp_path / "runs"))
-    assert run.manifest().status == "complete"  # hbm proved bit-exact against quantized
-    cosine = dict(duckdb.sql(
-        f"SELECT stage, value FROM read_parquet('{run.root}/tables/metrics/**/*.parquet') "
-        "WHERE metric = 'cosine'"
-    ).fetchall())  # fmt: skip
+    _, cosine = _run(rest_model(), tmp_path)
     assert cosine["board"] > 0.99 and cosine["hbm"] == cosine["quantized"]
