@@ -333,3 +333,19 @@ def test_aligned_multipliers_errors_and_example():
             intmath.aligned_multipliers(bad, 16)
     with pytest.raises(SimulatorError):
         intmath.aligned_multipliers([2.0**16], 16)
+
+
+@FAST
+@given(
+    v=st.lists(st.integers(-(2**61), 2**61), min_size=1, max_size=20),
+    shifts=st.lists(st.integers(0, 62), min_size=1, max_size=1) | st.just([0, 1, 7, 31, 62]),
+    mode=MODES,
+)
+def test_round_div_by_per_channel_powers_of_two(v, shifts, mode):
+    """The shift path (every divisor a power of two, as requantize's ``2**shift``) on
+    per-channel divisors equals exact rational rounding, numpy and torch alike."""
+    d = np.array([2**s for s in shifts], dtype=np.int64)
+    grid = np.array(v, dtype=np.int64)[:, None]
+    want = [[ref_round(Fraction(x, int(dd)), mode) for dd in d] for x in v]
+    assert intmath.round_div(grid, d, mode).tolist() == want
+    assert intmath.round_div(torch.from_numpy(grid), torch.from_numpy(d), mode).tolist() == want
