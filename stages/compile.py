@@ -39,15 +39,9 @@ from stages.registry_types import StageCall
 def compile_model(upstream: QuantizedModel, ctx: RunContext, call: StageCall) -> HbmModel:
     """Compile, prove bit-exactness on probe samples, evaluate on the simulated BPU."""
     path = ctx.run.path(upstream.onnx_file)
-    model = onnx.load(str(path))
     layers = json.loads(ctx.run.path(upstream.layers_file).read_text())
     march = MARCHES[ctx.spec.quant.march]
-    program = Compiler(
-        model,
-        march.name,
-        march.channel_alignment,
-        tensor_shapes(path, model, ctx.evaluation.arrays(0, 2)),
-    ).run({lid: v["tensor"] for lid, v in layers.items()})
+    program = build_program(path, onnx.load(str(path)), layers, ctx)
     out = ctx.artifact_dir("compile") / "model.hbm"
     hbm.save(program, out)
     program = hbm.load(out)
@@ -75,6 +69,16 @@ def compile_model(upstream: QuantizedModel, ctx: RunContext, call: StageCall) ->
         instructions=len(program.instructions),
         fused=[list(i.layer_ids) for i in program.instructions if len(i.layer_ids) > 1],
         metrics=metrics,
+    )
+
+
+def build_program(path, model: onnx.ModelProto, layers: dict, ctx: RunContext):
+    """The program of quantized.onnx (``model``, read from ``path``; ``layers``: its
+    layers.json) for the spec's march, tensor shapes from one reference run."""
+    march = MARCHES[ctx.spec.quant.march]
+    shapes = tensor_shapes(path, model, ctx.evaluation.arrays(0, 2))
+    return Compiler(model, march.name, march.channel_alignment, shapes).run(
+        {lid: v["tensor"] for lid, v in layers.items()}
     )
 
 

@@ -26,7 +26,6 @@ from stages.faults import inject_convert
 from stages.onnx_export import render_graph_text
 from stages.onnx_fold import fold_constant_nodes
 from stages.onnx_runner import OnnxRunner
-from stages.outputs import numpy_fed
 from stages.registry_types import StageCall
 
 
@@ -50,7 +49,11 @@ def convert(upstream: QatOnnxModel, ctx: RunContext, call: StageCall) -> Quantiz
     runner = OnnxRunner(out / "quantized.onnx")
     warnings = saturation_warnings(runner, layers, ctx)
     ctx.write_debug("convert_advisor.txt", "\n".join(warnings or ["no warnings"]) + "\n")
-    metrics = stage_metrics(ctx, "convert", numpy_fed(runner.run), graph=True)
+    from stages.convert.evaluation import integer_evaluator  # it imports compile, which imports us
+
+    evaluator, how = integer_evaluator(ctx, out / "quantized.onnx", model, layer_json(layers))
+    ctx.write_debug("convert_evaluation.txt", how + "\n")
+    metrics = stage_metrics(ctx, "convert", evaluator, graph=True)
     islands = sorted(converter.islands)
     _report_islands(ctx, islands)
     files = ["artifacts/convert/quantized.onnx", "artifacts/convert/layers.json"]
