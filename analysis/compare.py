@@ -15,6 +15,7 @@ import numpy as np
 
 from analysis.layer_graph import Layer, ordered
 from analysis.metrics import METRICS, Accumulator, finish, hist_edges, step_of, sums
+from analysis.stored_outputs import stored_outputs
 from schemas.table_digests import remove_parts
 from schemas.tables import write_columns
 from stages.context import RunContext
@@ -23,6 +24,8 @@ from stages.stage_models import StageModel
 
 OUTPUT = "<output>"
 """The pseudo layer id of a model's final output."""
+OUTPUT_CHUNK = 256
+"""Samples per part of the output rows compared from the stored outputs."""
 
 
 @dataclass
@@ -70,6 +73,7 @@ def compare_stages(
     for r in results.values():
         remove_parts(ctx.run, f"tables/layer_stats/{r.name}")
     n = min(len(ctx.evaluation), ctx.spec.compare.samples or len(ctx.evaluation))
+    stored = stored_outputs(ctx, list(models))  # outputs on every sample, or None
     bs = compare_batch(ctx, models)
     for b, start in enumerate(range(0, n, bs)):
         idx = np.arange(start, min(start + bs, n))
@@ -78,8 +82,10 @@ def compare_stages(
         for (base, ana), r in results.items():
             if b == 0:
                 _setup(r, runs[base][1], runs[ana][1], models, layers, scales or {}, len(idx))
-            _batch(ctx, r, idx, runs[base], runs[ana], layers, dtypes, b)
+            _batch(ctx, r, idx, runs[base], runs[ana], (layers, dtypes, b), stored is None)
     for r in results.values():
+        if stored is not None:
+            _stored_batches(ctx, r, stored, layers, dtypes)
         _aggregate(ctx, r, layers, dtypes)
     return results
 
@@ -115,22 +121,44 @@ def _setup(r: PairResult, base: dict, ana: dict, models, layers, scales, n: int)
     r.acc = {lid: Accumulator() for lid in [*r.layer_ids, OUTPUT]}
 
 
-def _batch(ctx, r: PairResult, idx, base_run, ana_run, layers, dtypes, b: int) -> None:
-    """One batch of one pair: per-sample rows of every layer, output agreement, totals."""
+def _batch(ctx, r: PairResult, idx, base_run, ana_run, where, with_output: bool) -> None:
+    """One batch of one pair: per-sample rows of every layer (and of the output, unless
+    it is compared from the stored outputs), totals. ``where``: (layers, dtypes, batch)."""
     (out_a, base), (out_b, ana) = base_run, ana_run
-    r.steps.setdefault(OUTPUT, step_of(None, out_a))
+    layers, dtypes, b = where
     cols: dict[str, list] = {}
-    for lid in [*r.layer_ids, OUTPUT]:
-        a, v = (out_a, out_b) if lid == OUTPUT else (base[lid], ana[lid])
-        if lid not in r.edges:
-            r.edges[lid], r.shapes[lid] = hist_edges(a, v), (1, *np.shape(a)[1:])
-        s = sums(a, v, r.steps[lid], r.edges[lid])
-        r.acc[lid].add(s)
-        m = finish(s, r.steps[lid])
-        if lid == OUTPUT:
-            _record_output(ctx, r, idx, out_a, out_b, m)
-        _append(cols, r, lid, layers, dtypes, m, s, idx)
+    for lid in r.layer_ids:
+        _compare(ctx, r, lid, (base[lid], ana[lid]), idx, cols, layers, dtypes)
+    if with_output:
+        _compare(ctx, r, OUTPUT, (out_a, out_b), idx, cols, layers, dtypes)
     write_columns(ctx.run, "layer_stats", cols, f"{r.name}/b{b:05d}")
+
+
+def _stored_batches(ctx, r: PairResult, stored: dict[str, np.ndarray], layers, dtypes) -> None:
+    """The output rows of one pair on every evaluation sample, from the stored outputs,
+    in parts of :data:`OUTPUT_CHUNK` samples."""
+    a_all, v_all = stored[r.base], stored[r.analysis]
+    for b, start in enumerate(range(0, len(a_all), OUTPUT_CHUNK)):
+        idx = np.arange(start, min(start + OUTPUT_CHUNK, len(a_all)))
+        cols: dict[str, list] = {}
+        _compare(ctx, r, OUTPUT, (a_all[idx], v_all[idx]), idx, cols, layers, dtypes)
+        write_columns(ctx.run, "layer_stats", cols, f"{r.name}/o{b:05d}")
+
+
+def _compare(ctx, r: PairResult, lid: str, pair, idx, cols, layers, dtypes) -> None:
+    """One layer (or the output) of one pair on the samples ``idx``: its rows into
+    ``cols``, its totals; the output's per-sample agreement too."""
+    a, v = pair
+    if lid not in r.edges:  # fixed on the first batch
+        if lid not in r.steps:  # the output's (a layer's is its scale: _setup)
+            r.steps[lid] = step_of(None, a)
+        r.edges[lid], r.shapes[lid] = hist_edges(a, v), (1, *np.shape(a)[1:])
+    s = sums(a, v, r.steps[lid], r.edges[lid])
+    r.acc[lid].add(s)
+    m = finish(s, r.steps[lid])
+    if lid == OUTPUT:
+        _record_output(ctx, r, idx, a, v, m)
+    _append(cols, r, lid, layers, dtypes, m, s, idx)
 
 
 def _record_output(ctx, r: PairResult, idx, out_a, out_b, m) -> None:

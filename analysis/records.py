@@ -11,12 +11,11 @@ pair's worst bad cases, never for the whole dataset.
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
 
 from analysis.compare import PairResult
 from analysis.layer_graph import Layer
 from analysis.localize import PairVerdict
-from schemas.tables import write_columns
+from schemas.tables import float32_lists, write_columns
 from stages.context import RunContext
 from stages.stage_models import StageModel
 
@@ -138,11 +137,3 @@ def write_tensors(
     cols["shape"] = [list(t.shape) for t in tensors]
     cols["values"] = float32_lists(tensors)
     write_columns(ctx.run, "layer_tensors", cols, "all")
-
-
-def float32_lists(tensors: list[np.ndarray]) -> pa.ListArray:
-    """One Arrow ``list<float32>`` row per tensor (flattened), built from one buffer."""
-    sizes = np.fromiter((t.size for t in tensors), dtype=np.int32, count=len(tensors))
-    offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int32)
-    flat = np.concatenate([t.reshape(-1) for t in tensors]) if tensors else np.zeros(0)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat.astype(np.float32)))

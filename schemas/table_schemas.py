@@ -116,6 +116,17 @@ LAYER_TENSORS = _fields(
 )
 """Full tensors of a few probe or bad-case samples only (reason: probe | badcase)."""
 
+STAGE_OUTPUTS = _fields(
+    ("run_id", pa.string()),
+    ("stage", pa.string()),
+    ("output_id", pa.string()),
+    ("sample_id", pa.int64()),
+    ("values", pa.list_(pa.float32())),
+)
+"""Every stage model's outputs on every evaluation sample, as its metrics were measured
+on them (flattened; the float model's are prepare's). The analysis compares stages' outputs
+on every sample from here, and their layers on ``compare.samples`` only."""
+
 BADCASES = _fields(
     ("run_id", pa.string()),
     ("base_stage", pa.string()),
@@ -183,6 +194,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "metrics": METRICS,
     "layer_stats": LAYER_STATS,
     "layer_tensors": LAYER_TENSORS,
+    "stage_outputs": STAGE_OUTPUTS,
     "badcases": BADCASES,
     "sensitivity": SENSITIVITY,
     "localization": LOCALIZATION,

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -191,6 +192,12 @@ def read_run_table(run: Run, table: str) -> list[dict[str, Any]]:
     """Rows of one table of one run, as dicts (empty if the run has none). Each part is
     read once and checked against the sha256 the manifest records (ArtifactError naming
     it if it changed); symlinked parts are not read (:mod:`schemas.store_layout`)."""
+    data = read_run_arrow(run, table)
+    return [] if data is None else data.to_pylist()
+
+
+def read_run_arrow(run: Run, table: str) -> pa.Table | None:
+    """:func:`read_run_table` as one Arrow table (None if the run has no part of it)."""
     schema = _schema(table)  # a known table name, never a path
     blobs: dict[Path, bytes] = {}
 
@@ -210,5 +217,13 @@ def read_run_table(run: Run, table: str) -> list[dict[str, Any]]:
                 "(or delete it)",
             ) from e
     if not parts:
-        return []
-    return pa.concat_tables(parts, promote_options="default").to_pylist()
+        return None
+    return pa.concat_tables(parts, promote_options="default")
+
+
+def float32_lists(tensors: list[np.ndarray]) -> pa.ListArray:
+    """One Arrow ``list<float32>`` row per tensor (flattened), built from one buffer."""
+    sizes = np.fromiter((t.size for t in tensors), dtype=np.int32, count=len(tensors))
+    offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int32)
+    flat = np.concatenate([t.reshape(-1) for t in tensors]) if tensors else np.zeros(0)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat.astype(np.float32)))

@@ -29,6 +29,8 @@ import torch
 from schemas.artifacts import Metric
 from schemas.errors import StageError
 from schemas.metric_names import LOWER_IS_BETTER, OUTPUT, primary_metric  # noqa: F401 (re-export)
+from schemas.table_digests import remove_parts
+from schemas.tables import float32_lists, write_columns
 from stages.data import Split
 from stages.outputs import judged_output, output_arrays, positional
 from stages.progress import tick
@@ -139,7 +141,32 @@ def stage_metrics(
     split = split or ctx.evaluation
     ids = list(ctx.reference) if graph else None
     outputs = collect(model, split, ctx.spec.data.batch_size, stage, ids)
+    record_outputs(ctx.run, stage, outputs)
     ev, judged = ctx.evaluation, ctx.spec.compare.output
     rows = measure(stage, outputs, ctx.reference, ev.labels, ctx.task_metric, judged)
     primary_metric(ctx.spec.compare.primary, {m.metric for m in rows})
     return rows
+
+
+OUTPUTS_LIMIT = 256 * 2**20
+"""Bytes of outputs (all samples, float32) a stage writes to ``stage_outputs``; beyond
+this (dense segmentation maps of many frames) the analysis reruns the stage model."""
+
+
+def record_outputs(run, stage: str, outputs: dict[str, np.ndarray]) -> None:
+    """Write a stage model's outputs on every evaluation sample to the ``stage_outputs``
+    table (part ``<stage>/all``: a rerun of the stage replaces it), within :data:`OUTPUTS_LIMIT`;
+    beyond it, an earlier part of the stage is removed (it would be stale)."""
+    remove_parts(run, f"tables/stage_outputs/{stage}")
+    if sum(4 * v.size for v in outputs.values()) > OUTPUTS_LIMIT:
+        return
+    cols: dict[str, list] = {"run_id": [], "stage": [], "output_id": [], "sample_id": []}
+    tensors = []
+    for oid, values in outputs.items():
+        n = len(values)
+        cols["run_id"] += [run.run_id] * n
+        cols["stage"] += [stage] * n
+        cols["output_id"] += [oid] * n
+        cols["sample_id"] += list(range(n))
+        tensors += list(values.reshape(n, -1))
+    write_columns(run, "stage_outputs", {**cols, "values": float32_lists(tensors)}, f"{stage}/all")

@@ -8,7 +8,8 @@ import pytest
 
 from analysis.localize import PairVerdict
 from analysis.own_error import OwnErrors
-from analysis.records import float32_lists, localization_rows
+from analysis.records import localization_rows
+from schemas.tables import float32_lists
 
 
 def _verdict(base: str, analysis: str, reasons: list[str]) -> PairVerdict:
