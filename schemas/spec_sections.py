@@ -268,9 +268,11 @@ class CompareSpec(Section):
     """The model output (canonical id: ``output``, ``output.0``, ``output.boxes``) labels,
     top1 and the primary metric apply to; null: the first class-like ((N, C)) output, else
     the first (stages.outputs)."""
-    samples: int | None = Field(default=None, ge=1)
-    """Compare layers on the first N evaluation samples (null: all of them); top-1 is
-    always measured on the whole split."""
+    samples: int | None = Field(default=128, ge=1)
+    """Compare layers on the first N evaluation samples (null: all of them): the stage
+    models rerun with every layer captured, the analysis' main cost. Outputs (and so the
+    bad cases) are compared on every sample, from what the stages stored, and the stages'
+    metrics (top-1...) are always measured on the whole split."""
     memory_mb: float = Field(default=1024, gt=0)
     """MB of captured layer tensors the comparison holds at once: it runs every stage model
     on batches of ``data.batch_size`` samples, fewer when all the models' layers of that
