@@ -56,10 +56,14 @@ def round_div(v, d, mode: str):
         round_by(0.0, mode)  # raises the one "unknown rounding mode" error
     k = _exponent(d)
     fl = v // d if k is None else v >> k  # ">>" on int64 is floor division by 2**k
-    twice = 2 * (v - fl * d)
-    tie = twice == d
-    extra = tie & ((fl & 1) == 1) if mode == "half_even" else tie & (v > 0)
-    return fl + (twice > d) + extra
+    twice = v - fl * d
+    twice *= 2  # in place from here: at 224x224 every full-size temporary costs
+    up, tie = twice > d, twice == d
+    del twice
+    tie &= ((fl & 1) == 1) if mode == "half_even" else (v > 0)
+    up |= tie
+    fl += up
+    return fl
 
 
 def _exponent(d):

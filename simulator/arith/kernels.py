@@ -129,9 +129,10 @@ def _conv_by_taps(xp: np.ndarray, w: np.ndarray, kernel, strides, dilations, gro
     wf = w.astype(np.float64)
     if cg == 1:  # depthwise: output channel o reads input channel o // (O / group)
         view = np.repeat(view, o // group, axis=1) if o != group else view
-        acc = np.zeros(view.shape[: 2 + nd])
+        acc, term = np.zeros(view.shape[: 2 + nd]), np.empty(view.shape[: 2 + nd])
         for tap in np.ndindex(*kernel):
-            acc += view[(Ellipsis, *tap)] * wf[(slice(None), 0, *tap)].reshape(-1, *[1] * nd)
+            w_tap = wf[(slice(None), 0, *tap)].reshape(-1, *[1] * nd)
+            acc += np.multiply(view[(Ellipsis, *tap)], w_tap, out=term)
         return acc.astype(np.int64)
     flat = view[(Ellipsis, *[0] * nd)]  # 1x1: (N, C, *out)
     n, c, out = flat.shape[0], flat.shape[1], flat.shape[2:]
