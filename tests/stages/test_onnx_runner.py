@@ -171,3 +171,27 @@ def test_cut_runners_are_kept_for_the_last_few_sets_of_names_only(monkeypatch):
     assert again is not first
     outs, got = again.run_capture(X, [], {"relu": np.ones_like(X)})
     np.testing.assert_array_equal(outs[0], np.full_like(X, 2.0))
+
+
+def test_the_reference_runs_a_big_batch_in_chunks_with_the_same_result(monkeypatch):
+    """REF_CHUNK samples at a time, joined along the batch; a kept tensor without the batch
+    axis (here the constant "two", as a reshaped parameter would be) is taken once."""
+    from stages import onnx_runner
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(11, 3)).astype(np.float32)
+    whole, whole_layers = OnnxRunner(_model("qparity")).run_capture(x, ["relu", "mul"])
+    calls = []
+    run_kept = onnx_runner.run_kept
+    monkeypatch.setattr(
+        onnx_runner, "run_kept", lambda e, f, k: calls.append(1) or run_kept(e, f, k)
+    )
+    monkeypatch.setattr(onnx_runner, "REF_CHUNK", 4)
+    model = _model("qparity")
+    model.graph.output.append(helper.make_tensor_value_info("two", TensorProto.FLOAT, []))
+    outs, layers = OnnxRunner(model).run_capture(x, ["relu", "mul"])
+    assert len(calls) == 3  # 4 + 4 + 3 samples
+    np.testing.assert_array_equal(outs[0], whole[0])
+    assert float(outs[1]) == 2.0
+    for name in ("relu", "mul"):
+        np.testing.assert_array_equal(layers[name], whole_layers[name])
