@@ -139,3 +139,13 @@ def _raising(out, ref, labels):
 
 def _not_floats(out, ref, labels):
     return {"miou": "high"}
+
+
+def test_a_task_metric_added_to_a_spec_is_not_served_from_the_cache(tmp_path):
+    onnx_path, stop = export_tiny(tmp_path / "tiny.onnx"), PtqStagesSpec(stop_after="calibrated")
+    run_ptq(onnx_path, spec().model_copy(update={"stages": stop}), tmp_path / "runs")
+    cfg = _with_metric().model_copy(update={"stages": stop})
+    run = RunStore(tmp_path / "runs").open(run_ptq(onnx_path, cfg, tmp_path / "runs"))
+    assert {r["stage"] for r in read_run_table(run, "metrics") if r["metric"] == "miou"} == {
+        "original", "optimized", "calibrated"}  # fmt: skip
+    assert not any(s.cache_hit for s in run.manifest().stages.values())
