@@ -2,7 +2,7 @@
 traced ``[1, 3, H, W]``), the chain evaluates batches of any size.
 
 Every shape is known at batch ``b`` (``original`` folded the size computations). The walk
-follows the batch axis from the input (axis 0) through every node, in graph order, and
+follows the batch axis from every fed input (axis 0) through every node, in graph order, and
 rewrites what fixes it:
 - a Reshape target gets ``-1`` at the entry the batch merges into (found by the product of
   the dims before it: ``[N, B, E] -> [N, B*H, d]`` is entry 1), the rest its sizes at ``b``;
@@ -36,9 +36,9 @@ def generalize(model: onnx.ModelProto, b: int) -> tuple[onnx.ModelProto, list[st
     g = out.graph
     inferred = onnx.shape_inference.infer_shapes(out, data_prop=True)
     consts = {i.name: numpy_helper.to_array(i) for i in g.initializer}
-    x = g.input[0].name  # the batch of expanded constants is read from the first input
     fed = feeds.graph_inputs(out)
     axis = dict.fromkeys(fed, 0)  # the batch axis, followed from every input
+    x = fed[0]  # the batch of expanded constants is read from the first input
     w = Walk(sh.static_shapes(inferred), consts, b, x, sh.opset_of(model), axis)
     nodes = []
     for node in g.node:

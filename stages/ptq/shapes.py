@@ -22,6 +22,7 @@ anchor grid, ``Shape -> Slice -> Concat -> Reshape`` for a head's flattening,
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from typing import NamedTuple
 
@@ -117,17 +118,9 @@ def fold_shapes(model: onnx.ModelProto, fixed: int | None = None) -> Folded:
         if step.model is done.model:  # nothing folded or rewritten
             break
         del step.model.graph.value_info[:]  # stale: the next pass infers them again
-        done = Folded(step.model, done.nodes + _detached(step.nodes), done.rewrites + step.rewrites)
+        nodes = [copy.deepcopy(n) for n in step.nodes]  # not the pass's: they keep its model
+        done = Folded(step.model, done.nodes + nodes, done.rewrites + step.rewrites)
     return done
-
-
-def _detached(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    """Copies of ``nodes``: a node kept from a pass's graph would keep that whole model
-    (every weight) alive, one model per pass."""
-    out = [onnx.NodeProto() for _ in nodes]
-    for copy, node in zip(out, nodes, strict=True):
-        copy.CopyFrom(node)
-    return out
 
 
 def _fold_pass(model: onnx.ModelProto, fixed: int | None) -> Folded:
