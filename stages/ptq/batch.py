@@ -111,10 +111,10 @@ def _dynamic_inputs(model: onnx.ModelProto) -> list[str]:
 def _with_fixed_batch(model: onnx.ModelProto, b: int) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    for i in _fed(out):
-        dim = i.type.tensor_type.shape.dim[0]
-        dim.Clear()
-        dim.dim_value = b
+    for dims in (i.type.tensor_type.shape.dim for i in _fed(out)):
+        if dims:  # a scalar input has no batch
+            dims[0].Clear()
+            dims[0].dim_value = b
     del out.graph.value_info[:]
     return onnx.shape_inference.infer_shapes(out, data_prop=True)
 
