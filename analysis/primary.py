@@ -79,11 +79,14 @@ def judged_row_output(named: str | None, rows: list[dict]) -> str:
     return named or (outputs[0] if outputs else OUTPUT)
 
 
-def run_primary(run: Run) -> Primary:
-    """The primary metric of a stored run, by its spec.yaml (a PTQ spec, which has no
-    compare section, or a spec the current code refuses: the defaults)."""
-    try:
-        spec = load_spec(run.path("spec.yaml"))
-    except SpecError:
-        spec = SimpleNamespace(compare=CompareSpec())
+def run_primary(run: Run, compare: CompareSpec | None = None) -> Primary:
+    """The primary metric of a stored run, by ``compare`` (a PTQ run's: its spec's
+    ``judging()``) or its spec.yaml (a spec the current code refuses: the defaults)."""
+    if compare is not None:
+        spec = SimpleNamespace(compare=compare)
+    else:
+        try:
+            spec = load_spec(run.path("spec.yaml"))
+        except SpecError:
+            spec = SimpleNamespace(compare=CompareSpec())
     return read_primary(spec, read_run_table(run, "metrics"))

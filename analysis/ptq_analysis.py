@@ -7,8 +7,9 @@ calibrated, the chain's first quantized model.
 original -> optimized is checked by the optimized stage itself (every layer's cosine
 against the original >= the spec's bound, debug/optimize_equivalence.txt): BN folding
 changes which tensor a layer id names there, so the pair is not compared here. The
-analysis reads the run's PTQ spec (spec.yaml) for the data and batch size and uses the
-default compare thresholds of a pipeline spec.
+analysis reads the run's PTQ spec (spec.yaml) for the data and batch size, the judged
+output and the primary metric (``compare.primary``: a task metric's name with
+``data.metric``) and uses the default compare thresholds of a pipeline spec.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import onnx
 from analysis.analyze import Analysis, analyze_models
 from analysis.layer_graph import Layer
 from schemas.errors import QueryError
-from schemas.spec_sections import CompareSpec
 from schemas.store import Run
 from stages.data import Split, load_splits
 from stages.ptq import feeds, runners
@@ -67,7 +67,7 @@ def analyze_ptq(run: Run, spec) -> Analysis:
             hint="run the PTQ chain at least to ptq",
         )
     evaluation = _evaluation(spec, run)
-    ctx = PtqAnalysisContext(run, evaluation, _spec(spec.data, spec.compare.output))
+    ctx = PtqAnalysisContext(run, evaluation, _spec(spec))
     arts = {s: run.load_artifact(s, PtqModel) for s in done}
     graph = next(s for s in ("calibrated", *done) if s in arts)  # the QDQ graph's layers
     calibrated = onnx.load(str(run.path(arts[graph].onnx_file)))
@@ -100,10 +100,12 @@ def _evaluation(spec, run: Run) -> Split:
     return feeds.align_splits({"evaluation": split}, original)["evaluation"]
 
 
-def _spec(data, output: str | None) -> SimpleNamespace:
+def _spec(spec) -> SimpleNamespace:
+    """What analysis.analyze_models reads of a spec, from the PTQ spec (its compare
+    section as the QAT chain's: the judged output and the primary metric)."""
     return SimpleNamespace(
-        data=SimpleNamespace(batch_size=data.batch_size),
-        compare=CompareSpec(probe_samples=data.probe_samples, output=output),
+        data=SimpleNamespace(batch_size=spec.data.batch_size),
+        compare=spec.judging(),
         stages=SimpleNamespace(board_sim=SimpleNamespace(runtime_format="featuremap")),
     )
 

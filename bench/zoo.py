@@ -44,7 +44,8 @@ def spec_for(
 ) -> dict:
     """examples/zoo/spec.yaml with the model, its dataset and the frame count set; with
     ``ptq`` a PTQ spec whose ``model.export`` writes the model to ONNX first (``shapes``:
-    with ``model.input_shapes`` as the vendor's input_shape, ``x: [1, 3, size, size]``)."""
+    with ``model.input_shapes`` as the vendor's input_shape, ``x: [1, 3, size, size]``).
+    A segmentation model's spec (either chain) sets ``data.metric: examples.zoo.data:miou``."""
     exporter, base = ("dynamo_", name[7:]) if name.startswith("dynamo_") else ("", name)
     attr = f"small_{base}" if small else base
     data = {"dataset": f"examples.zoo.data:{attr}", "evaluation_samples": frames}
@@ -59,6 +60,8 @@ def spec_for(
         if shapes:
             size = entry_of(attr.removeprefix("dynamo_"))[1]
             model["input_shapes"] = {"x": [1, 3, size, size]}
+        if ZOO[base].task == "segment":  # as the QAT chain's: the class map's mIoU
+            data["metric"] = "examples.zoo.data:miou"
         return {"model": model, "data": {**data, "calibration_samples": 64, "batch_size": 16},
                 "quant": {"march": "nash-e"}, "tags": {"example": "zoo"}}  # fmt: skip
     spec = yaml.safe_load((ROOT / "examples/zoo/spec.yaml").read_text())

@@ -26,8 +26,8 @@ from schemas.fileio import json_digest, sha256_file
 from schemas.manifest import Manifest
 from schemas.owner import heartbeat
 from schemas.paths import checked_file, checked_path
-from schemas.spec import NAMED_PIPELINES, with_pipeline
-from schemas.spec_sections import Dtype, Factory, PosInt, Section
+from schemas.spec import NAMED_PIPELINES, check_primary, with_pipeline
+from schemas.spec_sections import CompareSpec, Dtype, Factory, PosInt, Section
 from schemas.store import Run, RunStore
 from schemas.tables import write_rows
 from simulator.program.march import MARCHES
@@ -72,6 +72,11 @@ class PtqDataSpec(Section):
     """Batch size of calibration and evaluation."""
     probe_samples: PosInt = 4
     """Samples the hbm is checked bit for bit against quantized on."""
+    metric: Factory | None = None
+    """'module:function' of a task metric (mAP, mIoU...), the QAT chain's ``data.metric``:
+    called with a stage's outputs, the original model's outputs and the labels (or None),
+    it returns ``{name: float}``; every stage records the names, which may be
+    ``compare.primary``. Null: none."""
 
 
 class PtqQuantSpec(Section):
@@ -100,12 +105,16 @@ class PtqStagesSpec(Section):
 
 
 class PtqCompareSpec(Section):
-    """Which output the stages are judged on (the QAT chain's ``compare.output``)."""
+    """What the stages are judged by (the QAT chain's ``compare.output`` and ``primary``)."""
 
     output: str | None = Field(default=None, pattern=r"^output(\.[\w]+)*$")
     """The output id (stages.ptq.feeds: ``output`` for one output, ``output.<onnx name>``
     or ``output.<k>`` for several) labels, top1 and localization apply to; null: the
     first class-like ((N, C)) output, else the first. Every output gets its metrics."""
+    primary: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*$")
+    """The metric ``qparity localize`` and the stage table judge by: ``top1``,
+    ``top1_agreement``, ``cosine``, ``sqnr_db``, ``l1`` or a name ``data.metric`` returns;
+    null: top1 when the dataset has labels, else cosine."""
 
 
 class PtqSpec(Section):
@@ -127,6 +136,14 @@ class PtqSpec(Section):
     tags: dict[str, str] = {}
     """Labels recorded with the run."""
 
+    def judging(self) -> CompareSpec:
+        """The compare section as the QAT chain's stages and analysis read it (its
+        thresholds the defaults)."""
+        c = self.compare
+        return CompareSpec(
+            output=c.output, primary=c.primary, probe_samples=self.data.probe_samples
+        )
+
 
 def load_ptq_spec(path: Path) -> tuple[PtqSpec, str]:
     """(validated spec, its text); errors name the file and the field."""
@@ -135,12 +152,14 @@ def load_ptq_spec(path: Path) -> tuple[PtqSpec, str]:
         data = yaml.safe_load(text)
         if isinstance(data, dict) and "pipeline" in data:
             data = with_pipeline(data, str(path), NAMED_PIPELINES / "ptq")
-        return PtqSpec.model_validate(data), text
+        spec = PtqSpec.model_validate(data)
     except OSError as e:
         raise SpecError(f"cannot read {path}: {e}", where=str(path)) from e
     except (yaml.YAMLError, ValidationError) as e:
         raise SpecError(f"invalid PTQ spec: {e}", where=str(path),
                         hint="see examples/digits_ptq/spec.yaml") from e  # fmt: skip
+    check_primary(spec, str(path))
+    return spec, text
 
 
 def model_path(spec: PtqSpec) -> Path:
@@ -203,7 +222,7 @@ def _context(run: Run, name: str, path: Path, spec: PtqSpec) -> PtqContext:
     return PtqContext(run, name, path, quant, MARCHES[q.march], splits, d.batch_size,
                       d.probe_samples, spec.optimized_cosine,
                       {k: list(v) for k, v in spec.model.input_shapes.items()},
-                      spec.compare.output)  # fmt: skip
+                      spec.judging(), d.metric)  # fmt: skip
 
 
 def _check_spec_stage(name: str | None) -> str | None:
@@ -234,8 +253,9 @@ def _execute(store: RunStore, ctx: PtqContext, stage: PtqStage, upstream: PtqMod
         digests = [upstream.digest] if upstream else [_source_digest(ctx.source)]
         digests += [ctx.splits[s].digest for s in stage.reads]
         judged = [spec.compare.output] if spec.compare.output else []  # old keys kept
+        task = [spec.data.metric, ctx.task_metric_digest] if spec.data.metric else []
         config = json_digest([stage.name, spec.quant.model_dump(mode="json"),
-                              spec.optimized_cosine, *judged])  # fmt: skip
+                              spec.optimized_cosine, *judged, *task])  # fmt: skip
         return StageCall(stage.name, combined_digest(*digests), config, code_version(), versions())
 
     outcome = run_recorded(

@@ -43,21 +43,22 @@ def ptq_command(
     finally:  # a failed run is shown too, then its error printed by the CLI
         new = [m.run_id for m in RunStore(root).list_runs() if m.run_id not in before]
         if new and not quiet:
-            _show(RunStore(root).open(new[-1]))
+            _show(RunStore(root).open(new[-1]), cfg)
     where = RunStore(root).open(run_id).root / "artifacts"
     out.print(f"run {run_id} complete; artifacts in {where}", highlight=False)
 
 
-def _show(run) -> None:
-    """One row per stage: status, duration, the primary metric (top1 with labels, else the
-    cosine against the original model), and the optimized min layer cosine."""
+def _show(run, cfg) -> None:
+    """One row per stage: status, duration, the primary metric (``compare.primary``, else
+    top1 with labels, else the cosine against the original model), and the optimized min
+    layer cosine."""
     from analysis.primary import run_primary
     from schemas.tables import read_run_table
     from stages.ptq.chain import STAGES
 
     m = run.manifest()
     metrics = {(r["stage"], r["metric"]): r["value"] for r in read_run_table(run, "metrics")}
-    primary = run_primary(run)
+    primary = run_primary(run, cfg.judging())
     from rich.table import Table
 
     table = Table(

@@ -133,13 +133,14 @@ def parse_spec(data: Any, source: str) -> PipelineSpec:
         spec = PipelineSpec.model_validate(data)
     except ValidationError as e:
         raise _spec_error(e, source) from e
-    _check_primary(spec, source)
+    check_primary(spec, source)
     return spec
 
 
-def _check_primary(spec: PipelineSpec, source: str) -> None:
+def check_primary(spec, source: str) -> None:
     """compare.primary must be a metric the run can record: a stage metric, or any name
-    when data.metric may return it (checked when the stages record their metrics)."""
+    when data.metric may return it (checked when the stages record their metrics);
+    ``spec``: a pipeline spec or a PTQ spec."""
     primary = spec.compare.primary
     if primary is None or primary in STAGE_METRICS or spec.data.metric is not None:
         return

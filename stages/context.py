@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import inspect
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -22,7 +21,7 @@ from stages.data import Split, load_splits
 from stages.data_check import check_with_model, forward_inputs
 from stages.evaluate import collect
 from stages.loader import import_object
-from stages.modelio import build_float, model_digest, module_source, prepare_qat
+from stages.modelio import build_float, model_digest, prepare_qat, source_digest
 from stages.quantizer import QuantPolicy
 
 # Consistency strategy levels (docs/design.md "Numerics"): what each level switches on.
@@ -157,10 +156,7 @@ class RunContext:
     def task_metric_digest(self) -> str | None:
         """Digest of the source file of ``data.metric``'s module (None: no task metric):
         every stage records the metric, so an edited metric must not reuse cached ones."""
-        if self.task_metric is None:
-            return None
-        source = module_source(inspect.getmodule(self.task_metric))
-        return sha256_bytes(Path(source).read_bytes()) if source else None
+        return source_digest(self.task_metric) if self.task_metric else None
 
     @cached_property
     def float_digest(self) -> str:

@@ -131,21 +131,29 @@ def task_values(task: Callable, outputs: dict, reference: dict, labels) -> dict[
     return {k: float(v) for k, v in got.items()}
 
 
+def judge(
+    stage: str, outputs: dict, reference: dict, labels, task: Callable | None, compare
+) -> list[Metric]:
+    """:func:`measure` with the task metric ``task`` and ``compare``'s judged output; the
+    primary metric (``compare.primary``) must be among the results. Both chains' stages
+    record their metrics through this."""
+    rows = measure(stage, outputs, reference, labels, task, compare.output)
+    primary_metric(compare.primary, {m.metric for m in rows})
+    return rows
+
+
 def stage_metrics(
     ctx, stage: str, model: Callable, split: Split | None = None, graph: bool = False
 ) -> list[Metric]:
     """Run ``model`` over the evaluation split (or ``split``: the same samples as the
     board's camera sees them) and measure it against the float model (``ctx``: a
-    RunContext); ``graph``: the model returns its outputs as a list (see :func:`collect`).
-    The spec's primary metric must be among the results."""
+    RunContext); ``graph``: the model returns its outputs as a list (see :func:`collect`)."""
     split = split or ctx.evaluation
     ids = list(ctx.reference) if graph else None
     outputs = collect(model, split, ctx.spec.data.batch_size, stage, ids)
     record_outputs(ctx.run, stage, outputs)
-    ev, judged = ctx.evaluation, ctx.spec.compare.output
-    rows = measure(stage, outputs, ctx.reference, ev.labels, ctx.task_metric, judged)
-    primary_metric(ctx.spec.compare.primary, {m.metric for m in rows})
-    return rows
+    labels = ctx.evaluation.labels
+    return judge(stage, outputs, ctx.reference, labels, ctx.task_metric, ctx.spec.compare)
 
 
 OUTPUTS_LIMIT = 256 * 2**20

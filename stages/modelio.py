@@ -22,7 +22,7 @@ from torchao.quantization.pt2e import move_exported_model_to_eval
 from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
 from schemas.errors import ArtifactError, SpecError, StageError
-from schemas.fileio import atomic_save
+from schemas.fileio import atomic_save, sha256_bytes
 from schemas.paths import checked_file
 from stages.constant_fold import fold_constants
 from stages.decompose import decompose_attention, einsum_to_matmul
@@ -267,6 +267,13 @@ def module_source(module) -> str | None:
     except TypeError:  # a built-in module has no source file
         return None
     return source if source and Path(source).is_file() else None
+
+
+def source_digest(obj) -> str | None:
+    """Digest of the source file of ``obj``'s module (None: it has none): what a spec's
+    user function (``data.metric``) computed must not be reused after an edit of it."""
+    source = module_source(inspect.getmodule(obj))
+    return sha256_bytes(Path(source).read_bytes()) if source else None
 
 
 def attr_tensor(gm: torch.nn.Module, target: str) -> torch.Tensor:

@@ -4,7 +4,9 @@
 folded, targets that follow the batch rewritten (:mod:`stages.ptq.shapes`); a batch fixed
 by the file (``[1, 3, H, W]``) made dynamic (:mod:`stages.ptq.generalize`); a dynamic
 batch whose size computations do not fold fixed at ``model.input_shapes``' dim 0 first,
-then made dynamic the same way. :func:`prove_same` runs the file as given (in chunks of
+then made dynamic the same way. The batch is dim 0 of every input: the inputs that fix it
+(and the dims ``model.input_shapes`` gives) must agree, else a StageError names them and
+their dims; inputs left dynamic take it. :func:`prove_same` runs the file as given (in chunks of
 its fixed batch, if it has one) and the rewritten model (all frames at once) on the first
 evaluation frames: every output must agree, else a StageError naming the output.
 """
@@ -29,9 +31,32 @@ a wrong rewrite mixes frames or drops them, far beyond this."""
 
 
 def fixed_batch(model: onnx.ModelProto) -> int | None:
-    """The batch the model's first input fixes (dim 0 a number), or None (dynamic)."""
-    dims = model.graph.input[0].type.tensor_type.shape.dim
-    return dims[0].dim_value if dims and dims[0].dim_value > 0 else None
+    """The batch the model's inputs fix (dim 0 a number: the inputs fixing it must agree;
+    inputs left dynamic take it), or None (all dynamic)."""
+    dims = {i.name: [d.dim_value or d.dim_param or "?" for d in i.type.tensor_type.shape.dim]
+            for i in _fed(model)}  # fmt: skip
+    return agreed_batch(dims, "the model's inputs fix")
+
+
+def agreed_batch(dims: dict[str, list], what: str) -> int | None:
+    """The one batch (dim 0) that the inputs' ``dims`` giving a number there agree on, or
+    None; inputs giving different ones are a StageError naming them and their dims."""
+    fixed = {k: v for k, v in dims.items() if v and isinstance(v[0], int) and v[0] > 0}
+    if len({v[0] for v in fixed.values()}) > 1:
+        listed = ", ".join(f"{k} {v}" for k, v in fixed.items())
+        raise StageError(
+            f"original: {what} different batches (dim 0): {listed}",
+            where=f"{FIELD} / inputs {', '.join(fixed)}",
+            hint="dim 0 of every input is the batch: export the inputs with one batch (or "
+            f"a dynamic one); {FIELD} sets the other dims",
+        )
+    return next(iter(fixed.values()))[0] if fixed else None
+
+
+def _fed(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The graph inputs that are fed (initializers listed as inputs left out)."""
+    inits = {i.name for i in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
 
 
 class Batched(NamedTuple):
@@ -45,10 +70,13 @@ class Batched(NamedTuple):
 
 
 def dynamic_batch(source: onnx.ModelProto, input_shapes: dict) -> Batched:
-    """``source`` (checked, input shapes fixed) folded, with a dynamic batch."""
+    """``source`` (checked, input shapes fixed) folded, with a dynamic batch (every input's dim 0)."""
     fixed = fixed_batch(source)
+    if fixed is not None and _dynamic_inputs(source):  # they take the batch the others fix
+        source = _with_fixed_batch(source, fixed)
     folded = shapes.fold_shapes(source, fixed)
-    given = input_shapes.get(source.graph.input[0].name, [None])[0]
+    named = {i.name: input_shapes[i.name] for i in _fed(source) if i.name in input_shapes}
+    given = agreed_batch(named, f"{FIELD} gives")
     if fixed is None and given and any(n.op_type == "Shape" for n in unsupported(folded.model)):
         fixed = given
         folded = shapes.fold_shapes(_with_fixed_batch(source, given), given)
@@ -74,12 +102,19 @@ def _refuse_left_shapes(model: onnx.ModelProto, b: int) -> None:
         )
 
 
+def _dynamic_inputs(model: onnx.ModelProto) -> list[str]:
+    """The fed inputs whose dim 0 is not a number."""
+    return [i.name for i in _fed(model)
+            if (d := i.type.tensor_type.shape.dim) and not d[0].dim_value]  # fmt: skip
+
+
 def _with_fixed_batch(model: onnx.ModelProto, b: int) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    dim = out.graph.input[0].type.tensor_type.shape.dim[0]
-    dim.Clear()
-    dim.dim_value = b
+    for dims in (i.type.tensor_type.shape.dim for i in _fed(out)):
+        if dims:  # a scalar input has no batch
+            dims[0].Clear()
+            dims[0].dim_value = b
     del out.graph.value_info[:]
     return onnx.shape_inference.infer_shapes(out, data_prop=True)
 

@@ -3,6 +3,7 @@ artifact every PTQ stage hands to the next."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -12,10 +13,13 @@ import numpy as np
 import onnx
 
 from schemas.artifacts import Artifact, Metric
+from schemas.spec_sections import CompareSpec
 from schemas.store import Run
 from simulator.program.march import March
 from stages.data import Split
-from stages.evaluate import collect, measure
+from stages.evaluate import collect, judge
+from stages.loader import import_object
+from stages.modelio import source_digest
 from stages.onnx_runner import OnnxRunner
 from stages.ptq import feeds
 from stages.ptq.calibrate_onnx import QuantConfig
@@ -66,8 +70,11 @@ class PtqContext:
     cosine: float = 0.999
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
     """model.input_shapes: input name -> dims fixed at ``original``."""
-    judged: str | None = None
-    """compare.output: the output id labels and top1 apply to (null: stages.outputs' rule)."""
+    compare: CompareSpec = field(default_factory=CompareSpec)
+    """The judged output (compare.output: labels, top1 and the primary metric apply to it;
+    null: stages.outputs' rule) and the primary metric (compare.primary)."""
+    metric: str | None = None
+    """data.metric: 'module:function' of the task metric every stage records (null: none)."""
 
     def file(self, stage: str) -> str:
         """Run-relative path of the stage's vendor-named file."""
@@ -108,10 +115,22 @@ class PtqContext:
         runner = OnnxRunner(self.run.path(self.file("original")))
         return self._outputs("original", runner.run)
 
+    @cached_property
+    def task_metric(self) -> Callable | None:
+        """The ``data.metric`` function, imported (None: no task metric)."""
+        return import_object(self.metric, field="data.metric") if self.metric else None
+
+    @cached_property
+    def task_metric_digest(self) -> str | None:
+        """Digest of the task metric's module source (None: none): every stage records the
+        metric, so an edited one must not reuse cached stages."""
+        return source_digest(self.task_metric) if self.task_metric else None
+
     def measure(self, stage: str, fn) -> list[Metric]:
         """The metrics of ``fn`` ({input name: numpy batch} -> the outputs in graph order)
-        on the evaluation split (stages.evaluate), per output: agreement with the original
-        model, top1 with labels on the judged output (``judged``, stages.outputs)."""
+        on the evaluation split, as the QAT chain's stages record them
+        (:func:`stages.evaluate.judge`): per output, agreement with the original model, top1
+        with labels on the judged output; the task metric's rows."""
         outputs = self._outputs(stage, fn)
         labels = self.evaluation.labels
-        return measure(stage, outputs, self.reference, labels, judged=self.judged)
+        return judge(stage, outputs, self.reference, labels, self.task_metric, self.compare)

@@ -2,7 +2,7 @@
 traced ``[1, 3, H, W]``), the chain evaluates batches of any size.
 
 Every shape is known at batch ``b`` (``original`` folded the size computations). The walk
-follows the batch axis from the input (axis 0) through every node, in graph order, and
+follows the batch axis from every fed input (axis 0) through every node, in graph order, and
 rewrites what fixes it:
 - a Reshape target gets ``-1`` at the entry the batch merges into (found by the product of
   the dims before it: ``[N, B, E] -> [N, B*H, d]`` is entry 1), the rest its sizes at ``b``;
@@ -23,6 +23,7 @@ import onnx
 from onnx import numpy_helper
 
 from schemas.errors import StageError
+from stages.ptq import feeds
 from stages.ptq import shapes as sh
 from stages.ptq.batch_rules import BATCH, RULES, Walk, aligned, concat
 
@@ -35,8 +36,9 @@ def generalize(model: onnx.ModelProto, b: int) -> tuple[onnx.ModelProto, list[st
     g = out.graph
     inferred = onnx.shape_inference.infer_shapes(out, data_prop=True)
     consts = {i.name: numpy_helper.to_array(i) for i in g.initializer}
-    x = g.input[0].name  # the batch of expanded constants is read from the first input
-    axis = {i.name: 0 for i in g.input}
+    fed = feeds.graph_inputs(out)
+    axis = dict.fromkeys(fed, 0)  # the batch axis, followed from every input
+    x = fed[0]  # the batch of expanded constants is read from the first input
     w = Walk(sh.static_shapes(inferred), consts, b, x, sh.opset_of(model), axis)
     nodes = []
     for node in g.node:
@@ -48,13 +50,15 @@ def generalize(model: onnx.ModelProto, b: int) -> tuple[onnx.ModelProto, list[st
     del g.node[:]
     g.node.extend(nodes)
     g.initializer.extend(numpy_helper.from_array(v, k) for k, v in w.inits.items())
-    _dynamic_io(g, w)
+    _dynamic_io(g, w, fed)
     return out, w.notes
 
 
-def _dynamic_io(g: onnx.GraphProto, w: Walk) -> None:
-    """Input dim 0 and each output's batch axis named ``batch``; shapes inferred again."""
-    for v, k in [*((i, 0) for i in g.input), *((o, w.axis.get(o.name)) for o in g.output)]:
+def _dynamic_io(g: onnx.GraphProto, w: Walk, fed: list[str]) -> None:
+    """Every fed input's dim 0 and each output's batch axis named ``batch``; shapes
+    inferred again."""
+    inputs = [(i, 0) for i in g.input if i.name in fed]
+    for v, k in [*inputs, *((o, w.axis.get(o.name)) for o in g.output)]:
         if k is None:
             raise StageError(f"original: output {v.name!r} does not follow the batch",
                              where=f"{sh.FIELD} / output {v.name}",

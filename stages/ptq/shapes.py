@@ -22,6 +22,7 @@ anchor grid, ``Shape -> Slice -> Concat -> Reshape`` for a head's flattening,
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from typing import NamedTuple
 
@@ -117,12 +118,16 @@ def fold_shapes(model: onnx.ModelProto, fixed: int | None = None) -> Folded:
         if step.model is done.model:  # nothing folded or rewritten
             break
         del step.model.graph.value_info[:]  # stale: the next pass infers them again
-        done = Folded(step.model, done.nodes + step.nodes, done.rewrites + step.rewrites)
+        nodes = [copy.deepcopy(n) for n in step.nodes]  # not the pass's: they keep its model
+        done = Folded(step.model, done.nodes + nodes, done.rewrites + step.rewrites)
     return done
 
 
 def _fold_pass(model: onnx.ModelProto, fixed: int | None) -> Folded:
-    at = [_evaluate(_with_batch(model, b)) for b in ((fixed, fixed) if fixed else (1, 2))]
+    if fixed:  # one batch: the two evaluations would be the same (and hold every weight)
+        at = [_evaluate(_with_batch(model, fixed))] * 2
+    else:
+        at = [_evaluate(_with_batch(model, b)) for b in (1, 2)]
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph, kept, folded, inits = out.graph, [], [], {}
@@ -212,6 +217,8 @@ def _batch_rewrite(node, at: list[dict], x: str, inits: dict, opset: int) -> lis
     k = {"Reshape": 1, "Expand": 1, "Resize": 3}.get(node.op_type)
     if k is None or len(node.input) <= k or not node.input[k]:
         return [node]
+    if node.input[k].endswith(REWRITTEN):  # done in an earlier pass (it still follows the
+        return [node]  # batch: rewriting it again would never end)
     a, b = (np.asarray(v[node.input[k]]) if node.input[k] in v else None for v, _ in at)
     if a is None or b is None or a.shape != b.shape or a.ndim != 1 or not a.size:
         return [node]

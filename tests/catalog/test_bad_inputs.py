@@ -34,6 +34,7 @@ from tests.catalog import (
     cases_inputs,
     cases_loc,
     cases_outputs,
+    cases_ptq_batch,
     cases_ptq_io,
     cases_sec,
     cases_store,
@@ -143,6 +144,7 @@ def all_cases() -> dict:
         **cases_store.cases(),
         **cases_sec.cases(),
         **cases_ptq_io.cases(),
+        **cases_ptq_batch.cases(),
         **cases_threads.cases(),
     }
 

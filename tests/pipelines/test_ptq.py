@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from pipelines.ptq import PtqStagesSpec, load_ptq_spec, run_ptq
-from schemas.errors import SpecError
+from pipelines.ptq import PtqSpec, PtqStagesSpec, load_ptq_spec, run_ptq
+from schemas.errors import SpecError, StageError
 from schemas.store import RunStore
+from schemas.tables import read_run_table
+from stages.ptq.chain import STAGES
 from tests.stages.ptq.conftest import export_tiny, spec
 
 
@@ -72,3 +74,78 @@ def test_bad_ptq_pipeline_and_stage_names_are_clear_errors(tmp_path):
     with pytest.raises(SpecError, match="unknown PTQ stage 'nope'"):
         run_ptq(tmp_path / "x.onnx", spec(), tmp_path / "runs", stop_after="nope")
     assert RunStore(tmp_path / "runs").list_runs() == []  # refused before a run was made
+
+
+TASK = "tests.stages.test_evaluate:miou"  # {"miou": arg-max agreement, "seen": frames}
+
+
+def _with_metric(metric: str | None = TASK, primary: str | None = "miou"):
+    base = spec().model_dump(mode="json")
+    base["data"]["metric"], base["compare"]["primary"] = metric, primary
+    return PtqSpec.model_validate(base)
+
+
+@pytest.fixture(scope="module")
+def task_run(tmp_path_factory):
+    """The tiny model through the whole chain with data.metric and compare.primary: miou."""
+    tmp = tmp_path_factory.mktemp("task")
+    run_id = run_ptq(export_tiny(tmp / "tiny.onnx"), _with_metric(), tmp / "runs")
+    return RunStore(tmp / "runs").open(run_id)
+
+
+def test_every_ptq_stage_records_the_task_metric(task_run):
+    rows = read_run_table(task_run, "metrics")
+    miou = {r["stage"]: r for r in rows if r["metric"] == "miou"}
+    assert set(miou) == {s.name for s in STAGES}
+    assert miou["original"]["value"] == 1.0 and miou["original"]["output"] is None
+    assert {r["stage"] for r in rows if r["metric"] == "seen"} == set(miou)
+
+
+def test_localize_judges_a_ptq_run_by_the_task_metric(task_run):
+    from analysis.ptq_analysis import analyze_ptq
+
+    analysis = analyze_ptq(task_run, _with_metric())
+    assert analysis.judged == "miou of output"
+
+
+def test_ptq_compare_primary_must_be_a_recorded_metric(tmp_path):
+    with pytest.raises(SpecError, match="compare.primary: 'miou' is not a metric") as e:
+        load_ptq_spec(_ptq_spec_file(tmp_path, compare={"primary": "miou"}))
+    assert "data.metric" in e.value.hint
+    ok = {"data": {"dataset": "tests.models:data", "metric": TASK}, "compare": {"primary": "miou"}}
+    cfg, _ = load_ptq_spec(_ptq_spec_file(tmp_path, **ok))
+    assert (cfg.data.metric, cfg.judging().primary) == (TASK, "miou")
+
+
+@pytest.mark.parametrize(
+    ("metric", "error", "says"),
+    [("tests.stages.test_evaluate:no_such", SpecError, "has no 'no_such'"),
+     ("tests.pipelines.test_ptq:_raising", StageError, "raised ZeroDivisionError"),
+     ("tests.pipelines.test_ptq:_not_floats", StageError, "returned {'miou': 'high'}")],
+)  # fmt: skip
+def test_a_bad_ptq_task_metric_stops_original_naming_the_field(tmp_path, metric, error, says):
+    onnx_path = export_tiny(tmp_path / "tiny.onnx")
+    cfg = _with_metric(metric, None).model_copy(
+        update={"stages": PtqStagesSpec(stop_after="original")}
+    )
+    with pytest.raises(error) as e:
+        run_ptq(onnx_path, cfg, tmp_path / "runs")
+    assert e.value.where == "data.metric" and says in e.value.what
+
+
+def _raising(out, ref, labels):
+    return {"miou": 1 / 0}
+
+
+def _not_floats(out, ref, labels):
+    return {"miou": "high"}
+
+
+def test_a_task_metric_added_to_a_spec_is_not_served_from_the_cache(tmp_path):
+    onnx_path, stop = export_tiny(tmp_path / "tiny.onnx"), PtqStagesSpec(stop_after="calibrated")
+    run_ptq(onnx_path, spec().model_copy(update={"stages": stop}), tmp_path / "runs")
+    cfg = _with_metric().model_copy(update={"stages": stop})
+    run = RunStore(tmp_path / "runs").open(run_ptq(onnx_path, cfg, tmp_path / "runs"))
+    assert {r["stage"] for r in read_run_table(run, "metrics") if r["metric"] == "miou"} == {
+        "original", "optimized", "calibrated"}  # fmt: skip
+    assert not any(s.cache_hit for s in run.manifest().stages.values())

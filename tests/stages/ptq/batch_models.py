@@ -135,3 +135,28 @@ def first_frame() -> onnx.ModelProto:
         _node("MatMul", ["f", "fc"], ["y"]),
     ]
     return _model(nodes, "first_frame", 1, [10], inits)
+
+
+def two_inputs(bx: int | str = 1, bm: int | str = 1) -> onnx.ModelProto:
+    """Two inputs whose dim 0 the exporter fixed (``bx``, ``bm``): x [bx,1,8,8] -> Conv
+    (stride 4) -> Reshape to the constant [bx, 16] -> MatMul [16,4] -> + m [bm,4] -> y
+    (its dim 0 dynamic when they differ: the Add broadcasts [1, 4] to [2, 4])."""
+    rng = np.random.default_rng(5)
+    b = next((d for d in (bx, bm) if isinstance(d, int)), -1)  # -1: both dynamic
+    inits = {"w": _floats(rng, (4, 1, 3, 3), 0.3), "flat": _ints([b, 16]),
+             "fc": _floats(rng, (16, 4), 0.3)}  # fmt: skip
+    nodes = [
+        _node("Conv", ["x", "w"], ["c"], strides=[4, 4], pads=[1, 1, 1, 1]),
+        _node("Reshape", ["c", "flat"], ["f"]),
+        _node("MatMul", ["f", "fc"], ["g"]),
+        _node("Add", ["g", "m"], ["y"]),
+    ]
+    arrays = [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()]
+    graph = helper.make_graph(
+        nodes, "two_inputs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [bx, 1, 8, 8]),
+         helper.make_tensor_value_info("m", TensorProto.FLOAT, [bm, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [b if b > 0 and bx == bm else "N", 4])],
+        arrays,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from schemas.errors import SpecError, StageError
+from schemas.spec_sections import CompareSpec
 from schemas.store import RunStore
 from stages.data import Split
 from stages.onnx_runner import OnnxRunner
@@ -89,7 +90,8 @@ def test_every_output_gets_its_metrics_top1_on_the_judged_one(tmp_path):
     run = RunStore(tmp_path).create_run("two_io", "", "d", "c", {}, {})
     ev = Split("evaluation", inputs(6, 1), np.array([0, 1, 2, 3, 0, 1]))
     ctx = PtqContext(run, "two_io", tmp_path / "two_io.onnx", cal.QuantConfig(), None,
-                     {"evaluation": ev}, batch_size=4, judged="output.pooled")  # fmt: skip
+                     {"evaluation": ev}, batch_size=4,
+                     compare=CompareSpec(output="output.pooled"))  # fmt: skip
     save_model(two_io(), run.path(ctx.file("original")))
     runner = OnnxRunner(two_io())
     rows = ctx.measure("original", lambda f: [o + 1 for o in runner.run(f)])
