@@ -9,6 +9,7 @@ from running sums at the end. Layers only one side captures are listed, not drop
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,6 +25,8 @@ from stages.stage_models import StageModel
 
 OUTPUT = "<output>"
 """The pseudo layer id of a model's final output."""
+WORKERS = 2
+"""Threads computing the pairs' metrics of a comparison batch (the machine's cores)."""
 OUTPUT_CHUNK = 256
 """Samples per part of the output rows compared from the stored outputs."""
 
@@ -82,7 +85,9 @@ def compare_stages(
         for (base, ana), r in results.items():
             if b == 0:
                 _setup(r, runs[base][1], runs[ana][1], models, layers, scales or {}, len(idx))
-            _batch(ctx, r, idx, runs[base], runs[ana], (layers, dtypes, b), stored is None)
+        parts = _pairs_batch(ctx, results, runs, idx, (layers, dtypes), stored is None)
+        for r, cols in zip(results.values(), parts, strict=True):  # one by one (manifest)
+            write_columns(ctx.run, "layer_stats", cols, f"{r.name}/b{b:05d}")
     for r in results.values():
         if stored is not None:
             _stored_batches(ctx, r, stored, layers, dtypes)
@@ -121,17 +126,27 @@ def _setup(r: PairResult, base: dict, ana: dict, models, layers, scales, n: int)
     r.acc = {lid: Accumulator() for lid in [*r.layer_ids, OUTPUT]}
 
 
-def _batch(ctx, r: PairResult, idx, base_run, ana_run, where, with_output: bool) -> None:
-    """One batch of one pair: per-sample rows of every layer (and of the output, unless
-    it is compared from the stored outputs), totals. ``where``: (layers, dtypes, batch)."""
+def _pairs_batch(ctx, results: dict, runs: dict, idx, where, with_output: bool) -> list[dict]:
+    """:func:`_batch` of every pair on one comparison batch, on :data:`WORKERS` threads
+    (numpy releases the GIL in its array loops, so the metrics use both cores)."""
+    with ThreadPoolExecutor(WORKERS) as pool:
+        jobs = [pool.submit(_batch, ctx, r, runs[r.base], runs[r.analysis], idx, where, with_output)
+                for r in results.values()]  # fmt: skip
+        return [job.result() for job in jobs]
+
+
+def _batch(ctx, r: PairResult, base_run, ana_run, idx, where, with_output: bool) -> dict:
+    """One batch of one pair: the columns of the per-sample rows of every layer (and of
+    the output, unless it is compared from the stored outputs); totals. ``where``:
+    (layers, dtypes)."""
     (out_a, base), (out_b, ana) = base_run, ana_run
-    layers, dtypes, b = where
+    layers, dtypes = where
     cols: dict[str, list] = {}
     for lid in r.layer_ids:
         _compare(ctx, r, lid, (base[lid], ana[lid]), idx, cols, layers, dtypes)
     if with_output:
         _compare(ctx, r, OUTPUT, (out_a, out_b), idx, cols, layers, dtypes)
-    write_columns(ctx.run, "layer_stats", cols, f"{r.name}/b{b:05d}")
+    return cols
 
 
 def _stored_batches(ctx, r: PairResult, stored: dict[str, np.ndarray], layers, dtypes) -> None:

@@ -268,7 +268,7 @@ class CompareSpec(Section):
     """The model output (canonical id: ``output``, ``output.0``, ``output.boxes``) labels,
     top1 and the primary metric apply to; null: the first class-like ((N, C)) output, else
     the first (stages.outputs)."""
-    samples: int | None = Field(default=128, ge=1)
+    samples: int | None = Field(default=32, ge=1)
     """Compare layers on the first N evaluation samples (null: all of them): the stage
     models rerun with every layer captured, the analysis' main cost. Outputs (and so the
     bad cases) are compared on every sample, from what the stages stored, and the stages'
