@@ -178,7 +178,11 @@ class ConvertConfig(Section):
     """Rounding of requantize and bias; null: quant.rounding."""
     saturation_warning: float = Field(default=0.5, gt=0, le=1)
     """Warn (debug/convert_advisor.txt) when more than this share of a layer's outputs
-    sit at the integer limits on the calibration samples."""
+    sit at the integer limits on the calibration samples checked."""
+    saturation_samples: int = Field(default=16, ge=1, strict=True)
+    """Calibration samples the saturation check runs on (at most ``stages.calibrate.
+    batch_size``): the reference evaluator captures every layer of each, a few seconds a
+    sample at 224x224, and a share over millions of values settles within a few samples."""
 
 
 class BoardSimConfig(Section):

@@ -111,8 +111,9 @@ def saturation_warnings(
     ctx: RunContext,
 ) -> list[str]:
     """Layers whose outputs sit at the integer limits more than the allowed share."""
-    limit = ctx.spec.stages.convert.saturation_warning
-    x = ctx.calibration.arrays(0, ctx.spec.stages.calibrate.batch_size)
+    cfg = ctx.spec.stages
+    limit, n = cfg.convert.saturation_warning, cfg.convert.saturation_samples
+    x = ctx.calibration.arrays(0, min(cfg.calibrate.batch_size, n))
     names = {q.name: lid for lid, q in layers.items() if q.dtype in ("int8", "int16")}
     _, values = runner.run_capture(x, list(names))
     out = []
@@ -123,8 +124,8 @@ def saturation_warnings(
         if share > limit:
             out.append(
                 f"{lid} | saturates | {share:.0%} of its {layers[lid].dtype} outputs "
-                f"at the limits | advice: use int16 for this layer or recalibrate "
-                "(percentile/mse observer)"
+                f"at the limits on {len(x[0])} calibration samples | advice: use int16 for "
+                "this layer or recalibrate (percentile/mse observer)"
             )
     return out
 
