@@ -227,7 +227,8 @@ def _quantize_float(x: Array, scale: Array, dtype: str, mode: str, ch_axis: int 
     qmin, qmax = qrange(dtype)
     x = _as_float(x)
     s = _broadcast_scale(scale, x, ch_axis)
-    return _clip(round_by(x / s, mode), qmin, qmax), s
+    q = round_by(x / s, mode)  # a new array: torch clamps it in place (a 224x224 copy less)
+    return (q.clamp_(qmin, qmax) if _is_torch(q) else np.clip(q, qmin, qmax)), s
 
 
 def fake_quantize(
@@ -243,7 +244,7 @@ def fake_quantize(
     propagates. Pure: no autograd handling here.
     """
     q, s = _quantize_float(x, scale, dtype, mode, ch_axis)
-    return q * s
+    return q.mul_(s) if _is_torch(q) else q * s
 
 
 def quantize(x: Array, scale: Array, dtype: str, mode: str, ch_axis: int | None = None) -> Array:
