@@ -40,6 +40,16 @@ class OwnErrors:
     """Per layer: cosine of the analysis value against ``base_L(analysis inputs)``."""
 
 
+CHUNK = 2
+"""Samples per model run while judging: every layer of one 224x224 sample is about 50 MB
+per model, and a pair holds three runs' worth (analysis, base, reverted)."""
+
+
+def chunks(idx: np.ndarray) -> list[np.ndarray]:
+    """``idx`` in consecutive runs of at most :data:`CHUNK` samples."""
+    return [idx[a : a + CHUNK] for a in range(0, len(idx), CHUNK)]
+
+
 def own_errors(
     base: StageModel,
     analysis: StageModel,
@@ -47,35 +57,45 @@ def own_errors(
     layer_ids: list[str],
     steps: dict[str, float],
 ) -> OwnErrors:
-    """Own error of every layer of ``layer_ids`` on samples ``idx`` (module docstring)."""
+    """Own error of every layer of ``layer_ids`` on samples ``idx`` (module docstring),
+    streamed over :func:`chunks`: the max over samples, the cosine from summed dot
+    products. ``reverted`` stays empty: :func:`sensitivity` recomputes its candidates'."""
+    worst = dict.fromkeys(layer_ids, 0.0)
+    dots = {lid: np.zeros(3) for lid in layer_ids}  # <a, b>, <a, a>, <b, b>
+    for part in chunks(idx):
+        ana, computed = _base_on_analysis(base, analysis, part, layer_ids)
+        for lid in layer_ids:
+            a, b = (
+                ana[lid].astype(np.float64).ravel(),
+                np.asarray(computed[lid], np.float64).ravel(),
+            )
+            worst[lid] = max(worst[lid], float(np.max(np.abs(a - b), initial=0.0)))
+            dots[lid] += (a @ b, a @ a, b @ b)
+    out = {lid: worst[lid] / steps[lid] for lid in layer_ids}
+    cos = {lid: _cosine_of(*dots[lid]) for lid in layer_ids}
+    return OwnErrors(out, {}, base.substitutable, cos)
+
+
+def _base_on_analysis(base: StageModel, analysis: StageModel, idx, layer_ids: list[str]):
+    """(analysis layers, base layers computed from the analysis stage's values) on ``idx``:
+    every base layer fed the analysis values (substitutable), else the base fed the
+    analysis stage's input (a feedable program) or its own."""
     _, ana = analysis.run(idx)
     if base.substitutable:
         _, computed = base.run(idx, replace={lid: ana[lid] for lid in layer_ids})
-    else:  # a feedable program takes the analysis stage's input; any other, its own
+    else:
         _, computed = base.run(
             idx, replace={k: v for k, v in ana.items() if k.startswith("input:")}
         )
-    out = {
-        lid: float(np.max(np.abs(ana[lid].astype(np.float64) - computed[lid]), initial=0.0))
-        / steps[lid]
-        for lid in layer_ids
-    }
-    cos = {lid: cosine(ana[lid], computed[lid]) for lid in layer_ids}
-    return OwnErrors(out, {lid: computed[lid] for lid in layer_ids}, base.substitutable, cos)
+    return ana, computed
 
 
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """Cosine similarity of two tensors, flattened (1.0 when both are all zero)."""
-    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
-    norm = float(np.linalg.norm(a) * np.linalg.norm(b))
+def _cosine_of(ab: float, aa: float, bb: float) -> float:
+    """The cosine from dot products (1.0 when both are all zero, 0.0 when one is)."""
+    norm = float(np.sqrt(aa * bb))
     if norm == 0.0:
-        return 1.0 if not (a.any() or b.any()) else 0.0
-    return float(a @ b) / norm
-
-
-def l1(a: np.ndarray, b: np.ndarray) -> float:
-    """Mean absolute difference."""
-    return float(np.mean(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+        return 1.0 if aa == bb == 0.0 else 0.0
+    return float(ab) / norm
 
 
 def sensitivity(
@@ -86,24 +106,42 @@ def sensitivity(
     candidates: list[str],
     size: dict[str, float] | None = None,
 ) -> list[tuple[str, float, float]]:
-    """(layer id, L1 before, L1 after reverting it) for each candidate, best first.
+    """(layer id, L1 before, L1 after reverting it) for each candidate, best first; each
+    candidate's reverted values on ``idx`` land in ``own.reverted``.
 
     Without substitution in the analysis model (the simulator), a layer's own error stands
     in: after = before * (1 - own / max own), an estimate, ranked the same way. ``size``
     (default ``own.steps``) is that own error in units comparable across layers, e.g. int8
-    steps: raw steps of an int32 layer are far finer than an int8 layer's.
+    steps: raw steps of an int32 layer are far finer than an int8 layer's. Streamed over
+    :func:`chunks`; L1 is summed over them and divided once.
     """
     size = size or own.steps
-    out_base, _ = base.run(idx)
-    out_ana, _ = analysis.run(idx)
-    before = l1(out_ana, out_base)
-    rows = []
+    revert = analysis.substitutable and own.exact
+    total, n, kept = dict.fromkeys(["before", *candidates], 0.0), 0, {c: [] for c in candidates}
+    for part in chunks(idx):
+        out_base, _ = base.run(part)
+        out_ana, _ = analysis.run(part)
+        total["before"] += _l1_sum(out_ana, out_base)
+        n += np.size(out_base)
+        if revert:
+            _, computed = _base_on_analysis(base, analysis, part, own_layers(own))
+            for lid in candidates:
+                kept[lid].append(computed[lid])
+                out_rev, _ = analysis.run(part, replace={lid: computed[lid]})
+                total[lid] += _l1_sum(out_rev, out_base)
+    before = total["before"] / max(n, 1)
+    own.reverted = {lid: np.concatenate(v) for lid, v in kept.items() if v}
     worst = max((size[c] for c in candidates), default=0.0) or 1.0
-    for lid in candidates:
-        if analysis.substitutable and own.exact:
-            out_rev, _ = analysis.run(idx, replace={lid: own.reverted[lid]})
-            after = l1(out_rev, out_base)
-        else:
-            after = before * (1 - size[lid] / worst)
-        rows.append((lid, before, after))
+    rows = [(lid, before, total[lid] / max(n, 1) if revert else before * (1 - size[lid] / worst))
+            for lid in candidates]  # fmt: skip
     return sorted(rows, key=lambda r: round(r[2] - r[1], 12))  # stable: ties in topo order
+
+
+def own_layers(own: OwnErrors) -> list[str]:
+    """The layers own errors were measured on (every layer of the pair)."""
+    return list(own.steps)
+
+
+def _l1_sum(a: np.ndarray, b: np.ndarray) -> float:
+    """Sum of absolute differences (float64)."""
+    return float(np.sum(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
