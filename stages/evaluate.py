@@ -20,6 +20,7 @@ output values read as 0.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 
@@ -31,6 +32,7 @@ from schemas.errors import StageError
 from schemas.metric_names import LOWER_IS_BETTER, OUTPUT, primary_metric  # noqa: F401 (re-export)
 from schemas.table_digests import remove_parts
 from schemas.tables import float32_lists, write_columns
+from simulator.runtime.threads import run_threads
 from stages.data import Split
 from stages.outputs import judged_output, output_arrays, positional
 from stages.progress import tick
@@ -49,13 +51,30 @@ def collect(
     parts: dict[str, list[np.ndarray]] = {}
     done = 0
     for start, x, _ in split.batches(batch_size):
-        out = model(*split.tensors(start, start + len(x)))
+        with _torch_threads(ids is None):
+            out = model(*split.tensors(start, start + len(x)))
         got = output_arrays(out) if ids is None else positional(ids, out, task)
         for oid, value in got.items():
             parts.setdefault(oid, []).append(value)
         done += len(x)
         tick(task, done, len(split))
     return {oid: np.concatenate(values) for oid, values in parts.items()}
+
+
+@contextlib.contextmanager
+def _torch_threads(torch_model: bool):
+    """A torch model's batch on one thread per core other processes leave free
+    (:func:`simulator.runtime.threads.run_threads`; ``QPARITY_THREADS`` fixes it): with one
+    core busy elsewhere, torch's second thread makes every parallel op wait for it."""
+    if not torch_model:
+        yield
+        return
+    prev = torch.get_num_threads()
+    torch.set_num_threads(min(prev, run_threads()))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)
 
 
 def _finite(a: np.ndarray) -> np.ndarray:

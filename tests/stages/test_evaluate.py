@@ -100,3 +100,22 @@ def test_non_finite_outputs_give_finite_metrics_that_an_artifact_can_hold():
     rows = measure("convert", {"output": broken}, {"output": REF}, None)
     assert all(np.isfinite(m.value) for m in rows)
     assert {m.metric: m.value for m in rows}["l1"] == pytest.approx((2 + 0.5 + 1 + 3) / 6)
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_a_torch_model_runs_on_the_free_cores_and_gets_its_threads_back(threads, monkeypatch):
+    """QPARITY_THREADS stands in for the cores other processes leave free."""
+    monkeypatch.setenv("QPARITY_THREADS", threads)
+    restore = torch.get_num_threads()
+    torch.set_num_threads(2)  # the CI's workers run one torch thread each
+    seen, before = [], torch.get_num_threads()
+
+    def model(x):
+        seen.append(torch.get_num_threads())
+        return x
+
+    split = Split("evaluation", {"x": np.zeros((5, 2), np.float32)})
+    collect(model, split, 2, "t")
+    after = torch.get_num_threads()
+    torch.set_num_threads(restore)
+    assert seen == [int(threads)] * 3 and after == before == 2
