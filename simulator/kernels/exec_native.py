@@ -67,9 +67,9 @@ class NativeConv:
     row_runs: bool
 
 
-def lanes(v: torch.Tensor, o: int, dtype: torch.dtype) -> torch.Tensor:
-    """A scalar or per-channel constant as ``[Ob * 16]`` of ``dtype`` (0 past ``o``)."""
-    out = torch.zeros(-(-o // LANES) * LANES, dtype=dtype)
+def lanes(v: torch.Tensor, o: int, dtype: torch.dtype, block: int = LANES) -> torch.Tensor:
+    """A scalar or per-channel constant as ``[Ob * block]`` of ``dtype`` (0 past ``o``)."""
+    out = torch.zeros(-(-o // block) * block, dtype=dtype)
     out[:o] = v.reshape(-1).to(dtype).expand(o) if v.numel() == 1 else v.reshape(-1).to(dtype)
     return out
 
