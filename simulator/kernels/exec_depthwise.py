@@ -25,7 +25,7 @@ from simulator.arith import fixedpoint as fp
 from simulator.kernels import exec_kernels as ek
 from simulator.kernels.exec_epilogue import acc_bound, gemm_epilogue
 from simulator.kernels.exec_kernels import exact_limit
-from simulator.kernels.exec_native import OUT_DTYPES, lanes
+from simulator.kernels.exec_native import OUT_DTYPES, epi_mode, lanes
 from simulator.program.isa import Instruction
 from simulator.runtime import native
 
@@ -47,6 +47,7 @@ class DepthwisePlan:
     hi: int
     half_even: bool
     out_dtype: torch.dtype
+    mode: int  # the epilogue's float type code (exec_native.epi_mode)
 
 
 def conv(instr: Instruction, x: torch.Tensor, consts) -> torch.Tensor | None:
@@ -87,10 +88,10 @@ def build(instr: Instruction, consts, in_dtype: torch.dtype, nhwc: bool) -> Dept
         return None
     ftype = torch.float32 if top < exact_limit(epi.rounding, torch.float32) else torch.float64
     b = bias.long() if bias is not None else torch.zeros(c, dtype=torch.long)
-    return DepthwisePlan(pair_weights(w[..., 0]), lanes(b, c, torch.int32, BLOCK),
-                         lanes(epi.scale, c, ftype, BLOCK), c, tuple(w.shape[1:3]),
-                         ek.geometry(2, instr.attrs), epi.lo, epi.hi, epi.rounding == "half_even",
-                         epi.dtype)  # fmt: skip
+    scale, half_even = lanes(epi.scale, c, ftype, BLOCK), epi.rounding == "half_even"
+    return DepthwisePlan(pair_weights(w[..., 0]), lanes(b, c, torch.int32, BLOCK), scale, c,
+                         tuple(w.shape[1:3]), ek.geometry(2, instr.attrs), epi.lo, epi.hi,
+                         half_even, epi.dtype, epi_mode(scale, None, a, None, half_even))  # fmt: skip
 
 
 def pair_weights(w: torch.Tensor) -> torch.Tensor:
@@ -117,10 +118,9 @@ def run(plan: DepthwisePlan, x: torch.Tensor) -> torch.Tensor:
         raise SimulatorError(f"depthwise conv {plan.kernel} over {plan.channels} channels "
                              f"does not fit its input {tuple(x.shape)}")  # fmt: skip
     out = native.empty((n, oh, ow, plan.channels), plan.out_dtype)
-    f64 = plan.scale.dtype == torch.float64
     native.library().qp_dwconv(
         native.ptr(x), n, h, w, cx, plan.channels, native.ptr(plan.weights), kh, kw,
         *strides, *dil, pads[0], pads[1], oh, ow, native.ptr(plan.corr), native.ptr(plan.scale),
-        int(f64), plan.lo, plan.hi, int(plan.half_even), native.ptr(out), native.code(out),
+        plan.mode, plan.lo, plan.hi, int(plan.half_even), native.ptr(out), native.code(out),
         plan.channels)  # fmt: skip
     return out
