@@ -144,14 +144,20 @@ TGT AI void conv_block(const conv_t *c, const epi_t *e, int64_t q0, int64_t nq, 
 
 #define TILE 8 /* pixel blocks per task: a chunk of weights is reused over TILE blocks */
 
-/* All channel blocks of TILE pixel blocks from block t0, NB blocks at a time. */
+/* All channel blocks of TILE pixel blocks from block t0, NB blocks at a time: 4 x 6 pixels
+ * (and 2 or 1 x 6 for the last blocks), 3 x 8 when the blocks are a multiple of 3 and not
+ * of 4 (96 or 144 channels: no short passes), 2 x 10, or 1 x 16. */
 TGT AI void conv_tile(const conv_t *c, const epi_t *e, int64_t t0, int64_t total, int np,
                       int WIDE, int FLIP) {
     for (int64_t b0 = 0; b0 < c->ob;) {
-        int nb = c->ob - b0 >= 4 && np == 6 ? 4 : c->ob - b0 >= 2 && np == 10 ? 2 : 1;
+        int64_t left = c->ob - b0;
+        int nb = np == 8 ? 3 : np == 6 ? (left >= 4 ? 4 : left >= 2 ? 2 : 1)
+                 : left >= 2 && np == 10 ? 2 : 1;
         for (int64_t t = t0; t < t0 + TILE && t * np < total; t++) {
             int64_t q0 = t * np, nq = total - q0 < np ? total - q0 : np;
             if (nb == 4) conv_block(c, e, q0, nq, b0, 4, 6, WIDE, FLIP);
+            else if (nb == 3) conv_block(c, e, q0, nq, b0, 3, 8, WIDE, FLIP);
+            else if (nb == 2 && np == 6) conv_block(c, e, q0, nq, b0, 2, 6, WIDE, FLIP);
             else if (nb == 2) conv_block(c, e, q0, nq, b0, 2, 10, WIDE, FLIP);
             else if (np == 6) conv_block(c, e, q0, nq, b0, 1, 6, WIDE, FLIP);
             else if (np == 10) conv_block(c, e, q0, nq, b0, 1, 10, WIDE, FLIP);
@@ -191,7 +197,7 @@ TGT void qp_conv(const void *xs, int64_t wide, int64_t n, int64_t hp, int64_t wp
     int64_t pix = cs << (wide == 1 ? 1 : 0);
     conv_t c = {(const uint8_t *)xs, hp, wp, pix, groups, wk, kh, kw, ob, o, sh, sw, dh, dw,
                 oh, ow, (const char *)b, bstride, (char *)out, ostride};
-    int np = ob >= 4 ? 6 : ob >= 2 ? 10 : 16;
+    int np = ob % 3 == 0 && ob % 4 ? 8 : ob >= 4 ? 6 : ob >= 2 ? 10 : 16;
     int64_t total = n * oh * ow, tiles = ((total + np - 1) / np + TILE - 1) / TILE;
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < tiles; t++) {

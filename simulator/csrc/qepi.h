@@ -34,17 +34,22 @@ TGT AI __m256i half_pd(__m256i a, __m256i bi, const epi_t *e, int64_t o0, int ha
 TGT AI __m512i magic_pd16(__m512i acc, __m512i bi, const epi_t *e, int64_t o0, int has_b) {
     const __m512d magic = _mm512_set1_pd(6755399441055744.0); /* 1.5 * 2**52 */
     const double *s = (const double *)e->scale + o0, *sb = (const double *)e->scale_b + o0;
-    __m512d y0 = _mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(acc)), _mm512_loadu_pd(s));
-    __m512d y1 = _mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(acc, 1)),
-                               _mm512_loadu_pd(s + 8));
-    if (has_b) {
-        y0 = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(bi)), _mm512_loadu_pd(sb), y0);
+    __m512d a0 = _mm512_cvtepi32_pd(_mm512_castsi512_si256(acc));
+    __m512d a1 = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(acc, 1)), y0, y1;
+    if (has_b) { /* acc s + b sb is exact; adding the magic number rounds once */
+        y0 = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(bi)), _mm512_loadu_pd(sb),
+                             _mm512_mul_pd(a0, _mm512_loadu_pd(s)));
         y1 = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(bi, 1)),
-                             _mm512_loadu_pd(sb + 8), y1);
+                             _mm512_loadu_pd(sb + 8), _mm512_mul_pd(a1, _mm512_loadu_pd(s + 8)));
+        y0 = _mm512_add_round_pd(y0, magic, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        y1 = _mm512_add_round_pd(y1, magic, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    } else { /* the exact product plus the magic number, rounded once: one FMA */
+        y0 = _mm512_fmadd_round_pd(a0, _mm512_loadu_pd(s), magic,
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        y1 = _mm512_fmadd_round_pd(a1, _mm512_loadu_pd(s + 8), magic,
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     }
     const __m512i low = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-    y0 = _mm512_add_round_pd(y0, magic, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    y1 = _mm512_add_round_pd(y1, magic, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512i r = _mm512_permutex2var_epi32(_mm512_castpd_si512(y0), low, _mm512_castpd_si512(y1));
     r = _mm512_max_epi32(r, _mm512_set1_epi32((int32_t)e->lo));
     return _mm512_min_epi32(r, _mm512_set1_epi32((int32_t)e->hi));

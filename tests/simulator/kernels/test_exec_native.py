@@ -33,7 +33,7 @@ def _native_plans(prog, feeds) -> tuple[np.ndarray, list]:
 def conv_cases(draw):
     """A random conv: int8 or int16 input, int8 / int16 / int32 output, channels across
     16-lane blocks, any geometry, extreme values."""
-    c, o = draw(st.integers(1, 37)), draw(st.sampled_from([1, 5, 16, 17, 32, 40, 64, 70]))
+    c, o = draw(st.integers(1, 37)), draw(st.sampled_from([1, 5, 16, 17, 32, 40, 64, 70, 96, 160]))
     k = draw(st.sampled_from([(1, 1), (3, 3), (2, 3), (5, 1)]))
     strides, dil = (
         draw(st.lists(st.integers(1, 3), min_size=2, max_size=2)),
