@@ -92,8 +92,8 @@ TGT static void dw_row(const dw_t *d, const epi_t *e, int64_t ni, int64_t y, int
     }
 }
 
-/* The depthwise conv of the module comment; one OpenMP task per output row. corr and scale
- * hold cb * 32 lanes. */
+/* The depthwise conv of the module comment; one OpenMP task per output row and channel
+ * block (a 7 x 7 map of 960 channels: 210 tasks, not 7). corr and scale hold cb * 32 lanes. */
 TGT void qp_dwconv(const void *x, int64_t n, int64_t h, int64_t w, int64_t cx, int64_t c,
                    const int16_t *wk, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
                    int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow,
@@ -105,9 +105,10 @@ TGT void qp_dwconv(const void *x, int64_t n, int64_t h, int64_t w, int64_t cx, i
               (char *)out, ostride};
     int64_t cb = (c + 31) / 32, tail = ostride - cb * 32;
 #pragma omp parallel for schedule(static) if (n * oh * ow * c * kh * kw >= PAR_MIN)
-    for (int64_t r = 0; r < n * oh; r++) {
-        for (int64_t b = 0; b < cb; b++) dw_row(&d, &e, r / oh, r % oh, b);
-        if (tail > 0) /* padding channels past the last block */
+    for (int64_t t = 0; t < n * oh * cb; t++) {
+        int64_t r = t / cb, b = t % cb;
+        dw_row(&d, &e, r / oh, r % oh, b);
+        if (tail > 0 && b == cb - 1) /* padding channels past the last block */
             for (int64_t xo = 0; xo < ow; xo++)
                 memset((char *)out + (((r * ow + xo) * ostride + cb * 32) << out_shift), 0,
                        tail << out_shift);
