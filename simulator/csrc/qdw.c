@@ -40,14 +40,13 @@ TGT AI __mmask32 mask32(int64_t left) {
 
 /* Taps i0..i1 x j0..j1 of one pixel's 32 channels (x0: the offset in x of tap (0, 0),
  * channel c0, possibly outside x; wb: the block's weights at tap (0, 0)) into the even and
- * odd sums. KH, KW > 0 fix the tap counts at compile time (the whole kernel inside the
- * input), 0 takes i1, j1. */
+ * odd sums. */
 TGT AI void taps(const dw_t *d, int64_t x0, const int16_t *wb, __mmask32 m, int64_t i0,
-                 int64_t i1, int64_t j0, int64_t j1, int KH, int KW, __m512i *ae, __m512i *ao) {
-    int64_t ni = KH ? KH : i1, nj = KW ? KW : j1, rs = d->dh * d->w * d->cx, cs = d->dw * d->cx;
+                 int64_t i1, int64_t j0, int64_t j1, __m512i *ae, __m512i *ao) {
+    int64_t rs = d->dh * d->w * d->cx, cs = d->dw * d->cx;
     int64_t tstep = ((d->c + 31) / 32) * 64; /* int16 values per tap */
-    for (int64_t i = KH ? 0 : i0; i < ni; i++)
-        for (int64_t j = KW ? 0 : j0; j < nj; j++) {
+    for (int64_t i = i0; i < i1; i++)
+        for (int64_t j = j0; j < j1; j++) {
             __m512i xv = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, d->x + x0 + i * rs + j * cs));
             const int16_t *wt = wb + (i * d->kw + j) * tstep;
             *ae = _mm512_dpwssd_epi32(*ae, xv, _mm512_loadu_si512(wt));
@@ -65,30 +64,69 @@ static inline void tap_range(int64_t o, int64_t s, int64_t p, int64_t dil, int64
     *t0 = a, *t1 = b;
 }
 
-/* Output row (ni, y), channel block b: every pixel's sums, interleaved, then the epilogue. */
+/* One pixel's even and odd sums interleaved into channel order, then the epilogue of each
+ * 16-channel half (m: real channels, s: stored ones). */
+TGT AI void dw_store(const epi_t *e, __m512i ae, __m512i ao, int64_t o0, char *out, __mmask32 m,
+                     __mmask32 s) {
+    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+    epilogue16(_mm512_permutex2var_epi32(ae, lo, ao), e, o0, 0, out, (__mmask16)m, (__mmask16)s);
+    if (s >> 16)
+        epilogue16(_mm512_permutex2var_epi32(ae, hi, ao), e, o0 + 16, 0, out + (16 << e->out_shift),
+                   (__mmask16)(m >> 16), (__mmask16)(s >> 16));
+}
+
+/* Pixels xa .. xb-1 of a row whose 3 x 3 windows lie wholly inside the input (x0 of pixel
+ * xa as in taps), the block's 18 weight vectors held in registers over the run. */
+TGT static void dw_run3(const dw_t *d, const epi_t *e, int64_t x0, const int16_t *wb, int64_t o0,
+                        char *out, int64_t xa, int64_t xb, __mmask32 m, __mmask32 s) {
+    int64_t tstep = ((d->c + 31) / 32) * 64, rs = d->dh * d->w * d->cx, cs = d->dw * d->cx;
+    int64_t step = d->sw * d->cx, ostep = d->ostride << e->out_shift;
+    __m512i we[9], wo[9];
+    for (int t = 0; t < 9; t++) {
+        we[t] = _mm512_loadu_si512(wb + t * tstep);
+        wo[t] = _mm512_loadu_si512(wb + t * tstep + 32);
+    }
+    for (int64_t xo = xa; xo < xb; xo++, x0 += step, out += ostep) {
+        __m512i ae = _mm512_setzero_si512(), ao = _mm512_setzero_si512();
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < 3; j++) {
+                __m512i xv = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, d->x + x0 + i * rs + j * cs));
+                ae = _mm512_dpwssd_epi32(ae, xv, we[i * 3 + j]);
+                ao = _mm512_dpwssd_epi32(ao, xv, wo[i * 3 + j]);
+            }
+        dw_store(e, ae, ao, o0, out, m, s);
+    }
+}
+
+/* Output row (ni, y), channel block b: every pixel's sums, interleaved, then the epilogue;
+ * a 3 x 3 kernel's pixels wholly inside the input by dw_run3, the rest tap by tap. */
 TGT static void dw_row(const dw_t *d, const epi_t *e, int64_t ni, int64_t y, int64_t b) {
     int64_t o0 = b * 32, i0, i1;
     tap_range(y, d->sh, d->pt, d->dh, d->kh, d->h, &i0, &i1);
-    __mmask32 m = mask32(d->c - o0);
-    __mmask16 m0 = (__mmask16)m, m1 = (__mmask16)(m >> 16);
-    __mmask32 s = mask32(d->ostride - o0);
-    __mmask16 s0 = (__mmask16)s, s1 = (__mmask16)(s >> 16);
-    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+    __mmask32 m = mask32(d->c - o0), s = mask32(d->ostride - o0);
     int64_t xrow = (ni * d->h + y * d->sh - d->pt) * d->w * d->cx + o0;
     const int16_t *wb = d->wk + b * 64;
-    int full = i0 == 0 && i1 == d->kh && d->kh == 3 && d->kw == 3;
+    char *out = d->out + ((((ni * d->oh + y) * d->ow) * d->ostride + o0) << e->out_shift);
+    int64_t xa = d->ow, xb = d->ow; /* the run of whole windows, if any */
+    if (i0 == 0 && i1 == d->kh && d->kh == 3 && d->kw == 3) {
+        xa = (d->pl + d->sw - 1) / d->sw;
+        int64_t last = d->w - 1 - 2 * d->dw + d->pl; /* xo * sw <= last */
+        xb = last < 0 ? 0 : last / d->sw + 1;
+        xa = xa < d->ow ? xa : d->ow, xb = xb < xa ? xa : xb < d->ow ? xb : d->ow;
+    }
     for (int64_t xo = 0; xo < d->ow; xo++) {
+        if (xo == xa && xb > xa) {
+            dw_run3(d, e, xrow + (xo * d->sw - d->pl) * d->cx, wb, o0,
+                    out + ((xo * d->ostride) << e->out_shift), xa, xb, m, s);
+            xo = xb - 1;
+            continue;
+        }
         int64_t j0, j1;
         tap_range(xo, d->sw, d->pl, d->dw, d->kw, d->w, &j0, &j1);
-        int64_t x0 = xrow + (xo * d->sw - d->pl) * d->cx;
         __m512i ae = _mm512_setzero_si512(), ao = _mm512_setzero_si512();
-        if (full && j0 == 0 && j1 == 3) taps(d, x0, wb, m, 0, 3, 0, 3, 3, 3, &ae, &ao);
-        else taps(d, x0, wb, m, i0, i1, j0, j1, 0, 0, &ae, &ao);
-        char *out = d->out + ((((ni * d->oh + y) * d->ow + xo) * d->ostride + o0) << e->out_shift);
-        epilogue16(_mm512_permutex2var_epi32(ae, lo, ao), e, o0, 0, out, m0, s0);
-        if (s1) epilogue16(_mm512_permutex2var_epi32(ae, hi, ao), e, o0 + 16, 0,
-                           out + (16 << e->out_shift), m1, s1);
+        taps(d, xrow + (xo * d->sw - d->pl) * d->cx, wb, m, i0, i1, j0, j1, &ae, &ao);
+        dw_store(e, ae, ao, o0, out + ((xo * d->ostride) << e->out_shift), m, s);
     }
 }
 

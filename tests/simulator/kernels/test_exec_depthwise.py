@@ -99,3 +99,25 @@ def test_paired_weights_keep_even_and_odd_channels_apart():
             real = min(37 - 32 * b, 32)
             want[:real] = xs[:real] * w[32 * b : 32 * b + real, i, j]
             assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(
+    ("strides", "pads", "dil"),
+    [([1, 1], [1, 1, 1, 1], 1), ([2, 2], [1, 1, 1, 1], 1), ([1, 2], [0, 2, 1, 0], 1),
+     ([2, 1], [1, 0, 0, 1], 2)],
+)  # fmt: skip
+def test_depthwise_3x3_interior_runs_and_borders(strides, pads, dil):
+    """A 3x3 conv over wide rows: each row's run of windows wholly inside the input (weights
+    held in registers) and the border pixels on either side (tap by tap) agree with QConv."""
+    rng = np.random.default_rng(sum(strides) + sum(pads) + dil)
+    c = 64
+    x = rand_ints(rng, (2, c, 9, 23), np.int8)
+    w = rand_ints(rng, (c, 1, 3, 3), np.int8)
+    bias = rng.integers(-5000, 5000, c).astype(np.int32)
+    mult, shift = rng.integers(1, 2**15, c), rng.choice([9, 17], c).astype(np.int64)
+    attrs = {"rounding": "half_even", "out_dtype": "int8", "relu": 0, "group": c,
+             "strides": strides, "pads": pads, "dilations": [dil, dil]}  # fmt: skip
+    want = CUSTOM_OPS["QConv"].evaluate([x, w, bias, mult, shift], attrs)
+    ex = Executor(_program(x, w, bias, mult, shift, attrs))
+    for _ in range(2):
+        np.testing.assert_array_equal(ex.run({"x": x})[0]["out"], want)
