@@ -49,6 +49,12 @@ def print_splits(splits: dict) -> None:
               f"rounds, {total * 1e3:.1f} ms summed, {sim_s * 1e3:.1f} ms median run):")  # fmt: skip
         for op, s in sorted(ops.items(), key=lambda kv: -kv[1]):
             print(f"  {op:<12} {s * 1e3:9.1f} ms  {100 * s / total:5.1f}%")
+        kinds = by_kind(split["instrs"], program)
+        print("  by instruction kind (depthwise / 1x1 / kxk convs, fused adds, layout moves):")
+        for kind, s in sorted(kinds.items(), key=lambda kv: -kv[1]):
+            print(f"    {kind:<24} {s * 1e3:9.2f} ms  {100 * s / total:5.1f}%")
+        print(f"    {'outside the instructions':<24} {max(sim_s - total, 0.0) * 1e3:9.2f} ms  "
+              "(the median run minus the summed instructions)")  # fmt: skip
         print("  slowest instructions:")
         for i, s in sorted(split["instrs"].items(), key=lambda kv: -kv[1])[:6]:
             ins = program.instructions[i]
@@ -59,3 +65,28 @@ def print_splits(splits: dict) -> None:
             print(f"  inside the conv instructions ({tot * 1e3:.1f} ms, re-timed step by step):")
             for k, v in anatomy.items():
                 print(f"    {k:<40} {v * 1e3:8.1f} ms  {100 * v / tot:5.1f}%")
+
+
+def instruction_kind(ins, program) -> str:
+    """A label finer than the op for the time split: ``conv depthwise``, ``conv 1x1``,
+    ``conv 3x3`` (``+ add`` when a residual add is fused), ``layout ToNHWC``, or the op."""
+    op = ins.op.value
+    if op == "layout":
+        return f"layout {ins.attrs.get('op_type', '')}".strip()
+    if op != "conv":
+        return op
+    w = program.constants[ins.consts[0]]
+    group = int(ins.attrs.get("group") or 1)
+    nhwc = ins.attrs.get("layout") == "nhwc"  # weights [O, kh, kw, C]; plain: [O, C, kh, kw]
+    kh, kw = (w.shape[1:3] if nhwc else w.shape[2:4]) if w.ndim == 4 else (1, w.shape[-1])
+    kind = "conv depthwise" if group > 1 and group == w.shape[0] else f"conv {kh}x{kw}"
+    return kind + (" + add" if len(ins.inputs) > 1 else "")
+
+
+def by_kind(instrs: dict[int, float], program) -> dict[str, float]:
+    """Seconds per :func:`instruction_kind` from seconds per instruction index."""
+    out: dict[str, float] = {}
+    for i, s in instrs.items():
+        kind = instruction_kind(program.instructions[i], program)
+        out[kind] = out.get(kind, 0.0) + s
+    return out

@@ -29,6 +29,7 @@
  * b [N, OH, OW, stride] int8, int16 or int32; out [N, OH, OW, stride] int8, int16 or int32,
  * channels O..stride written as 0 (the padding channels of an nhwc buffer).
  */
+#include <omp.h>
 #include <string.h>
 
 #include "qepi.h"
@@ -144,14 +145,20 @@ TGT AI void conv_block(const conv_t *c, const epi_t *e, int64_t q0, int64_t nq, 
 
 #define TILE 8 /* pixel blocks per task: a chunk of weights is reused over TILE blocks */
 
-/* All channel blocks of TILE pixel blocks from block t0, NB blocks at a time. */
+/* Channel blocks blo .. bhi-1 of TILE pixel blocks from block t0, NB blocks at a time:
+ * 4 x 6 pixels (and 2 or 1 x 6 for the last blocks), 3 x 8 when the blocks are a multiple
+ * of 3 and not of 4 (96 or 144 channels: no short passes), 2 x 10, or 1 x 16. */
 TGT AI void conv_tile(const conv_t *c, const epi_t *e, int64_t t0, int64_t total, int np,
-                      int WIDE, int FLIP) {
-    for (int64_t b0 = 0; b0 < c->ob;) {
-        int nb = c->ob - b0 >= 4 && np == 6 ? 4 : c->ob - b0 >= 2 && np == 10 ? 2 : 1;
+                      int64_t blo, int64_t bhi, int WIDE, int FLIP) {
+    for (int64_t b0 = blo; b0 < bhi;) {
+        int64_t left = bhi - b0;
+        int nb = np == 8 ? 3 : np == 6 ? (left >= 4 ? 4 : left >= 2 ? 2 : 1)
+                 : left >= 2 && np == 10 ? 2 : 1;
         for (int64_t t = t0; t < t0 + TILE && t * np < total; t++) {
             int64_t q0 = t * np, nq = total - q0 < np ? total - q0 : np;
             if (nb == 4) conv_block(c, e, q0, nq, b0, 4, 6, WIDE, FLIP);
+            else if (nb == 3) conv_block(c, e, q0, nq, b0, 3, 8, WIDE, FLIP);
+            else if (nb == 2 && np == 6) conv_block(c, e, q0, nq, b0, 2, 6, WIDE, FLIP);
             else if (nb == 2) conv_block(c, e, q0, nq, b0, 2, 10, WIDE, FLIP);
             else if (np == 6) conv_block(c, e, q0, nq, b0, 1, 6, WIDE, FLIP);
             else if (np == 10) conv_block(c, e, q0, nq, b0, 1, 10, WIDE, FLIP);
@@ -161,17 +168,30 @@ TGT AI void conv_tile(const conv_t *c, const epi_t *e, int64_t t0, int64_t total
     }
 }
 
-TGT static void tile_u8(const conv_t *c, const epi_t *e, int64_t t0, int64_t total, int np) {
-    conv_tile(c, e, t0, total, np, 0, 0);
+TGT static void tile_u8(const conv_t *c, const epi_t *e, int64_t t0, int64_t total, int np,
+                        int64_t blo, int64_t bhi) {
+    conv_tile(c, e, t0, total, np, blo, bhi, 0, 0);
 }
 
 /* Raw int8 input (no pad copy): each 4-byte group is offset to uint8 as it is broadcast. */
-TGT static void tile_s8(const conv_t *c, const epi_t *e, int64_t t0, int64_t total, int np) {
-    conv_tile(c, e, t0, total, np, 0, 1);
+TGT static void tile_s8(const conv_t *c, const epi_t *e, int64_t t0, int64_t total, int np,
+                        int64_t blo, int64_t bhi) {
+    conv_tile(c, e, t0, total, np, blo, bhi, 0, 1);
 }
 
-TGT static void tile_i16(const conv_t *c, const epi_t *e, int64_t t0, int64_t total, int np) {
-    conv_tile(c, e, t0, total, np, 1, 0);
+TGT static void tile_i16(const conv_t *c, const epi_t *e, int64_t t0, int64_t total, int np,
+                         int64_t blo, int64_t bhi) {
+    conv_tile(c, e, t0, total, np, blo, bhi, 1, 0);
+}
+
+/* Channel blocks per task: all of them when the pixel tiles give each thread 4 tasks or
+ * more; else chunks (a multiple of the register block's nb) so that small maps (7 x 7 at
+ * batch 1: one or two tiles) still spread over the threads. */
+static int64_t block_chunk(int64_t tiles, int64_t ob, int np) {
+    int64_t nb = np == 8 ? 3 : np == 6 ? 4 : np == 10 ? 2 : 1, want = 4 * omp_get_max_threads();
+    int64_t units = (ob + nb - 1) / nb, groups = tiles >= want ? 1 : (want + tiles - 1) / tiles;
+    if (groups > units) groups = units;
+    return nb * ((units + groups - 1) / groups);
 }
 
 /* xs: the padded input (uint8, or int16 when wide; wide 2: raw int8, offset in the kernel,
@@ -191,12 +211,15 @@ TGT void qp_conv(const void *xs, int64_t wide, int64_t n, int64_t hp, int64_t wp
     int64_t pix = cs << (wide == 1 ? 1 : 0);
     conv_t c = {(const uint8_t *)xs, hp, wp, pix, groups, wk, kh, kw, ob, o, sh, sw, dh, dw,
                 oh, ow, (const char *)b, bstride, (char *)out, ostride};
-    int np = ob >= 4 ? 6 : ob >= 2 ? 10 : 16;
+    int np = ob % 3 == 0 && ob % 4 ? 8 : ob >= 4 ? 6 : ob >= 2 ? 10 : 16;
     int64_t total = n * oh * ow, tiles = ((total + np - 1) / np + TILE - 1) / TILE;
+    int64_t chunk = block_chunk(tiles, ob, np), parts = (ob + chunk - 1) / chunk;
 #pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < tiles; t++) {
-        if (wide == 1) tile_i16(&c, &e, t * TILE, total, np);
-        else if (wide == 2) tile_s8(&c, &e, t * TILE, total, np);
-        else tile_u8(&c, &e, t * TILE, total, np);
+    for (int64_t t = 0; t < tiles * parts; t++) {
+        int64_t t0 = t / parts * TILE, blo = t % parts * chunk;
+        int64_t bhi = blo + chunk < ob ? blo + chunk : ob;
+        if (wide == 1) tile_i16(&c, &e, t0, total, np, blo, bhi);
+        else if (wide == 2) tile_s8(&c, &e, t0, total, np, blo, bhi);
+        else tile_u8(&c, &e, t0, total, np, blo, bhi);
     }
 }

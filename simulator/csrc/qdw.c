@@ -1,8 +1,8 @@
 /* The executor's compiled depthwise convolution (group = input channels = output channels):
- * NHWC int8 input read in place, AVX-512, epilogue fused (simulator/kernels/exec_depthwise.py
+ * NHWC int8 input read in place, AVX-512 VNNI, epilogue fused (simulator/kernels/exec_depthwise.py
  * proves the bounds and calls it).
  *
- * Per output pixel and block of 16 channels, in int32 lanes:
+ * Per output pixel and block of 32 channels c0.., in int32 lanes:
  *   acc[c] = sum over the taps (i, j) inside the input of x[n, y*sh - pt + i*dh,
  *            x*sw - pl + j*dw, c] * w[i, j, c]
  * (taps in the zero padding add nothing: they are skipped), then qepi.h's epilogue adds
@@ -10,8 +10,16 @@
  * int16, in float32 or float64 as the caller proves exact. |acc| < 2**31 is proven by the
  * caller, so the int32 sums are exact.
  *
- * Layouts: x [N, H, W, cx] int8 (channels 0..c-1 real); w [kh, kw, cb * 16] int32 (zeros
- * past c); out [N, OH, OW, ostride], channels c..ostride-1 written as 0. */
+ * VNNI pairing: a tap's 32 input bytes are widened to 32 int16 lanes, and VPDPWSSD (pairs of
+ * int16 products summed into int32) runs twice on them: against the tap's weights at the
+ * even lanes (odd lanes 0), giving the even channels c0 + 2k in int32 lane k, and against
+ * the weights at the odd lanes, giving the odd channels. One instruction per 16 channels
+ * and tap multiplies and accumulates (|x w| <= 2**14, no saturation); the two sums are
+ * interleaved back into channel order once per pixel, before the epilogue.
+ *
+ * Layouts: x [N, H, W, cx] int8 (channels 0..c-1 real); w [kh, kw, cb, 2, 32] int16, cb =
+ * ceil(c / 32) blocks of even / odd lanes (zeros past c); out [N, OH, OW, ostride],
+ * channels c..ostride-1 written as 0. */
 #include <string.h>
 
 #include "qepi.h"
@@ -19,41 +27,113 @@
 typedef struct {
     const int8_t *x;
     int64_t h, w, cx, c;
-    const int32_t *wk;
+    const int16_t *wk;
     int64_t kh, kw, sh, sw, dh, dw, pt, pl, oh, ow;
     char *out;
     int64_t ostride;
 } dw_t;
 
-/* Every channel block of output pixel (ni, y, x). */
-TGT static void dw_pixel(const dw_t *d, const epi_t *e, int64_t ni, int64_t y, int64_t x) {
-    int64_t cb = (d->c + 15) / 16, q = (ni * d->oh + y) * d->ow + x;
-    char *out = d->out + ((q * d->ostride) << e->out_shift);
-    for (int64_t b = 0; b < cb; b++) {
-        int64_t o0 = b * 16;
-        __mmask16 m = mask16(d->c - o0), ms = mask16(d->ostride - o0);
-        __m512i acc = _mm512_setzero_si512();
-        for (int64_t i = 0; i < d->kh; i++) {
-            int64_t iy = y * d->sh - d->pt + i * d->dh;
-            if (iy < 0 || iy >= d->h) continue;
-            const int8_t *row = d->x + ((ni * d->h + iy) * d->w) * d->cx + o0;
-            for (int64_t j = 0; j < d->kw; j++) {
-                int64_t ix = x * d->sw - d->pl + j * d->dw;
-                if (ix < 0 || ix >= d->w) continue;
-                __m512i xv = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, row + ix * d->cx));
-                __m512i wv = _mm512_loadu_si512(d->wk + (i * d->kw + j) * cb * 16 + o0);
-                acc = _mm512_add_epi32(acc, _mm512_mullo_epi32(xv, wv));
-            }
-        }
-        epilogue16(acc, e, o0, 0, out + (o0 << e->out_shift), m, ms);
-    }
-    int64_t tail = d->ostride - cb * 16; /* padding channels past the last block */
-    if (tail > 0) memset(out + ((cb * 16) << e->out_shift), 0, tail << e->out_shift);
+/* The first `left` of 32 lanes (all 32 when left >= 32, none when left <= 0). */
+TGT AI __mmask32 mask32(int64_t left) {
+    return left >= 32 ? (__mmask32)0xFFFFFFFFu : left <= 0 ? 0 : (__mmask32)((1u << left) - 1);
 }
 
-/* The depthwise conv of the module comment; one OpenMP task per output row. */
+/* Taps i0..i1 x j0..j1 of one pixel's 32 channels (x0: the offset in x of tap (0, 0),
+ * channel c0, possibly outside x; wb: the block's weights at tap (0, 0)) into the even and
+ * odd sums. */
+TGT AI void taps(const dw_t *d, int64_t x0, const int16_t *wb, __mmask32 m, int64_t i0,
+                 int64_t i1, int64_t j0, int64_t j1, __m512i *ae, __m512i *ao) {
+    int64_t rs = d->dh * d->w * d->cx, cs = d->dw * d->cx;
+    int64_t tstep = ((d->c + 31) / 32) * 64; /* int16 values per tap */
+    for (int64_t i = i0; i < i1; i++)
+        for (int64_t j = j0; j < j1; j++) {
+            __m512i xv = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, d->x + x0 + i * rs + j * cs));
+            const int16_t *wt = wb + (i * d->kw + j) * tstep;
+            *ae = _mm512_dpwssd_epi32(*ae, xv, _mm512_loadu_si512(wt));
+            *ao = _mm512_dpwssd_epi32(*ao, xv, _mm512_loadu_si512(wt + 32));
+        }
+}
+
+/* The first tap index whose input coordinate o*s - p + t*dil lies inside [0, n) and the
+ * end of that range (the taps in between are all inside). */
+static inline void tap_range(int64_t o, int64_t s, int64_t p, int64_t dil, int64_t k,
+                             int64_t n, int64_t *t0, int64_t *t1) {
+    int64_t base = o * s - p, a = 0, b = k;
+    while (a < k && base + a * dil < 0) a++;
+    while (b > a && base + (b - 1) * dil >= n) b--;
+    *t0 = a, *t1 = b;
+}
+
+/* One pixel's even and odd sums interleaved into channel order, then the epilogue of each
+ * 16-channel half (m: real channels, s: stored ones). */
+TGT AI void dw_store(const epi_t *e, __m512i ae, __m512i ao, int64_t o0, char *out, __mmask32 m,
+                     __mmask32 s) {
+    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+    epilogue16(_mm512_permutex2var_epi32(ae, lo, ao), e, o0, 0, out, (__mmask16)m, (__mmask16)s);
+    if (s >> 16)
+        epilogue16(_mm512_permutex2var_epi32(ae, hi, ao), e, o0 + 16, 0, out + (16 << e->out_shift),
+                   (__mmask16)(m >> 16), (__mmask16)(s >> 16));
+}
+
+/* Pixels xa .. xb-1 of a row whose 3 x 3 windows lie wholly inside the input (x0 of pixel
+ * xa as in taps), the block's 18 weight vectors held in registers over the run. */
+TGT static void dw_run3(const dw_t *d, const epi_t *e, int64_t x0, const int16_t *wb, int64_t o0,
+                        char *out, int64_t xa, int64_t xb, __mmask32 m, __mmask32 s) {
+    int64_t tstep = ((d->c + 31) / 32) * 64, rs = d->dh * d->w * d->cx, cs = d->dw * d->cx;
+    int64_t step = d->sw * d->cx, ostep = d->ostride << e->out_shift;
+    __m512i we[9], wo[9];
+    for (int t = 0; t < 9; t++) {
+        we[t] = _mm512_loadu_si512(wb + t * tstep);
+        wo[t] = _mm512_loadu_si512(wb + t * tstep + 32);
+    }
+    for (int64_t xo = xa; xo < xb; xo++, x0 += step, out += ostep) {
+        __m512i ae = _mm512_setzero_si512(), ao = _mm512_setzero_si512();
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < 3; j++) {
+                __m512i xv = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, d->x + x0 + i * rs + j * cs));
+                ae = _mm512_dpwssd_epi32(ae, xv, we[i * 3 + j]);
+                ao = _mm512_dpwssd_epi32(ao, xv, wo[i * 3 + j]);
+            }
+        dw_store(e, ae, ao, o0, out, m, s);
+    }
+}
+
+/* Output row (ni, y), channel block b: every pixel's sums, interleaved, then the epilogue;
+ * a 3 x 3 kernel's pixels wholly inside the input by dw_run3, the rest tap by tap. */
+TGT static void dw_row(const dw_t *d, const epi_t *e, int64_t ni, int64_t y, int64_t b) {
+    int64_t o0 = b * 32, i0, i1;
+    tap_range(y, d->sh, d->pt, d->dh, d->kh, d->h, &i0, &i1);
+    __mmask32 m = mask32(d->c - o0), s = mask32(d->ostride - o0);
+    int64_t xrow = (ni * d->h + y * d->sh - d->pt) * d->w * d->cx + o0;
+    const int16_t *wb = d->wk + b * 64;
+    char *out = d->out + ((((ni * d->oh + y) * d->ow) * d->ostride + o0) << e->out_shift);
+    int64_t xa = d->ow, xb = d->ow; /* the run of whole windows, if any */
+    if (i0 == 0 && i1 == d->kh && d->kh == 3 && d->kw == 3) {
+        xa = (d->pl + d->sw - 1) / d->sw;
+        int64_t last = d->w - 1 - 2 * d->dw + d->pl; /* xo * sw <= last */
+        xb = last < 0 ? 0 : last / d->sw + 1;
+        xa = xa < d->ow ? xa : d->ow, xb = xb < xa ? xa : xb < d->ow ? xb : d->ow;
+    }
+    for (int64_t xo = 0; xo < d->ow; xo++) {
+        if (xo == xa && xb > xa) {
+            dw_run3(d, e, xrow + (xo * d->sw - d->pl) * d->cx, wb, o0,
+                    out + ((xo * d->ostride) << e->out_shift), xa, xb, m, s);
+            xo = xb - 1;
+            continue;
+        }
+        int64_t j0, j1;
+        tap_range(xo, d->sw, d->pl, d->dw, d->kw, d->w, &j0, &j1);
+        __m512i ae = _mm512_setzero_si512(), ao = _mm512_setzero_si512();
+        taps(d, xrow + (xo * d->sw - d->pl) * d->cx, wb, m, i0, i1, j0, j1, &ae, &ao);
+        dw_store(e, ae, ao, o0, out + ((xo * d->ostride) << e->out_shift), m, s);
+    }
+}
+
+/* The depthwise conv of the module comment; one OpenMP task per output row and channel
+ * block (a 7 x 7 map of 960 channels: 210 tasks, not 7). corr and scale hold cb * 32 lanes. */
 TGT void qp_dwconv(const void *x, int64_t n, int64_t h, int64_t w, int64_t cx, int64_t c,
-                   const int32_t *wk, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                   const int16_t *wk, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
                    int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow,
                    const int32_t *corr, const void *scale, int64_t f64, int64_t lo, int64_t hi,
                    int64_t half_even, void *out, int64_t out_shift, int64_t ostride) {
@@ -61,7 +141,14 @@ TGT void qp_dwconv(const void *x, int64_t n, int64_t h, int64_t w, int64_t cx, i
                (int)out_shift, 0};
     dw_t d = {(const int8_t *)x, h, w, cx, c, wk, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow,
               (char *)out, ostride};
+    int64_t cb = (c + 31) / 32, tail = ostride - cb * 32;
 #pragma omp parallel for schedule(static) if (n * oh * ow * c * kh * kw >= PAR_MIN)
-    for (int64_t r = 0; r < n * oh; r++)
-        for (int64_t xo = 0; xo < ow; xo++) dw_pixel(&d, &e, r / oh, r % oh, xo);
+    for (int64_t t = 0; t < n * oh * cb; t++) {
+        int64_t r = t / cb, b = t % cb;
+        dw_row(&d, &e, r / oh, r % oh, b);
+        if (tail > 0 && b == cb - 1) /* padding channels past the last block */
+            for (int64_t xo = 0; xo < ow; xo++)
+                memset((char *)out + (((r * ow + xo) * ostride + cb * 32) << out_shift), 0,
+                       tail << out_shift);
+    }
 }

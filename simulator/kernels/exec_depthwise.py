@@ -25,18 +25,21 @@ from simulator.arith import fixedpoint as fp
 from simulator.kernels import exec_kernels as ek
 from simulator.kernels.exec_epilogue import acc_bound, gemm_epilogue
 from simulator.kernels.exec_kernels import exact_limit
-from simulator.kernels.exec_native import LANES, OUT_DTYPES, lanes
+from simulator.kernels.exec_native import OUT_DTYPES, epi_mode, lanes
 from simulator.program.isa import Instruction
 from simulator.runtime import native
+
+BLOCK = 32
+"""Channels per kernel block: one 512-bit register of int16 inputs."""
 
 
 @dataclass(frozen=True, eq=False)
 class DepthwisePlan:
     """One depthwise conv's operands in the kernel's layout (module docstring)."""
 
-    weights: torch.Tensor  # int32 [kh, kw, Cb * 16], zeros past C
-    corr: torch.Tensor  # int32 [Cb * 16]: the bias
-    scale: torch.Tensor  # float32 / float64 [Cb * 16]
+    weights: torch.Tensor  # int16 [kh, kw, Cb, 2, 32]: even / odd lanes (pair_weights)
+    corr: torch.Tensor  # int32 [Cb * 32]: the bias
+    scale: torch.Tensor  # float32 / float64 [Cb * 32]
     channels: int  # C = group
     kernel: tuple[int, int]
     geometry: tuple[list[int], list[int], list[int]]  # strides, pads, dilations
@@ -44,6 +47,7 @@ class DepthwisePlan:
     hi: int
     half_even: bool
     out_dtype: torch.dtype
+    mode: int  # the epilogue's float type code (exec_native.epi_mode)
 
 
 def conv(instr: Instruction, x: torch.Tensor, consts) -> torch.Tensor | None:
@@ -83,14 +87,24 @@ def build(instr: Instruction, consts, in_dtype: torch.dtype, nhwc: bool) -> Dept
     if a >= 2**31 or epi.rounding not in fp.ROUNDING_MODES or top >= exact_limit(epi.rounding):
         return None
     ftype = torch.float32 if top < exact_limit(epi.rounding, torch.float32) else torch.float64
-    kh, kw = w.shape[1:3]
-    blocks = -(-c // LANES) * LANES
-    weights = torch.zeros(kh, kw, blocks, dtype=torch.int32)
-    weights[..., :c] = w[..., 0].permute(1, 2, 0).to(torch.int32)
     b = bias.long() if bias is not None else torch.zeros(c, dtype=torch.long)
-    return DepthwisePlan(weights.contiguous(), lanes(b, c, torch.int32),
-                         lanes(epi.scale, c, ftype), c, (kh, kw), ek.geometry(2, instr.attrs),
-                         epi.lo, epi.hi, epi.rounding == "half_even", epi.dtype)  # fmt: skip
+    scale, half_even = lanes(epi.scale, c, ftype, BLOCK), epi.rounding == "half_even"
+    return DepthwisePlan(pair_weights(w[..., 0]), lanes(b, c, torch.int32, BLOCK), scale, c,
+                         tuple(w.shape[1:3]), ek.geometry(2, instr.attrs), epi.lo, epi.hi,
+                         half_even, epi.dtype, epi_mode(scale, None, a, None, half_even))  # fmt: skip
+
+
+def pair_weights(w: torch.Tensor) -> torch.Tensor:
+    """``w [C, kh, kw]`` int8 as the kernel's int16 ``[kh, kw, Cb, 2, 32]``: per tap and
+    block of 32 channels, the weights at the even lanes (odd lanes 0), then at the odd lanes
+    (even lanes 0), so VPDPWSSD's pair sums keep even and odd channels apart; zeros past C."""
+    c, kh, kw = w.shape
+    cb = -(-c // BLOCK)
+    flat = torch.zeros(kh, kw, cb * BLOCK, dtype=torch.int16)
+    flat[..., :c] = w.permute(1, 2, 0).to(torch.int16)
+    flat = flat.reshape(kh, kw, cb, 1, BLOCK)
+    parity = torch.arange(BLOCK) % 2 == torch.arange(2).reshape(2, 1)  # [2, 32]: even, odd
+    return (flat * parity).contiguous()
 
 
 def run(plan: DepthwisePlan, x: torch.Tensor) -> torch.Tensor:
@@ -104,10 +118,9 @@ def run(plan: DepthwisePlan, x: torch.Tensor) -> torch.Tensor:
         raise SimulatorError(f"depthwise conv {plan.kernel} over {plan.channels} channels "
                              f"does not fit its input {tuple(x.shape)}")  # fmt: skip
     out = native.empty((n, oh, ow, plan.channels), plan.out_dtype)
-    f64 = plan.scale.dtype == torch.float64
     native.library().qp_dwconv(
         native.ptr(x), n, h, w, cx, plan.channels, native.ptr(plan.weights), kh, kw,
         *strides, *dil, pads[0], pads[1], oh, ow, native.ptr(plan.corr), native.ptr(plan.scale),
-        int(f64), plan.lo, plan.hi, int(plan.half_even), native.ptr(out), native.code(out),
+        plan.mode, plan.lo, plan.hi, int(plan.half_even), native.ptr(out), native.code(out),
         plan.channels)  # fmt: skip
     return out

@@ -65,11 +65,30 @@ class NativeConv:
     groups: int  # 4-byte groups per kernel tap
     taps: tuple[int, int]  # the kernel as the kernel runs it: (kh, 1) for row runs
     row_runs: bool
+    mode: int = 0  # the epilogue's float type code (epi_mode): 0 float32, 1 float64, 2 magic
 
 
-def lanes(v: torch.Tensor, o: int, dtype: torch.dtype) -> torch.Tensor:
-    """A scalar or per-channel constant as ``[Ob * 16]`` of ``dtype`` (0 past ``o``)."""
-    out = torch.zeros(-(-o // LANES) * LANES, dtype=dtype)
+MAGIC_LIMIT = 2**30
+"""``|acc * scale + b * scale_b|`` below which qepi.h rounds a float64 half_even epilogue
+by adding ``1.5 * 2**52`` and reads the integer from the low 32 bits (its mode 2)."""
+
+
+def epi_mode(scale, scale_b, bound: int, b_dtype, half_even: bool) -> int:
+    """qepi.h's ``f64`` code for the kernel's ``scale`` lanes: 0 float32, 1 float64, 2
+    float64 rounded by the 1.5 * 2**52 addition, when half_even and ``bound * max|scale| +
+    max|b| * max|scale_b|`` (``bound``: the accumulator's, ``max|b|`` from ``b_dtype``) is
+    below :data:`MAGIC_LIMIT`: then every value and its rounding stay within int32."""
+    if scale is None or scale.dtype != torch.float64:
+        return 0
+    top = bound * float(scale.abs().max())
+    if scale_b is not None:
+        top += 2 ** (torch.iinfo(b_dtype).bits - 1) * float(scale_b.abs().max())
+    return 2 if half_even and top < MAGIC_LIMIT else 1
+
+
+def lanes(v: torch.Tensor, o: int, dtype: torch.dtype, block: int = LANES) -> torch.Tensor:
+    """A scalar or per-channel constant as ``[Ob * block]`` of ``dtype`` (0 past ``o``)."""
+    out = torch.zeros(-(-o // block) * block, dtype=dtype)
     out[:o] = v.reshape(-1).to(dtype).expand(o) if v.numel() == 1 else v.reshape(-1).to(dtype)
     return out
 
@@ -115,9 +134,10 @@ def plan(wmat, kernel, channels: int, in_dtype, epi, bias, b_dtype, bound: int, 
     weights, cs, blocks, groups, taps = _layout(wmat, kernel, channels, in_dtype, unit_w_dilation)
     offset = 128 * wmat.long().sum(0) if in_dtype == torch.int8 else 0  # the uint8 offset
     corr = lanes(b - offset, o, torch.int32)
+    half_even = epi.rounding == "half_even"
     return NativeConv(weights, corr, scale, scale_b, channels, cs, blocks, o, epi.lo, epi.hi,
-                      epi.rounding == "half_even", in_dtype, epi.dtype, groups, taps,
-                      taps != tuple(kernel))  # fmt: skip
+                      half_even, in_dtype, epi.dtype, groups, taps, taps != tuple(kernel),
+                      epi_mode(scale, scale_b, bound, b_dtype, half_even))  # fmt: skip
 
 
 def _layout(wmat, kernel, channels: int, in_dtype, unit_w_dilation: bool):
@@ -145,12 +165,11 @@ def run(nc: NativeConv, geometry, x: torch.Tensor, b, out: torch.Tensor) -> None
     xs, mode = _padded(nc, x.contiguous(), pads)
     b = None if b is None else b.contiguous()
     n, hp, wp = xs.shape[:3]
-    f64 = nc.scale is not None and nc.scale.dtype == torch.float64
     native.library().qp_conv(
         native.ptr(xs), mode, n, hp, wp, nc.cs, nc.groups,
         native.ptr(nc.weights), *nc.taps, nc.blocks, nc.out_channels, *strides,
         dil[0], 1 if nc.row_runs else dil[1], *out.shape[1:3], native.ptr(nc.corr),
-        native.ptr(nc.scale), native.ptr(nc.scale_b), int(f64), native.ptr(b),
+        native.ptr(nc.scale), native.ptr(nc.scale_b), nc.mode, native.ptr(b),
         0 if b is None else b.shape[3], 0 if b is None else native.code(b),
         nc.lo, nc.hi, int(nc.half_even),
         native.ptr(out), native.code(out), out.shape[3])  # fmt: skip
@@ -201,11 +220,10 @@ def _amx(nc: NativeConv, x: torch.Tensor, b, out: torch.Tensor) -> bool:
     x = x.contiguous()
     b = None if b is None else b.contiguous()
     w = amx_weights(nc, kp)
-    f64 = nc.scale is not None and nc.scale.dtype == torch.float64
     rc = native.library().qp_linear_amx(
         native.ptr(x), native.code(x), x.numel() // k, k, kp, native.ptr(w), nc.blocks,
         nc.out_channels, native.ptr(nc.corr), native.ptr(nc.scale), native.ptr(nc.scale_b),
-        int(f64), native.ptr(b), 0 if b is None else native.code(b), nc.lo, nc.hi,
+        nc.mode, native.ptr(b), 0 if b is None else native.code(b), nc.lo, nc.hi,
         int(nc.half_even), native.ptr(out), native.code(out))  # fmt: skip
     return rc == 0
 

@@ -48,7 +48,8 @@ def _program(x, w, bias, mult, shift, attrs, plain: bool = False) -> Program:
 @pytest.mark.parametrize("seed", range(10))
 def test_depthwise_conv_equals_qconv(monkeypatch, seed):
     rng = np.random.default_rng(seed)
-    c, k = [5, 16, 37, 32, 3][seed % 5], [3, 3, 5, 1, 3][seed % 5]
+    # channels inside, at and across the kernel's 16-lane halves and 32-channel blocks
+    c, k = [5, 16, 37, 32, 3, 20, 48, 33, 23, 96][seed], [3, 3, 5, 1, 3, 3, 3, 3, 5, 3][seed]
     x = rand_ints(rng, (int(rng.integers(1, 3)), c, *rng.integers(k, 12, 2).tolist()), np.int8)
     w = rand_ints(rng, (c, 1, k, k), np.int8)
     bias = rng.integers(-5000, 5000, c).astype(np.int32)
@@ -79,3 +80,44 @@ def test_depthwise_without_requantize_keeps_the_int64_path():
     np.testing.assert_array_equal(Executor(prog).run({"x": x})[0]["out"], want)
     consts = Executor(prog).consts
     assert exec_depthwise.build(prog.instructions[1], consts, torch.int8, True) is None
+
+
+def test_paired_weights_keep_even_and_odd_channels_apart():
+    """VPDPWSSD's lane k sums int16 lanes 2k and 2k+1: against the even-lane weights that is
+    channel 2k's product alone, against the odd-lane weights channel 2k+1's."""
+    rng = np.random.default_rng(1)
+    w = torch.from_numpy(rand_ints(rng, (37, 3, 3), np.int8))
+    x = torch.from_numpy(rand_ints(rng, (64,), np.int8)).to(torch.int32)  # two blocks of 32
+    paired = exec_depthwise.pair_weights(w)
+    assert paired.shape == (3, 3, 2, 2, 32) and paired.dtype == torch.int16
+    for i, j in [(0, 0), (1, 2), (2, 1)]:
+        for b in range(2):
+            xs = x[32 * b : 32 * b + 32]
+            even, odd = ((xs * paired[i, j, b, p]).reshape(16, 2).sum(1) for p in (0, 1))
+            got = torch.stack([even, odd], 1).reshape(-1)  # interleaved: channel order
+            want = torch.zeros(32, dtype=torch.int32)
+            real = min(37 - 32 * b, 32)
+            want[:real] = xs[:real] * w[32 * b : 32 * b + real, i, j]
+            assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(
+    ("strides", "pads", "dil"),
+    [([1, 1], [1, 1, 1, 1], 1), ([2, 2], [1, 1, 1, 1], 1), ([1, 2], [0, 2, 1, 0], 1),
+     ([2, 1], [1, 0, 0, 1], 2)],
+)  # fmt: skip
+def test_depthwise_3x3_interior_runs_and_borders(strides, pads, dil):
+    """A 3x3 conv over wide rows: each row's run of windows wholly inside the input (weights
+    held in registers) and the border pixels on either side (tap by tap) agree with QConv."""
+    rng = np.random.default_rng(sum(strides) + sum(pads) + dil)
+    c = 64
+    x = rand_ints(rng, (2, c, 9, 23), np.int8)
+    w = rand_ints(rng, (c, 1, 3, 3), np.int8)
+    bias = rng.integers(-5000, 5000, c).astype(np.int32)
+    mult, shift = rng.integers(1, 2**15, c), rng.choice([9, 17], c).astype(np.int64)
+    attrs = {"rounding": "half_even", "out_dtype": "int8", "relu": 0, "group": c,
+             "strides": strides, "pads": pads, "dilations": [dil, dil]}  # fmt: skip
+    want = CUSTOM_OPS["QConv"].evaluate([x, w, bias, mult, shift], attrs)
+    ex = Executor(_program(x, w, bias, mult, shift, attrs))
+    for _ in range(2):
+        np.testing.assert_array_equal(ex.run({"x": x})[0]["out"], want)

@@ -33,7 +33,7 @@ def _native_plans(prog, feeds) -> tuple[np.ndarray, list]:
 def conv_cases(draw):
     """A random conv: int8 or int16 input, int8 / int16 / int32 output, channels across
     16-lane blocks, any geometry, extreme values."""
-    c, o = draw(st.integers(1, 37)), draw(st.sampled_from([1, 5, 16, 17, 32, 40, 64, 70]))
+    c, o = draw(st.integers(1, 37)), draw(st.sampled_from([1, 5, 16, 17, 32, 40, 64, 70, 96, 160]))
     k = draw(st.sampled_from([(1, 1), (3, 3), (2, 3), (5, 1)]))
     strides, dil = (
         draw(st.lists(st.integers(1, 3), min_size=2, max_size=2)),
@@ -94,6 +94,34 @@ def test_native_conv_equals_qconv(case):
         assert plans[0].scale is None
     np.testing.assert_array_equal(got, want)
     assert got.dtype == want.dtype
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("below", [True, False])
+def test_magic_rounding_only_below_its_limit(mode, below):
+    """The float64 epilogue rounds by adding 1.5 * 2**52 (qepi.h's mode 2) only for
+    half_even and ``acc_bound * max scale`` below 2**30; just below and just above it, with
+    halves to round (``scale = m / 2``, odd m) and outputs past int16, both exact."""
+    c, k = 8, 3
+    a = c * k * k * 128 * 128  # acc_bound with no bias
+    m = (2**30 - 1) * 2 // a if below else 2**31 // a + 1
+    m += 1 - m % 2 if below else m % 2 == 0  # odd, still on its side of the limit
+    m = m - 2 if below and a * m >= 2**31 else m
+    rng = np.random.default_rng(3)
+    x = rng.integers(-1, 2, (1, c, 6, 6)).astype(np.int8)  # small sums: halves unclamped
+    x[..., :3, :3] = -128  # the first output pixels reach the bound
+    w = np.full((2, c, k, k), -128, np.int8)
+    w[1] = rng.integers(-2, 3, (c, k, k))
+    attrs = {"rounding": mode, "relu": 0, "strides": [1, 1], "pads": [1, 1, 1, 1],
+             "dilations": [1, 1], "group": 1, "out_dtype": "int16"}  # fmt: skip
+    mult, shift = np.full(2, m), np.full(2, 1)
+    want = CUSTOM_OPS["QConv"].evaluate([x, w, np.zeros(2, np.int64), mult, shift], attrs)
+    prog = _nhwc_program(x, w, [np.zeros(2, np.int64), mult, shift], attrs)
+    got, plans = _native_plans(prog, {"x": x})
+    assert [p.mode for p in plans] == [2 if below and mode == "half_even" else 1]
+    inside = np.abs(want) < 2**15 - 1
+    assert (~inside).any() and (want[inside] % 2).any()  # clamped ones, and odd unclamped ones
+    np.testing.assert_array_equal(got, want)
 
 
 @settings(max_examples=40, deadline=None)
