@@ -11,6 +11,7 @@ pair's worst bad cases, never for the whole dataset.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from analysis.compare import PairResult
 from analysis.layer_graph import Layer
@@ -117,23 +118,27 @@ def write_tensors(
     pair = (first.base, first.analysis) if first else next(iter(results))
     probes = list(range(min(ctx.spec.compare.probe_samples, len(ctx.evaluation))))
     bad = first.samples[:TENSOR_BADCASES] if first else []
-    cols: dict[str, list] = {k: [] for k in ("layer_id", "sample_id", "reason", "side", "scale")}
-    tensors: list[np.ndarray] = []
+    keys = ("layer_id", "sample_id", "reason", "side", "scale", "shape")
+    cols: dict[str, list] = {k: [] for k in keys}
+    chunks: list[pa.ListArray] = []  # one per model run: its captures are dropped after
     for reason, ids in (("probe", probes), ("badcase", bad)):
         if not ids:
             continue
         for side, stage in (("base", pair[0]), ("analysis", pair[1])):
             _, values = models[stage].run(np.asarray(ids))
+            tensors = []
             for lid in results[pair].layer_ids:
                 for k, sid in enumerate(ids):
                     tensors.append(np.asarray(values[lid][k], dtype=np.float32))
                     row = {"layer_id": lid, "sample_id": int(sid), "reason": reason,
-                           "side": side, "scale": results[pair].steps[lid]}  # fmt: skip
+                           "side": side, "scale": results[pair].steps[lid],
+                           "shape": list(tensors[-1].shape)}  # fmt: skip
                     for key, val in row.items():
                         cols[key].append(val)
-    n = len(tensors)
+            chunks.append(float32_lists(tensors))
+            del values, tensors
+    n = len(cols["layer_id"])
     fixed = {"run_id": ctx.run.run_id, "base_stage": pair[0], "analysis_stage": pair[1]}
     cols |= {key: [val] * n for key, val in fixed.items()}
-    cols["shape"] = [list(t.shape) for t in tensors]
-    cols["values"] = float32_lists(tensors)
+    cols["values"] = pa.chunked_array(chunks, type=pa.list_(pa.float32()))
     write_columns(ctx.run, "layer_tensors", cols, "all")
