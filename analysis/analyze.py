@@ -28,6 +28,7 @@ from analysis.localize import (
     judge_pair,
     judged_samples,
 )
+from analysis.own_error import chunks
 from analysis.primary import read_primary
 from analysis.records import localization_rows, sensitivity_rows, trial_rows, write_tensors
 from schemas.errors import QueryError
@@ -206,7 +207,9 @@ def _parts(ctx, models, v: PairVerdict, results, dtypes, layers) -> dict:
             and layers[lid].op_type in vendor_files.WEIGHTED and lid in v.own.reverted]  # fmt: skip
     if not (v.quantization and lids):
         return {}
-    _, values = models[v.analysis].run(judged_samples(ctx, np.asarray(v.samples, np.int64)))
+    values = _captured(
+        models[v.analysis], judged_samples(ctx, np.asarray(v.samples, np.int64)), lids
+    )
     steps = results[(v.base, v.analysis)].steps
     return {
         lid: vendor_files.quantization_parts(
@@ -215,6 +218,18 @@ def _parts(ctx, models, v: PairVerdict, results, dtypes, layers) -> dict:
         for lid in lids
         if np.shape(values.get(lid)) == np.shape(v.own.reverted[lid])
     }
+
+
+def _captured(model, idx: np.ndarray, lids: list[str]) -> dict[str, np.ndarray]:
+    """The layers ``lids`` of ``model`` on samples ``idx``, run a few samples at a time
+    (:func:`analysis.own_error.chunks`): every other layer is dropped after each run."""
+    got: dict[str, list] = {lid: [] for lid in lids}
+    for part in chunks(idx):
+        _, values = model.run(part)
+        for lid in lids:
+            if lid in values:
+                got[lid].append(values[lid])
+    return {lid: np.concatenate(v) for lid, v in got.items() if v}
 
 
 def _write_files(
