@@ -11,11 +11,11 @@ pair's worst bad cases, never for the whole dataset.
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
 
 from analysis.compare import PairResult
 from analysis.layer_graph import Layer
 from analysis.localize import PairVerdict
+from schemas.table_digests import remove_parts
 from schemas.tables import float32_lists, write_columns
 from stages.context import RunContext
 from stages.stage_models import StageModel
@@ -113,32 +113,38 @@ def write_tensors(
     layers: dict[str, Layer],
 ) -> None:
     """Full tensors of the probe samples (first pair) and of the divergent pair's bad cases,
-    written column-wise: the values go to Arrow as one float32 buffer, never as Python
-    floats (a 224x224 network keeps tens of millions of them)."""
+    one part per sample and side (``<reason>-<side>-<sample>``: a 224x224 network's layers
+    are 50-150 MB a sample, so memory holds one sample's), column-wise: the values go to
+    Arrow as one float32 buffer, never as Python floats."""
     pair = (first.base, first.analysis) if first else next(iter(results))
     probes = list(range(min(ctx.spec.compare.probe_samples, len(ctx.evaluation))))
     bad = first.samples[:TENSOR_BADCASES] if first else []
-    keys = ("layer_id", "sample_id", "reason", "side", "scale", "shape")
-    cols: dict[str, list] = {k: [] for k in keys}
-    chunks: list[pa.ListArray] = []  # one per model run: its captures are dropped after
+    remove_parts(ctx.run, "tables/layer_tensors")  # this analysis' parts replace all others
+    written = 0
     for reason, ids in (("probe", probes), ("badcase", bad)):
-        if not ids:
-            continue
         for side, stage in (("base", pair[0]), ("analysis", pair[1])):
-            _, values = models[stage].run(np.asarray(ids))
-            tensors = []
-            for lid in results[pair].layer_ids:
-                for k, sid in enumerate(ids):
-                    tensors.append(np.asarray(values[lid][k], dtype=np.float32))
-                    row = {"layer_id": lid, "sample_id": int(sid), "reason": reason,
-                           "side": side, "scale": results[pair].steps[lid],
-                           "shape": list(tensors[-1].shape)}  # fmt: skip
-                    for key, val in row.items():
-                        cols[key].append(val)
-            chunks.append(float32_lists(tensors))
-            del values, tensors
-    n = len(cols["layer_id"])
-    fixed = {"run_id": ctx.run.run_id, "base_stage": pair[0], "analysis_stage": pair[1]}
-    cols |= {key: [val] * n for key, val in fixed.items()}
-    cols["values"] = pa.chunked_array(chunks, type=pa.list_(pa.float32()))
-    write_columns(ctx.run, "layer_tensors", cols, "all")
+            for sid in ids:
+                _, values = models[stage].run(np.asarray([sid]))
+                cols = _tensor_columns(ctx, results[pair], values, (reason, side, int(sid)))
+                write_columns(ctx.run, "layer_tensors", cols, f"{reason}-{side}-{sid:06d}")
+                written += 1
+    if not written:  # the table still exists for the run, empty
+        write_columns(
+            ctx.run, "layer_tensors", _tensor_columns(ctx, results[pair], {}, None), "all"
+        )
+
+
+def _tensor_columns(ctx: RunContext, result: PairResult, values: dict, where) -> dict:
+    """The layer_tensors columns of one sample's ``values`` (``where``: reason, side,
+    sample id; None with no values: no rows)."""
+    lids = result.layer_ids if where else []
+    tensors = [np.asarray(values[lid][0], dtype=np.float32) for lid in lids]
+    reason, side, sid = where or ("", "", 0)
+    n = len(tensors)
+    return {
+        "run_id": [ctx.run.run_id] * n, "base_stage": [result.base] * n,
+        "analysis_stage": [result.analysis] * n, "layer_id": list(lids),
+        "sample_id": [sid] * n, "reason": [reason] * n, "side": [side] * n,
+        "shape": [list(t.shape) for t in tensors],
+        "scale": [result.steps[lid] for lid in lids], "values": float32_lists(tensors),
+    }  # fmt: skip

@@ -130,10 +130,9 @@ def write_columns(run: Run, table: str, columns: dict[str, Any], part: str) -> P
     return _write(run, table, data, part)
 
 
-def _array(values: Any, dtype: pa.DataType) -> pa.Array | pa.ChunkedArray:
-    """``values`` as an Arrow array of ``dtype`` (an Arrow array, or chunks built one at a
-    time, of that type as it is)."""
-    if isinstance(values, pa.Array | pa.ChunkedArray) and values.type == dtype:
+def _array(values: Any, dtype: pa.DataType) -> pa.Array:
+    """``values`` as an Arrow array of ``dtype`` (an Arrow array of that type as it is)."""
+    if isinstance(values, pa.Array) and values.type == dtype:
         return values
     return pa.array(values, type=dtype)
 
