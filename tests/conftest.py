@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one thread per worker: -n 2 on 2 cores
@@ -65,3 +66,14 @@ def make_ctx(tmp_path):
         return RunContext(spec=spec, run=run, code_version=code_version())
 
     return make
+
+
+def cli_exit_code(monkeypatch, *args) -> int:
+    """Run ``qparity ARGS`` in this process (the CLI's own ``main``); its exit code."""
+    from qparity import cli
+
+    monkeypatch.setattr(sys, "argv", ["qparity", *map(str, args)])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+        raise SystemExit(0)
+    return e.value.code

@@ -5,28 +5,17 @@ the output compare.output names; `qparity sql` gives metrics by stage and output
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import yaml
 
 from pipelines.flow import run_chain
-from qparity import cli
 from schemas.spec import parse_spec
 from schemas.store import RunStore
 from schemas.tables import read_run_table
-from tests.conftest import tiny_spec_dict
+from tests.conftest import cli_exit_code, tiny_spec_dict
 
 SEVEN = ["prepare", "calibrate", "pre_export", "export", "convert", "compile", "board_sim"]
 OUTPUTS = {"output.boxes", "output.scores.0"}
-
-
-def _cli(monkeypatch, *args) -> int:
-    monkeypatch.setattr(sys, "argv", ["qparity", *map(str, args)])
-    with pytest.raises(SystemExit) as e:
-        cli.main()
-        raise SystemExit(0)
-    return e.value.code
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +49,7 @@ def test_sql_gives_metrics_by_stage_and_output(heads, monkeypatch, capsys):
     root, run = heads
     sql = (f"SELECT stage, output, round(value, 2) AS cosine FROM metrics WHERE run_id = "
            f"'{run.run_id}' AND metric = 'cosine' ORDER BY stage, output")  # fmt: skip
-    assert _cli(monkeypatch, "sql", sql, "--runs", root, "--format", "csv") == 0
+    assert cli_exit_code(monkeypatch, "sql", sql, "--runs", root, "--format", "csv") == 0
     header, *lines = capsys.readouterr().out.splitlines()
     assert header == '"stage","output","cosine"' and len(lines) == 2 * 8
     assert {line.split(",")[1].strip('"') for line in lines} == OUTPUTS
@@ -68,6 +57,6 @@ def test_sql_gives_metrics_by_stage_and_output(heads, monkeypatch, capsys):
 
 def test_localize_says_which_output_it_judged(heads, monkeypatch, capsys):
     root, run = heads
-    assert _cli(monkeypatch, "localize", run.run_id, "--runs", root) == 0
+    assert cli_exit_code(monkeypatch, "localize", run.run_id, "--runs", root) == 0
     out = capsys.readouterr().out
     assert "no stage diverges" in out and "judged by top-1 of output.scores.0" in out

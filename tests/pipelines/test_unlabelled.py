@@ -5,29 +5,18 @@ any stage is complete."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import yaml
 
 from pipelines.flow import run_chain
-from qparity import cli
 from schemas.errors import StageError
 from schemas.spec import parse_spec
 from schemas.store import RunStore
 from schemas.tables import read_run_table
-from tests.conftest import tiny_spec_dict
+from tests.conftest import cli_exit_code, tiny_spec_dict
 
 SEVEN = ["prepare", "calibrate", "pre_export", "export", "convert", "compile", "board_sim"]
 AGREEMENT = {"cosine", "sqnr_db", "l1", "top1_agreement"}
-
-
-def _cli(monkeypatch, *args) -> int:
-    monkeypatch.setattr(sys, "argv", ["qparity", *map(str, args)])
-    with pytest.raises(SystemExit) as e:
-        cli.main()
-        raise SystemExit(0)
-    return e.value.code
 
 
 def _spec(dataset: str, **sections) -> dict:
@@ -68,7 +57,7 @@ def test_localize_judges_it_by_the_output_cosine(unlabelled, monkeypatch, capsys
     bad = read_run_table(run, "badcases")
     assert bad and {r["label"] for r in bad} == {None}  # no labels: none invented
     assert "| - |" in run.path("debug/badcase.txt").read_text()
-    assert _cli(monkeypatch, "localize", run.run_id, "--runs", root) == 0
+    assert cli_exit_code(monkeypatch, "localize", run.run_id, "--runs", root) == 0
     assert "no stage diverges" in capsys.readouterr().out
 
 
@@ -77,7 +66,7 @@ def test_sql_gives_metrics_by_stage(unlabelled, monkeypatch, capsys):
     root, run = unlabelled
     sql = (f"PIVOT (SELECT stage, metric, value FROM metrics WHERE run_id = '{run.run_id}' "
            "AND output = 'output') ON metric USING first(value) ORDER BY stage")  # fmt: skip
-    assert _cli(monkeypatch, "sql", sql, "--runs", root, "--format", "csv") == 0
+    assert cli_exit_code(monkeypatch, "sql", sql, "--runs", root, "--format", "csv") == 0
     header, *lines = capsys.readouterr().out.splitlines()
     assert header == '"stage","cosine","l1","sqnr_db","top1_agreement"'
     assert [line.split(",")[0].strip('"') for line in lines] == sorted(["float", *SEVEN])
@@ -96,7 +85,7 @@ def test_show_and_the_report_give_the_cosine_per_stage(unlabelled, monkeypatch, 
     from analysis.report import gather
 
     root, run = unlabelled
-    assert _cli(monkeypatch, "show", run.run_id, "--runs", root, "-q") == 0
+    assert cli_exit_code(monkeypatch, "show", run.run_id, "--runs", root, "-q") == 0
     assert capsys.readouterr().out.startswith(f"{run.run_id} complete board_sim cosine 0.99")
     chain = {r["stage"]: r for r in gather(run, root).chain}
     assert chain["convert"]["metric"] == "cosine" and chain["float"]["value"] == 1.0

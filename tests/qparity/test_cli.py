@@ -1,24 +1,14 @@
 """The command line: short errors that say what to fix, exit codes, nothing marked complete."""
 
-import sys
-
 import pytest
 
 from qparity import cli
 from schemas.store import RunStore
-from tests.conftest import tiny_spec_dict
-
-
-def _cli(monkeypatch, *args) -> int:
-    monkeypatch.setattr(sys, "argv", ["qparity", *map(str, args)])
-    with pytest.raises(SystemExit) as e:
-        cli.main()
-        raise SystemExit(0)
-    return e.value.code
+from tests.conftest import cli_exit_code, tiny_spec_dict
 
 
 def _run(monkeypatch, capsys, tmp_path, spec_path):
-    code = _cli(monkeypatch, "run", spec_path, "--runs", tmp_path / "runs", "--no-prefect")
+    code = cli_exit_code(monkeypatch, "run", spec_path, "--runs", tmp_path / "runs", "--no-prefect")
     return code, capsys.readouterr()
 
 
@@ -55,21 +45,21 @@ def test_run_then_runs_and_show(monkeypatch, capsys, tmp_path, write_spec):
     code, io = _run(monkeypatch, capsys, tmp_path, write_spec(tiny_spec_dict()))
     assert code == 0 and "calibrate" in io.out and "computed" in io.out
     (m,) = RunStore(tmp_path / "runs").list_runs()
-    assert _cli(monkeypatch, "runs", "--runs", tmp_path / "runs") == 0
+    assert cli_exit_code(monkeypatch, "runs", "--runs", tmp_path / "runs") == 0
     assert m.run_id in capsys.readouterr().out
-    assert _cli(monkeypatch, "show", m.run_id, "--runs", tmp_path / "runs") == 0
+    assert cli_exit_code(monkeypatch, "show", m.run_id, "--runs", tmp_path / "runs") == 0
     out = capsys.readouterr().out
     assert "top1" in out and "float" in out and "complete" in out
 
 
 def test_a_missing_argument_is_a_usage_error_not_an_internal_error(monkeypatch, capsys):
-    assert _cli(monkeypatch, "report") == 2
+    assert cli_exit_code(monkeypatch, "report") == 2
     err = capsys.readouterr().err
     assert "Missing argument 'run_id'" in err and "internal error" not in err
 
 
 def test_show_refuses_a_path_as_run_id(monkeypatch, capsys, tmp_path):
-    assert _cli(monkeypatch, "show", "../etc", "--runs", tmp_path) == 1
+    assert cli_exit_code(monkeypatch, "show", "../etc", "--runs", tmp_path) == 1
     assert "invalid run id" in capsys.readouterr().err
 
 
@@ -77,11 +67,11 @@ def test_quiet_run_prints_one_line_and_localize_prints_the_summary(
     monkeypatch, capsys, tmp_path, write_spec
 ):
     args = ("run", write_spec(tiny_spec_dict()), "--runs", tmp_path / "runs", "--no-prefect")
-    assert _cli(monkeypatch, *args, "--quiet") == 0
+    assert cli_exit_code(monkeypatch, *args, "--quiet") == 0
     lines = capsys.readouterr().out.strip().splitlines()
     (m,) = RunStore(tmp_path / "runs").list_runs()
     assert lines == [f"{m.run_id} complete, no divergence"]
-    assert _cli(monkeypatch, "localize", m.run_id, "--runs", tmp_path / "runs") == 0
+    assert cli_exit_code(monkeypatch, "localize", m.run_id, "--runs", tmp_path / "runs") == 0
     out = capsys.readouterr().out
     assert "no stage diverges" in out and "compare_per_layer_out.txt" in out
     _quiet_commands_print_one_line_per_result(monkeypatch, capsys, tmp_path / "runs", m.run_id)
@@ -100,7 +90,7 @@ def _quiet_commands_print_one_line_per_result(monkeypatch, capsys, store, run_id
         ("report", run_id): [str(store / run_id / "report.html")],
     }
     for args, lines in expected.items():
-        assert _cli(monkeypatch, *args, "--runs", store, "--quiet") == 0
+        assert cli_exit_code(monkeypatch, *args, "--runs", store, "--quiet") == 0
         got = capsys.readouterr().out.splitlines()
         assert len(got) == len(lines), args
         assert all(g.startswith(x) for g, x in zip(got, lines, strict=True)), args
@@ -125,7 +115,7 @@ def test_runs_naming_a_file_is_one_clear_error(monkeypatch, capsys, tmp_path, wr
     not_a_folder = tmp_path / "notes.txt"
     not_a_folder.write_text("x")
     args = [write_spec(tiny_spec_dict()) if a == "SPEC" else a for a in command]
-    assert _cli(monkeypatch, *args, "--runs", not_a_folder) == 1
+    assert cli_exit_code(monkeypatch, *args, "--runs", not_a_folder) == 1
     err = capsys.readouterr().err.replace("\n", "")
     assert f"{not_a_folder}: the run store is not a folder: it must be a folder (or a URL)" in err
     assert "internal error" not in err
@@ -137,11 +127,11 @@ def test_a_symlinked_run_folder_is_named_and_neither_listed_nor_shown(
     store = RunStore(tmp_path / "runs")
     real = store.create_run("real", "", "ab" * 32, "0.1.0", {}, {})
     (store.root / "twin").symlink_to(real.root, target_is_directory=True)
-    assert _cli(monkeypatch, "runs", "--runs", store.root) == 0
+    assert cli_exit_code(monkeypatch, "runs", "--runs", store.root) == 0
     io = capsys.readouterr()
     assert io.out.count(real.run_id) == 1 and "twin" not in io.out
     assert f"warning: {store.root / 'twin'}: a symlink to {real.root}" in io.err.replace("\n", "")
-    assert _cli(monkeypatch, "show", "twin", "--runs", store.root) == 1
+    assert cli_exit_code(monkeypatch, "show", "twin", "--runs", store.root) == 1
     assert "symlinked run folders are refused" in capsys.readouterr().err
 
 
@@ -160,7 +150,7 @@ def test_a_tampered_table_fails_localize_show_diff_and_report_and_changes_nothin
 
     root = tmp_path / "runs"
     args = ("run", write_spec(tiny_spec_dict()), "--runs", root, "--no-prefect", "--quiet")
-    assert _cli(monkeypatch, *args) == 0
+    assert cli_exit_code(monkeypatch, *args) == 0
     (m,) = RunStore(root).list_runs()
     run = RunStore(root).open(m.run_id)
     part = run.path("tables/metrics/calibrate.parquet")
@@ -172,7 +162,7 @@ def test_a_tampered_table_fails_localize_show_diff_and_report_and_changes_nothin
     capsys.readouterr()
     for command in (("localize", m.run_id), ("show", m.run_id), ("diff", m.run_id, m.run_id),
                     ("report", m.run_id)):  # fmt: skip
-        assert _cli(monkeypatch, *command, "--runs", root) == 1, command
+        assert cli_exit_code(monkeypatch, *command, "--runs", root) == 1, command
         err = capsys.readouterr().err.replace("\n", "")
         assert f"{part}: table part was changed after the run wrote it" in err, command
         assert "rerun the run" in err
@@ -200,7 +190,7 @@ def test_a_prefect_server_that_does_not_start_is_one_clear_error(
     )
     spec = write_spec(tiny_spec_dict())
     with temporary_settings(restore_defaults={PREFECT_API_URL}):
-        assert _cli(monkeypatch, "run", spec, "--runs", tmp_path / "runs") == 1
+        assert cli_exit_code(monkeypatch, "run", spec, "--runs", tmp_path / "runs") == 1
     err = " ".join(capsys.readouterr().err.split())
     assert "the temporary Prefect server did not start within 1 s, 2 attempts" in err
     assert "--no-prefect" in err and "prefect server start" in err

@@ -1,21 +1,10 @@
 """``qparity ptq`` and ``qparity localize`` of a PTQ run judged by a task metric."""
 
-import sys
-
-import pytest
 import yaml
 
-from qparity import cli
 from schemas.store import RunStore
+from tests.conftest import cli_exit_code
 from tests.stages.ptq.conftest import export_tiny
-
-
-def _cli(monkeypatch, *args) -> int:
-    monkeypatch.setattr(sys, "argv", ["qparity", *map(str, args)])
-    with pytest.raises(SystemExit) as e:
-        cli.main()
-        raise SystemExit(0)
-    return e.value.code
 
 
 def test_the_stage_table_and_localize_judge_by_compare_primary(monkeypatch, capsys, tmp_path):
@@ -29,9 +18,12 @@ def test_the_stage_table_and_localize_judge_by_compare_primary(monkeypatch, caps
     (tmp_path / "ptq.yaml").write_text(yaml.safe_dump(spec))
     monkeypatch.setenv("QPARITY_ALLOWED_ROOTS", str(tmp_path))
     runs = tmp_path / "runs"
-    assert _cli(monkeypatch, "ptq", tmp_path / "ptq.yaml", "--runs", runs, "--no-prefect") == 0
+    assert (
+        cli_exit_code(monkeypatch, "ptq", tmp_path / "ptq.yaml", "--runs", runs, "--no-prefect")
+        == 0
+    )
     head = next(line for line in capsys.readouterr().out.splitlines() if "stage" in line)
     assert "miou" in head and "top1" not in head  # the primary metric's column
     (m,) = RunStore(runs).list_runs()
-    assert _cli(monkeypatch, "localize", m.run_id, "--runs", runs) == 0
+    assert cli_exit_code(monkeypatch, "localize", m.run_id, "--runs", runs) == 0
     assert "miou of output" in capsys.readouterr().out
