@@ -96,6 +96,18 @@ def test_native_conv_equals_qconv(case):
     assert got.dtype == want.dtype
 
 
+def _padded_conv(x, w, rounding_out: tuple[str, str], m: int, shift: int):
+    """A 3x3 pad-1 QConv of two output channels with multiplier ``m`` and ``shift`` for
+    both: (QConv's integers, the native kernel's, the kernel's plans)."""
+    mode, out_dtype = rounding_out
+    attrs = {"rounding": mode, "relu": 0, "strides": [1, 1], "pads": [1, 1, 1, 1],
+             "dilations": [1, 1], "group": 1, "out_dtype": out_dtype}  # fmt: skip
+    consts = [np.zeros(2, np.int64), np.full(2, m), np.full(2, shift)]
+    want = CUSTOM_OPS["QConv"].evaluate([x, w, *consts], attrs)
+    got, plans = _native_plans(_nhwc_program(x, w, consts, attrs), {"x": x})
+    return want, got, plans
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("below", [True, False])
 def test_magic_rounding_only_below_its_limit(mode, below):
@@ -112,12 +124,7 @@ def test_magic_rounding_only_below_its_limit(mode, below):
     x[..., :3, :3] = -128  # the first output pixels reach the bound
     w = np.full((2, c, k, k), -128, np.int8)
     w[1] = rng.integers(-2, 3, (c, k, k))
-    attrs = {"rounding": mode, "relu": 0, "strides": [1, 1], "pads": [1, 1, 1, 1],
-             "dilations": [1, 1], "group": 1, "out_dtype": "int16"}  # fmt: skip
-    mult, shift = np.full(2, m), np.full(2, 1)
-    want = CUSTOM_OPS["QConv"].evaluate([x, w, np.zeros(2, np.int64), mult, shift], attrs)
-    prog = _nhwc_program(x, w, [np.zeros(2, np.int64), mult, shift], attrs)
-    got, plans = _native_plans(prog, {"x": x})
+    want, got, plans = _padded_conv(x, w, (mode, "int16"), m, 1)
     assert [p.mode for p in plans] == [2 if below and mode == "half_even" else 1]
     inside = np.abs(want) < 2**15 - 1
     assert (~inside).any() and (want[inside] % 2).any()  # clamped ones, and odd unclamped ones
@@ -156,12 +163,7 @@ def test_float32_epilogue_only_below_its_limit(mode, below):
     x = np.full((1, c, 5, 5), -128, np.int8)
     w = np.full((2, c, k, k), -128, np.int8)
     w[1] = 127
-    attrs = {"rounding": mode, "relu": 0, "strides": [1, 1], "pads": [1, 1, 1, 1],
-             "dilations": [1, 1], "group": 1, "out_dtype": "int8"}  # fmt: skip
-    mult, shift = np.full(2, m), np.full(2, 22)
-    want = CUSTOM_OPS["QConv"].evaluate([x, w, np.zeros(2, np.int64), mult, shift], attrs)
-    prog = _nhwc_program(x, w, [np.zeros(2, np.int64), mult, shift], attrs)
-    got, plans = _native_plans(prog, {"x": x})
+    want, got, plans = _padded_conv(x, w, (mode, "int8"), m, 22)
     assert [p.scale.dtype for p in plans] == [torch.float32 if below else torch.float64]
     np.testing.assert_array_equal(got, want)
 
