@@ -124,7 +124,7 @@ def sensitivity(
         total["before"] += _l1_sum(out_ana, out_base)
         n += np.size(out_base)
         if revert:
-            _, computed = _base_on_analysis(base, analysis, part, own_layers(own))
+            _, computed = _base_on_analysis(base, analysis, part, list(own.steps))
             for lid in candidates:
                 kept[lid].append(computed[lid])
                 out_rev, _ = analysis.run(part, replace={lid: computed[lid]})
@@ -135,11 +135,6 @@ def sensitivity(
     rows = [(lid, before, total[lid] / max(n, 1) if revert else before * (1 - size[lid] / worst))
             for lid in candidates]  # fmt: skip
     return sorted(rows, key=lambda r: round(r[2] - r[1], 12))  # stable: ties in topo order
-
-
-def own_layers(own: OwnErrors) -> list[str]:
-    """The layers own errors were measured on (every layer of the pair)."""
-    return list(own.steps)
 
 
 def _l1_sum(a: np.ndarray, b: np.ndarray) -> float:

@@ -49,11 +49,12 @@ def compile_model(upstream: QuantizedModel, ctx: RunContext, call: StageCall) ->
     probe = ctx.evaluation.arrays(0, max(ctx.spec.compare.probe_samples, 2))
     exact = check_exact(program, ctx.run.root, upstream, probe, "compile")
     executor = Executor(program)
-    exact = dataclasses.replace(exact, evaluation=_check_evaluation(executor, path, ctx))
+    proof = check_on_evaluation(executor, OnnxRunner(path), ctx)
+    exact = dataclasses.replace(exact, evaluation=proof)
     ctx.write_debug("bit_exact.txt", exact.render())
     ctx.write_debug("latency.txt", render_latency(program, executor, ctx, march))
     metrics = stage_metrics(
-        ctx, "compile", numpy_fed(lambda xs: _outputs(executor, xs)), graph=True
+        ctx, "compile", numpy_fed(lambda xs: program_outputs(executor, xs)), graph=True
     )
     files = ["artifacts/compile/model.hbm"]
     if ctx.spec.stages.board_sim.runtime_format != "featuremap":
@@ -82,16 +83,25 @@ def build_program(path, model: onnx.ModelProto, layers: dict, ctx: RunContext):
     )
 
 
-def _check_evaluation(executor: Executor, path, ctx: RunContext) -> tuple[tuple[int, str], ...]:
-    """The executor that gives compile's metrics against quantized.onnx (at ``path``), on
-    the evaluation's own batch geometries (stages.exactness.check_evaluation)."""
-    ev, inputs, runner = ctx.evaluation, executor.program.inputs, OnnxRunner(path)
+def check_on_evaluation(
+    executor: Executor,
+    runner: OnnxRunner,
+    ctx: RunContext,
+    stage: str = "compile",
+    against: str = "quantized.onnx",
+) -> tuple[tuple[int, str], ...]:
+    """The executor that gives ``stage``'s metrics against quantized.onnx's ``runner``
+    (``against`` names it), on the evaluation's own batch geometries
+    (stages.exactness.check_evaluation)."""
+    ev, inputs = ctx.evaluation, executor.program.inputs
     feeds = [dict(zip(inputs, ev.arrays(a, b), strict=True))
              for a, b in batch_ranges(len(ev), ctx.spec.data.batch_size)]  # fmt: skip
-    return check_evaluation(executor, feeds, lambda f: runner.run(tuple(f.values())), "compile")
+    return check_evaluation(
+        executor, feeds, lambda f: runner.run(tuple(f.values())), stage, against
+    )
 
 
-def _outputs(executor: Executor, xs: tuple) -> list[np.ndarray]:
+def program_outputs(executor: Executor, xs: tuple) -> list[np.ndarray]:
     """The program's outputs (in order) for its inputs ``xs`` (in order)."""
     return list(executor.run(dict(zip(executor.program.inputs, xs, strict=True)))[0].values())
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import onnx
 
 from simulator.runtime.executor import Executor
-from stages.compile import build_program
+from stages.compile import build_program, check_on_evaluation, program_outputs
 from stages.context import RunContext
-from stages.exactness import batch_ranges, check_evaluation, render_runs
+from stages.exactness import render_runs
 from stages.onnx_runner import OnnxRunner
 from stages.outputs import numpy_fed
 
@@ -41,16 +41,11 @@ def integer_evaluator(
         return reference, f"{REFERENCE}: the evaluation is one batch, the proof would be all of it"
     try:
         executor = Executor(build_program(path, model, layers, ctx))
-        inputs = executor.program.inputs
-        ranges = batch_ranges(len(ctx.evaluation), ctx.spec.data.batch_size)
-        feeds = [dict(zip(inputs, ctx.evaluation.arrays(a, b), strict=True)) for a, b in ranges]
-        runs = check_evaluation(
-            executor, feeds, lambda f: runner.run(tuple(f.values())), "convert",
-            "quantized.onnx's reference evaluator",
-        )  # fmt: skip
+        against = "quantized.onnx's reference evaluator"
+        runs = check_on_evaluation(executor, runner, ctx, "convert", against)
     except Exception as e:  # noqa: BLE001 (any failure means: not proven, use the reference)
         return reference, f"{REFERENCE}: the compiled kernels were not used ({e})"
-    run = numpy_fed(lambda xs: list(executor.run(dict(zip(inputs, xs, strict=True)))[0].values()))
+    run = numpy_fed(lambda xs: program_outputs(executor, xs))
     return run, (
         "the compiled kernels (quantized.onnx compiled in memory for the simulator), proven "
         "bit-exact against the reference evaluator first: " + render_runs(runs)
