@@ -78,3 +78,20 @@ def test_without_stored_outputs_the_models_give_them_on_the_compared_samples(cha
         assert got == want, pair
     _, _, few = _compare(spec, run, 8)
     assert all(len(r.per_sample("l1")) == 8 for r in few.values())
+
+
+def test_a_tampered_stored_output_is_named_never_compared(chain_run):
+    """A part changed after the stage wrote it fails its manifest digest: ArtifactError
+    naming the file (the run's own copy is restored afterwards for the other tests)."""
+    from schemas.errors import ArtifactError
+
+    spec, run = chain_run
+    part = run.path("tables/stage_outputs/convert/all.parquet")
+    saved = part.read_bytes()
+    try:
+        part.write_bytes(saved[:-8] + b"tampered")
+        ctx = RunContext(spec=parse_spec(spec, "t"), run=run, code_version="")
+        with pytest.raises(ArtifactError, match="stage_outputs"):
+            stored_outputs(ctx, CHAIN)
+    finally:
+        part.write_bytes(saved)

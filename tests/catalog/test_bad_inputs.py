@@ -102,6 +102,9 @@ def spec_cases() -> dict:
                                    "nope"),
         "negative compare samples": (lambda e: parse_spec(t(compare={"samples": 0}), "s.yaml"),
                                      SpecError, "compare.samples"),
+        "zero saturation samples": (
+            lambda e: parse_spec(t(stages={"convert": {"saturation_samples": 0}}), "s.yaml"),
+            SpecError, "stages.convert.saturation_samples"),
         "run id with path separators": (lambda e: RunStore(e.root).open("../etc"),
                                         ArtifactError, "../etc"),
         "sql that writes": (lambda e: _sql(e, "CREATE TABLE x AS SELECT 1"), QueryError,
