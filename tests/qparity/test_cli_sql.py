@@ -45,6 +45,51 @@ def test_sql_formats(store):  # noqa: F811
     assert res.exit_code == 0 and "2026-01-01" in res.stdout and "1 row" in res.stdout
 
 
+TYPED = (
+    "SELECT r.run_id, r.started_at, r.finished_at, s.duration_s, s.cache_hit, c.position, "
+    "m.value, m.n_samples, 'a\"b,c' AS q, 1e-7 * m.value AS tiny, 1e20 * m.value AS big "
+    "FROM runs r JOIN stages s USING (run_id) JOIN chain c ON c.stage = s.stage "
+    "JOIN metrics m ON m.run_id = r.run_id AND m.stage = s.stage ORDER BY r.started_at, c.position"
+)
+"""Every column type of the tables (VARCHAR, TIMESTAMPTZ, DOUBLE, BOOLEAN, INTEGER, BIGINT),
+NULL, a string to quote, floats printed in exponent form."""
+TYPED_CSV = [
+    '"R1",2026-01-01 00:00:00.000000Z,,1,false,2,0.9,100,"a""b,c",9e-8,9e+19',
+    '"R1",2026-01-01 00:00:00.000000Z,,1,false,4,0.9,100,"a""b,c",9e-8,9e+19',
+    '"R2",2026-01-02 00:00:00.000000Z,,1,true,2,0.9,100,"a""b,c",9e-8,9e+19',
+    '"R2",2026-01-02 00:00:00.000000Z,,1,false,4,0.88,100,"a""b,c",8.8e-8,8.8e+19',
+]
+
+
+def _sql(root, query, *args):
+    res = CliRunner().invoke(app, ["sql", query, "--runs", str(root), *args])
+    assert res.exit_code == 0, res.output
+    return res.stdout
+
+
+def test_sql_prints_each_column_type_as_before(store):  # noqa: F811
+    root, (r1, r2, _) = store
+    ids = {r1: "R1", r2: "R2"}
+    text = {f: _sql(root, TYPED, *f.split()) for f in ("-f csv", "-q", "-f json")}
+    for run_id, name in ids.items():
+        text = {f: t.replace(run_id, name) for f, t in text.items()}
+    header = '"run_id","started_at","finished_at","duration_s","cache_hit","position","value",'
+    assert text["-f csv"] == "\n".join([header + '"n_samples","q","tiny","big"', *TYPED_CSV, ""])
+    assert text["-q"] == "\n".join([*TYPED_CSV, ""])
+    rows = json.loads(text["-f json"])
+    assert text["-f json"].startswith('[\n {\n  "run_id": "R1",\n  "started_at": ')
+    assert rows[3] == {
+        "run_id": "R2", "started_at": "2026-01-02T00:00:00+00:00", "finished_at": None,
+        "duration_s": 1.0, "cache_hit": False, "position": 4, "value": 0.88, "n_samples": 100,
+        "q": 'a"b,c', "tiny": 8.8e-08, "big": 8.8e19,
+    }  # fmt: skip
+    lines = _sql(root, "SELECT * FROM first_divergences ORDER BY run_id", "-q").splitlines()
+    assert sorted(line.replace(r1, "R1").replace(r2, "R2") for line in lines) == [
+        '"R1","convert","export","top1",0.05,,"conv2","Conv","max_qscale_diff",4,',
+        '"R2","export","pre_export","top1",0.02,,"add1","Add","max_qscale_diff",3,',
+    ]
+
+
 def test_sql_refuses_writes_with_a_query_error(store):  # noqa: F811
     root, _ = store
     res = CliRunner().invoke(app, ["sql", "DELETE FROM runs", "--runs", str(root)])
