@@ -17,23 +17,31 @@ import math
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import duckdb
-import pyarrow as pa
 
 from analysis.query_limits import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
 from analysis.sql_views import connect
 from schemas.errors import QueryError
 from schemas.table_schemas import SCHEMAS
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+T = TypeVar("T")
+Fetch = Callable[["duckdb.DuckDBPyRelation | None"], T]
+"""How a statement's result is taken from DuckDB (default: :func:`arrow_table`)."""
+
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "TIMEOUT_ENV",
     "NamedQuery",
+    "arrow_table",
     "connect",
     "execute",
     "execute_bounded",
@@ -123,15 +131,23 @@ def _check_pivot(stmt: duckdb.Statement) -> duckdb.Statement:
     )
 
 
+def arrow_table(rel: duckdb.DuckDBPyRelation | None) -> pa.Table:
+    """A statement's result as an Arrow table (no columns for a statement without one)."""
+    import pyarrow as pa  # here: `qparity sql` prints DuckDB's rows (analysis.sql_rows)
+
+    return pa.table({}) if rel is None else rel.to_arrow_table()
+
+
 def execute(
-    con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any] | None = None
-) -> pa.Table:
-    """Run one statement with bound ``params`` on ``con``; DuckDB errors become QueryError."""
+    con: duckdb.DuckDBPyConnection,
+    sql: str,
+    params: dict[str, Any] | None = None,
+    fetch: Fetch[T] = arrow_table,
+) -> T:
+    """Run one statement with bound ``params`` on ``con``, its result taken by ``fetch``
+    (an Arrow table); DuckDB errors become QueryError."""
     try:
-        rel = con.sql(sql, params=params or None)
-        if rel is None:
-            return pa.table({})
-        return rel.to_arrow_table()
+        return fetch(con.sql(sql, params=params or None))
     except duckdb.Error as e:
         tables = ", ".join(SCHEMAS)
         raise QueryError(
@@ -146,12 +162,14 @@ def run_sql(
     sql: str,
     params: dict[str, Any] | None = None,
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
-) -> pa.Table:
+    fetch: Fetch[T] = arrow_table,
+) -> T:
     """Run one read-only statement of user SQL over every run's tables under ``root``,
-    cancelled past ``timeout_s`` seconds (None, 0 or inf: no limit) or on Ctrl-C."""
+    cancelled past ``timeout_s`` seconds (None, 0 or inf: no limit) or on Ctrl-C; its
+    result taken by ``fetch`` (an Arrow table)."""
     check_read_only(sql)
     limit = _wait_limit(timeout_s)  # before the connection: a bad limit leaves none open
-    return execute_bounded(connect(root, sql), sql, params, limit, close=True)
+    return execute_bounded(connect(root, sql), sql, params, limit, close=True, fetch=fetch)
 
 
 def execute_bounded(
@@ -160,7 +178,8 @@ def execute_bounded(
     params: dict[str, Any] | None,
     timeout_s: float | None,
     close: bool = False,
-) -> pa.Table:
+    fetch: Fetch[T] = arrow_table,
+) -> T:
     """:func:`execute` in a worker thread, stopped with DuckDB's ``interrupt()`` past
     ``timeout_s`` (a :class:`QueryError`) or on Ctrl-C (KeyboardInterrupt, raised again).
     With ``close`` the worker closes ``con`` when it ends: closing a connection a query
@@ -176,7 +195,7 @@ def execute_bounded(
 
     def work() -> None:
         try:
-            box["table"] = execute(con, sql, params)
+            box["table"] = execute(con, sql, params, fetch)
         except BaseException as e:  # handed to the waiting thread
             box["error"] = e
         finally:

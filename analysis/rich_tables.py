@@ -1,4 +1,4 @@
-"""An Arrow table as a rich table: what ``qparity sql`` and ``qparity diff`` print.
+"""A result table as a rich table: what ``qparity sql`` and ``qparity diff`` print.
 
 Its own module so that ``qparity sql`` prints without importing :mod:`analysis.diff` (and
 the spec models it loads): the data commands start fast (bench/cli.py).
@@ -14,6 +14,8 @@ from rich.table import Table
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from analysis.sql_rows import Rows
+
 
 def _cell(value: Any) -> str:
     if value is None:
@@ -25,8 +27,11 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def rich_table(table: pa.Table, title: str | None = None, max_rows: int | None = None) -> Table:
-    """An Arrow table as a rich table (NULL as '-', floats to 6 digits, digests shortened)."""
+def rich_table(
+    table: pa.Table | Rows, title: str | None = None, max_rows: int | None = None
+) -> Table:
+    """An Arrow table (or DuckDB's rows: analysis.sql_rows) as a rich table (NULL as '-',
+    floats to 6 digits, digests shortened)."""
     out = Table(*table.column_names, title=title, title_justify="left")
     rows = table.to_pylist()
     for row in rows[:max_rows]:

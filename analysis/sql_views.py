@@ -24,22 +24,23 @@ both also let ``COPY ... TO`` and ``ATTACH`` write there (measured: ``COPY ... T
 ``enable_external_access=false``, no allowed path and a locked configuration: DuckDB can
 neither read nor write any file once the user's statement runs. Before that, a table whose
 verified parts total at most :data:`SMALL_TABLE_BYTES` (4 MB) is read into an in-memory
-table by DuckDB's own ``read_parquet`` of exactly those files (bound as a parameter list:
-no Arrow dataset layer to import, which cost ``qparity sql`` about 0.1 s of start-up,
-bench/cli.py); a larger one is an Arrow dataset that pyarrow reads as the query runs, DuckDB pushing
-projections and filters down to it, so it is never loaded whole.
+table by DuckDB's own ``read_parquet`` of exactly those files (bound as a parameter list),
+created with the column types :mod:`schemas.table_schemas` declares: pyarrow is not imported
+(0.16 s of ``qparity sql``'s start-up, its dataset layer 0.1 s more; bench/cli.py); a larger
+one is an Arrow dataset that pyarrow reads as the query runs, DuckDB pushing projections and
+filters down to it, so it is never loaded whole.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 import warnings
 from collections.abc import Collection, Iterable
 from pathlib import Path
 
 import duckdb
-import pyarrow as pa
 
 from schemas.errors import ArtifactError, QueryError
 from schemas.manifest import Manifest
@@ -125,37 +126,17 @@ def _verified(run: Path, table: str, manifest: Manifest | None) -> list[Path]:
         return []
 
 
-_DUCKDB_TYPES = {
-    "string": "VARCHAR", "bool": "BOOLEAN", "int32": "INTEGER", "int64": "BIGINT",
-    "float": "FLOAT", "double": "DOUBLE", "timestamp[us, tz=UTC]": "TIMESTAMPTZ",
-}  # fmt: skip
-
-
-def duckdb_type(dtype: pa.DataType) -> str:
-    """The DuckDB type an Arrow column of ``dtype`` reads as (the types of SCHEMAS)."""
-    if pa.types.is_list(dtype):
-        return f"{duckdb_type(dtype.value_type)}[]"
-    try:
-        return _DUCKDB_TYPES[str(dtype)]
-    except KeyError:
-        raise QueryError(
-            f"no DuckDB type for the Arrow type {dtype}",
-            where="schemas/table_schemas.py",
-            hint="add it to analysis.sql_views._DUCKDB_TYPES",
-        ) from None
-
-
 def _load(con: duckdb.DuckDBPyConnection, table: str, files: list[str]) -> None:
     """``table`` in the session with the columns and types of its schema: columns a part
     lacks are NULL, columns the schema lacks are dropped. Read whole by DuckDB when its
     parts are small (always for ``runs``), else an Arrow dataset over them."""
     schema = SCHEMAS[table]
     if table != "runs" and sum(os.path.getsize(f) for f in files) > SMALL_TABLE_BYTES:
-        import pyarrow.dataset as ds  # only here: its import is a tenth of a second
+        import pyarrow.dataset as ds  # only here: pyarrow's import is 0.16 s, its dataset's 0.1 s
 
-        con.register(table, ds.dataset(files, schema=schema, format="parquet"))
+        con.register(table, ds.dataset(files, schema=schema.arrow, format="parquet"))
         return
-    columns = ", ".join(f'"{f.name}" {duckdb_type(f.type)}' for f in schema)
+    columns = ", ".join(f'"{c.name}" {c.type}' for c in schema)
     con.execute(f"CREATE TABLE {table} ({columns})")  # registering Arrow first: ~30 ms
     if files:
         names = ", ".join(f"'{n}'" for n in schema.names)  # our column names: no quotes
@@ -164,6 +145,13 @@ def _load(con: duckdb.DuckDBPyConnection, table: str, files: list[str]) -> None:
             "FROM read_parquet($files, union_by_name = true)",
             {"files": files},
         )
+
+
+def _arrow_errors() -> tuple[type[Exception], ...]:
+    """pyarrow's exception class once pyarrow is imported (a large table's dataset): only
+    then can one be raised, and ``qparity sql`` over small tables never imports it."""
+    pa = sys.modules.get("pyarrow")
+    return (pa.ArrowException,) if pa is not None else ()
 
 
 def _mark_interrupted(
@@ -245,7 +233,7 @@ def connect(
         con.execute("SET autoload_known_extensions = false")
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
-    except (duckdb.Error, pa.ArrowException, OSError) as e:
+    except (duckdb.Error, OSError, *_arrow_errors()) as e:
         con.close()
         raise QueryError(f"cannot open the run store for SQL ({e})", where=str(root)) from e
     return con

@@ -38,7 +38,7 @@ PAIRS = (("qat", "export"), ("export", "convert"), ("convert", "board_sim"))
 
 
 def _write(folder: Path, table: str, part: str, columns: dict) -> None:
-    schema, n = SCHEMAS[table], len(columns["run_id"])
+    schema, n = SCHEMAS[table].arrow, len(columns["run_id"])
     arrays = [
         pa.array(columns[f.name], f.type) if f.name in columns else pa.nulls(n, f.type)
         for f in schema

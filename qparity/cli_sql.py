@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from rich.console import Console
 
+    from analysis.sql_rows import Rows
+
 out = LazyConsole()
 err = LazyConsole(stderr=True)
 
@@ -45,17 +47,17 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def write_result(result: pa.Table, fmt: str, console: Console = out, quiet: bool = False) -> None:
-    """Print ``result`` as a rich table, CSV (with a header) or JSON (a list of objects);
-    ``quiet``: CSV rows only, one line per row, whatever ``fmt``."""
-    import pyarrow as pa  # the data commands' imports wait for the command (bench/cli.py)
-    import pyarrow.csv as pacsv
-
+def write_result(
+    result: Rows | pa.Table, fmt: str, console: Console = out, quiet: bool = False
+) -> None:
+    """Print ``result`` (DuckDB's rows or an Arrow table: analysis.sql_rows) as a rich
+    table, CSV (with a header) or JSON (a list of objects); ``quiet``: CSV rows only, one
+    line per row, whatever ``fmt``."""
     fmt = Format(fmt).value
     if fmt == "csv" or quiet:
-        sink = pa.BufferOutputStream()
-        pacsv.write_csv(result, sink, pacsv.WriteOptions(include_header=not quiet))
-        sys.stdout.write(sink.getvalue().to_pybytes().decode())
+        from analysis.sql_rows import csv_text
+
+        sys.stdout.write(csv_text(result, header=not quiet))
     elif fmt == "json":
         rows = [{k: _json_value(v) for k, v in row.items()} for row in result.to_pylist()]
         sys.stdout.write(json.dumps(rows, indent=1, default=str) + "\n")
@@ -96,8 +98,9 @@ def sql_command(
     """
     try:
         from analysis.query import run_sql
+        from analysis.sql_rows import fetch
 
-        result = run_sql(store_root(root), query, timeout_s=timeout)
+        result = run_sql(store_root(root), query, timeout_s=timeout, fetch=fetch)
     except KeyboardInterrupt:
         err.print("[bold red]interrupted:[/] the query was cancelled (Ctrl-C)", highlight=False)
         raise typer.Exit(130) from None

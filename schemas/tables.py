@@ -1,4 +1,5 @@
-"""Arrow schemas of the tables SQL sees, and the Parquet writer and reader.
+"""The Parquet writer and reader of the tables SQL sees (their columns:
+:mod:`schemas.table_schemas`).
 
 Each run writes its rows under ``<run>/tables/<table>/<part>.parquet``, so that
 ``read_parquet('<root>/*/tables/<table>/**/*.parquet')`` sees every run. Column names
@@ -30,7 +31,7 @@ _PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]*$")
 def _schema(table: str) -> pa.Schema:
     if table not in SCHEMAS:
         raise ArtifactError(f"unknown table {table!r}", hint=f"use one of: {', '.join(SCHEMAS)}")
-    return SCHEMAS[table]
+    return SCHEMAS[table].arrow
 
 
 def _python_types(dtype: pa.DataType) -> tuple[type, ...]:

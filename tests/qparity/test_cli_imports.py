@@ -1,7 +1,8 @@
 """The data commands start without the stage machinery: no torch, onnx or Prefect import;
 `show` and `runs` not even DuckDB or pyarrow's dataset layer, `sql` no spec models and no
-pyarrow reader of Parquet: DuckDB reads the parts; `runs -q` and `sql -q` not even rich
-(bench/cli.py measures their start-up against python + duckdb)."""
+pyarrow at all (DuckDB reads the parts, its rows are printed: analysis.sql_rows); `runs -q`,
+`sql -q` and CSV or JSON not even rich (bench/cli.py measures their start-up against python
++ duckdb)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tests.conftest import tiny_spec_dict
 STAGES = ("torch", "torchao", "onnx", "onnxruntime", "prefect")
 SQL = ("duckdb", "pyarrow.dataset", "pyarrow.compute")
 SPEC = ("schemas.spec_sections", "analysis.diff")  # pydantic models `sql` does not need
-ARROW_IO = ("pyarrow.dataset", "pyarrow.compute", "pyarrow.parquet")  # DuckDB reads for `sql`
+PYARROW = ("pyarrow",)  # `sql` over small tables: DuckDB reads the parts and prints the rows
 RICH = ("rich",)  # only a table or an error needs it: one-line outputs print without it
 CHILD = """
 import sys
@@ -59,8 +60,10 @@ def store(tmp_path_factory):
         (["runs", "-q"], STAGES + SQL + RICH),
         (["show", "RUN"], STAGES + SQL),
         (["show", "RUN", "-q"], STAGES + SQL),
-        (["sql", "SELECT * FROM first_divergences"], STAGES + SPEC + ARROW_IO),
-        (["sql", "SELECT * FROM first_divergences", "-q"], STAGES + SPEC + ARROW_IO + RICH),
+        (["sql", "SELECT * FROM first_divergences"], STAGES + SPEC + PYARROW),
+        (["sql", "SELECT * FROM first_divergences", "-q"], STAGES + SPEC + PYARROW + RICH),
+        (["sql", "SELECT * FROM runs", "-f", "csv"], STAGES + SPEC + PYARROW + RICH),
+        (["sql", "SELECT * FROM metrics", "-f", "json"], STAGES + SPEC + PYARROW + RICH),
         (["diff", "RUN", "RUN", "-q"], STAGES),
     ],
 )

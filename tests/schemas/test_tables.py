@@ -9,7 +9,15 @@ import pytest
 
 from schemas.errors import ArtifactError
 from schemas.store import RunStore
-from schemas.table_schemas import METRICS, RUNS, SCHEMAS, STAGES
+from schemas.table_schemas import (
+    LAYER_TENSORS,
+    METRICS,
+    RUNS,
+    SCHEMAS,
+    STAGES,
+    Column,
+    arrow_type,
+)
 from schemas.tables import read_table, write_rows
 
 
@@ -56,7 +64,7 @@ def test_schemas_have_the_design_columns():
         "cache_hit",
     ]
     assert METRICS.names == ["run_id", "stage", "metric", "value", "n_samples", "output"]
-    assert RUNS.field("started_at").type == pa.timestamp("us", tz="UTC")
+    assert RUNS.arrow.field("started_at").type == pa.timestamp("us", tz="UTC")
     assert {"runs", "stages", "metrics", "layer_stats", "layer_tensors"} <= SCHEMAS.keys()
     assert {"badcases", "sensitivity", "localization", "faults"} <= SCHEMAS.keys()
     design = "run_id base_stage analysis_stage layer_id op_type topo_index dtype scale sample_id"
@@ -112,7 +120,7 @@ def test_timestamps_and_nulls_round_trip(tmp_path):
 
 def test_empty_store_gives_empty_table(tmp_path):
     table = read_table(tmp_path, "runs")
-    assert table.num_rows == 0 and table.schema == RUNS
+    assert table.num_rows == 0 and table.schema == RUNS.arrow
 
 
 @pytest.mark.parametrize(
@@ -143,3 +151,12 @@ def test_missing_column_unknown_table_and_bad_part(tmp_path):
         write_rows(run, "metricz", [], "p")
     with pytest.raises(ArtifactError, match="invalid part"):
         write_rows(run, "metrics", metric_rows(run.run_id), "../../x")
+
+
+def test_columns_are_declared_once_with_sql_types_and_arrow_is_derived():
+    assert LAYER_TENSORS.arrow.field("values").type == pa.list_(pa.float32())
+    assert [c.type for c in METRICS][:4] == ["VARCHAR", "VARCHAR", "VARCHAR", "DOUBLE"]
+    assert arrow_type("BIGINT[]") == pa.list_(pa.int64())
+    assert RUNS.arrow is RUNS.arrow  # derived once
+    with pytest.raises(ValueError, match="unknown type 'TEXT'"):
+        Column("x", "TEXT")
