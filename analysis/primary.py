@@ -11,17 +11,16 @@ top1 and ``thresholds.primary_drop`` (null: top1_drop) for any other.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-
-import numpy as np
 
 from schemas.errors import SpecError
 from schemas.metric_names import LOWER_IS_BETTER, OUTPUT, primary_metric
 from schemas.spec import PipelineSpec, load_spec
 from schemas.spec_sections import CompareSpec
 from schemas.store import Run
-from schemas.tables import read_run_table
+from schemas.table_rows import read_run_table
 
 
 @dataclass(frozen=True)
@@ -42,7 +41,7 @@ class Primary:
 
     def worsening(self, base: str, analysis: str) -> float:
         """How much worse ``analysis`` is than ``base`` (NaN when either was not measured)."""
-        a, b = self.values.get(base, np.nan), self.values.get(analysis, np.nan)
+        a, b = self.values.get(base, math.nan), self.values.get(analysis, math.nan)
         return b - a if self.name in LOWER_IS_BETTER else a - b
 
     def reason(self, base: str, analysis: str) -> str | None:

@@ -13,7 +13,7 @@ from schemas.artifacts import QuantizedModel
 from schemas.owner import as_shown
 from schemas.spec import STAGE_NAMES, load_spec, with_overrides
 from schemas.store import RunStore
-from schemas.tables import read_run_table
+from schemas.table_rows import read_run_table
 
 
 def run_spec(

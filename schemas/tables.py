@@ -19,10 +19,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas.errors import ArtifactError
-from schemas.fileio import read_regular, sha256_bytes
 from schemas.store import Run
 from schemas.store_layout import run_folders
 from schemas.table_digests import check_table, write_part
+from schemas.table_rows import CORRUPT_HINT, verified_parts
+from schemas.table_rows import read_run_table as read_run_table  # its home: the DuckDB reader
 from schemas.table_schemas import SCHEMAS
 
 _PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]*$")
@@ -189,33 +190,17 @@ def _read_part(source, schema: pa.Schema) -> pa.Table:
     return part
 
 
-def read_run_table(run: Run, table: str) -> list[dict[str, Any]]:
-    """Rows of one table of one run, as dicts (empty if the run has none). Each part is
-    read once and checked against the sha256 the manifest records (ArtifactError naming
-    it if it changed); symlinked parts are not read (:mod:`schemas.store_layout`)."""
-    data = read_run_arrow(run, table)
-    return [] if data is None else data.to_pylist()
-
-
 def read_run_arrow(run: Run, table: str) -> pa.Table | None:
-    """:func:`read_run_table` as one Arrow table (None if the run has no part of it)."""
-    schema = _schema(table)  # a known table name, never a path
-    blobs: dict[Path, bytes] = {}
-
-    def digest(path: Path) -> str:
-        blobs[path] = read_regular(path)  # a FIFO: an ArtifactError, never a hang
-        return sha256_bytes(blobs[path])
-
+    """:func:`read_run_table` as one Arrow table, parsed by pyarrow (None if the run has
+    no part of it): for columnar readers of large tables (``stage_outputs``)."""
+    schema = _schema(table)
     parts = []
-    for f in check_table(run.root, table, digest):
+    for f, data in verified_parts(run, table):
         try:
-            parts.append(_read_part(pa.BufferReader(blobs.get(f) or read_regular(f)), schema))
+            parts.append(_read_part(pa.BufferReader(data), schema))
         except (OSError, pa.ArrowException) as e:
             raise ArtifactError(
-                f"cannot read Parquet file of table {table} ({e})",
-                where=str(f),
-                hint="the file is corrupt, truncated or foreign: rerun the run's stages "
-                "(or delete it)",
+                f"cannot read Parquet file of table {table} ({e})", where=str(f), hint=CORRUPT_HINT
             ) from e
     if not parts:
         return None

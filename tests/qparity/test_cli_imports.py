@@ -1,6 +1,7 @@
 """The data commands start without the stage machinery: no torch, onnx or Prefect import;
-`show` and `runs` not even DuckDB or pyarrow's dataset layer, `sql` no spec models and no
-pyarrow at all (DuckDB reads the parts, its rows are printed: analysis.sql_rows); `runs -q`,
+`runs` not even DuckDB or pyarrow, `show` no pyarrow or numpy (DuckDB parses the verified
+bytes of the run's parts: schemas.table_rows), `sql` no spec models and no pyarrow or numpy
+(DuckDB reads the parts, its rows are printed: analysis.sql_rows); `runs -q`,
 `sql -q` and CSV or JSON not even rich (bench/cli.py measures their start-up against python
 + duckdb)."""
 
@@ -21,7 +22,7 @@ from tests.conftest import tiny_spec_dict
 STAGES = ("torch", "torchao", "onnx", "onnxruntime", "prefect")
 SQL = ("duckdb", "pyarrow.dataset", "pyarrow.compute")
 SPEC = ("schemas.spec_sections", "analysis.diff")  # pydantic models `sql` does not need
-PYARROW = ("pyarrow",)  # `sql` over small tables: DuckDB reads the parts and prints the rows
+PYARROW = ("pyarrow", "numpy")  # `sql` over small tables and `show`: DuckDB parses the parts
 RICH = ("rich",)  # only a table or an error needs it: one-line outputs print without it
 CHILD = """
 import sys
@@ -55,11 +56,11 @@ def store(tmp_path_factory):
 @pytest.mark.parametrize(
     ("args", "heavy"),
     [
-        (["--help"], STAGES + SQL),
-        (["runs"], STAGES + SQL),
-        (["runs", "-q"], STAGES + SQL + RICH),
-        (["show", "RUN"], STAGES + SQL),
-        (["show", "RUN", "-q"], STAGES + SQL),
+        (["--help"], STAGES + SQL + PYARROW),
+        (["runs"], STAGES + SQL + PYARROW),
+        (["runs", "-q"], STAGES + SQL + PYARROW + RICH),
+        (["show", "RUN"], STAGES + PYARROW),
+        (["show", "RUN", "-q"], STAGES + PYARROW),
         (["sql", "SELECT * FROM first_divergences"], STAGES + SPEC + PYARROW),
         (["sql", "SELECT * FROM first_divergences", "-q"], STAGES + SPEC + PYARROW + RICH),
         (["sql", "SELECT * FROM runs", "-f", "csv"], STAGES + SPEC + PYARROW + RICH),
