@@ -78,9 +78,12 @@ def judged_row_output(named: str | None, rows: list[dict]) -> str:
     return named or (outputs[0] if outputs else OUTPUT)
 
 
-def run_primary(run: Run, compare: CompareSpec | None = None) -> Primary:
+def run_primary(
+    run: Run, compare: CompareSpec | None = None, metrics: list[dict] | None = None
+) -> Primary:
     """The primary metric of a stored run, by ``compare`` (a PTQ run's: its spec's
-    ``judging()``) or its spec.yaml (a spec the current code refuses: the defaults)."""
+    ``judging()``) or its spec.yaml (a spec the current code refuses: the defaults);
+    ``metrics``: the run's metrics rows, if the caller read them already."""
     if compare is not None:
         spec = SimpleNamespace(compare=compare)
     else:
@@ -88,4 +91,4 @@ def run_primary(run: Run, compare: CompareSpec | None = None) -> Primary:
             spec = load_spec(run.path("spec.yaml"))
         except SpecError:
             spec = SimpleNamespace(compare=CompareSpec())
-    return read_primary(spec, read_run_table(run, "metrics"))
+    return read_primary(spec, read_run_table(run, "metrics") if metrics is None else metrics)

@@ -99,12 +99,12 @@ def _finish_view(out: Console, store_root: str | Path, result) -> None:
     )
 
 
-def stage_table(store_root: str | Path, run_id: str) -> Table:
+def stage_table(store_root: str | Path, run_id: str, metrics: list[dict] | None = None) -> Table:
     """Stages of a run with duration, cache hit and the primary metric (top1 with labels,
-    else cosine, or compare.primary; from the run's tables)."""
+    else cosine, or compare.primary; from the run's tables, or its ``metrics`` rows)."""
     run = RunStore(store_root).open(run_id)
     m = as_shown(run.manifest())
-    primary = run_primary(run)
+    primary = run_primary(run, metrics=metrics)
     values = primary.values
     table = Table("stage", "status", "duration_s", "cache", primary.name, title=f"run {run_id}")
     if "float" in values:
@@ -137,11 +137,12 @@ def show_run(out: Console, store_root: str | Path, run_id: str) -> None:
     )
     if m.error:
         out.print(f"[red]error:[/] {m.error}", highlight=False)
-    out.print(stage_table(store_root, run_id))
+    metrics = read_run_table(run, "metrics")  # read once: the stage table's and this one's
+    out.print(stage_table(store_root, run_id, metrics))
     print_islands(out, run)
     print_faults(out, run)
     table = Table("stage", "metric", "output", "value", "n_samples", title="metrics")
-    for r in read_run_table(run, "metrics"):
+    for r in metrics:
         output = r.get("output") or "-"
         table.add_row(r["stage"], r["metric"], output, f"{r['value']:.6g}", str(r["n_samples"]))
     out.print(table)
