@@ -11,15 +11,18 @@ whole process, ``time.perf_counter`` around ``subprocess.run``):
   imports duckdb and nothing else;
 - three floors, for scale: a python process that imports only the libraries every command
   loads (typer, which coerces every parameter through pydantic, and rich), one that adds
-  what ``qparity sql`` needs (duckdb, which reads the parts, and pyarrow, which holds the
-  result and the table schemas), and one that adds what ``qparity show`` reads with
-  (pyarrow.parquet, and yaml for the run's spec).
-The ratio is command / anchor (targets: at most 2, and under 0.5 s). The store must hold
+  what ``qparity sql`` needs (duckdb, which reads the parts and gives the rows printed),
+  and one that adds what ``qparity show`` reads with (duckdb, which parses the run's
+  parts, and yaml for the run's spec).
+The ratio is command / anchor (targets: at most 2, and under 0.5 s). ``--before TREE``
+also times the qparity commands of another checkout (``git archive <commit> | tar -x -C
+TREE``) in the same rounds, interleaved, as rows marked "(before)": a before/after pair on
+the same load. The store must hold
 runs; ``--make-store N`` first fills the store with N clones of its first run, each a
 distinct run (its own id in the folder name, the manifest and every table row, fresh table
 digests; the artifacts hard-linked), so a 100-run store costs one chain run:
 
-    python bench/cli.py --store runs [--rounds 5]
+    python bench/cli.py --store runs [--rounds 5] [--before /tmp/tree-at-HEAD~3]
     python bench/cli.py --store /tmp/store100 --make-store 100 --from runs
 """
 
@@ -43,8 +46,8 @@ sys.path.insert(0, str(ROOT))
 TARGET_RATIO, TARGET_S = 2.0, 0.5
 QUERY_ANCHOR, BARE_ANCHOR = "anchor: python + duckdb query", "anchor: python + import duckdb"
 FRAMEWORK = "import typer, typer._adapters, rich.console, rich.table"
-SQL_LIBS = f"{FRAMEWORK}, duckdb, pyarrow"
-SHOW_LIBS = f"{FRAMEWORK}, pyarrow.parquet, yaml"
+SQL_LIBS = f"{FRAMEWORK}, duckdb"
+SHOW_LIBS = f"{FRAMEWORK}, duckdb, yaml"
 
 
 def _cpu() -> float:
@@ -52,10 +55,10 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _timed(argv: list[str]) -> tuple[float, float]:
-    """Wall time and CPU time (user + sys) of one process running ``argv``."""
+def _timed(argv: list[str], cwd: Path = ROOT) -> tuple[float, float]:
+    """Wall time and CPU time (user + sys) of one process running ``argv`` in ``cwd``."""
     t0, c0 = time.perf_counter(), _cpu()
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
     took, cpu = time.perf_counter() - t0, _cpu() - c0
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv[:6])} failed: {proc.stderr.strip()[-300:]}")
@@ -83,8 +86,8 @@ def commands(store: Path) -> dict[str, list[str]]:
         f"qparity show {run}": [*cli, "show", run, "--runs", str(store)],
         "qparity --help": [*cli, "--help"],
         "floor: python + typer (its pydantic coercion) + rich": [py, "-c", FRAMEWORK],
-        "floor of qparity sql: the above + duckdb + pyarrow": [py, "-c", SQL_LIBS],
-        "floor of qparity show: typer + rich + pyarrow.parquet + yaml": [py, "-c", SHOW_LIBS],
+        "floor of qparity sql: the above + duckdb": [py, "-c", SQL_LIBS],
+        "floor of qparity show: the above + duckdb + yaml": [py, "-c", SHOW_LIBS],
     }
 
 
@@ -142,14 +145,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--make-store", type=int, metavar="N", help="first clone runs up to N")
     ap.add_argument("--from", dest="source", type=Path, help="the store to clone from")
+    ap.add_argument("--before", type=Path, metavar="TREE", help="also time TREE's commands")
     args = ap.parse_args()
     if args.make_store:
         make_store(args.store, args.source or args.store, args.make_store)
-    cmds = commands(args.store.resolve())
+    cmds = {k: (v, ROOT) for k, v in commands(args.store.resolve()).items()}
+    if args.before:
+        mine = [k for k in cmds if k.startswith("qparity")]
+        cmds |= {f"{k} (before)": (cmds[k][0], args.before.resolve()) for k in mine}
     samples: dict[str, list[tuple[float, float]]] = {k: [] for k in cmds}
     for _ in range(args.rounds):
-        for name, argv in cmds.items():
-            samples[name].append(_timed(argv))
+        for name, (argv, cwd) in cmds.items():
+            samples[name].append(_timed(argv, cwd))
     wall = {k: statistics.median(w for w, _ in v) for k, v in samples.items()}
     cpu = {k: statistics.median(c for _, c in v) for k, v in samples.items()}
     print(f"# {len(_runs(args.store))} runs in {args.store}; median of {args.rounds} rounds; "
