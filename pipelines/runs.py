@@ -28,6 +28,7 @@ from schemas.remote import default_store_root, is_url  # noqa: F401 (re-export)
 from schemas.spec import PipelineSpec, spec_digest, stage_config_digest
 from schemas.store import Run, RunStore
 from schemas.tables import write_rows
+from stages import resident
 from stages.context import RunContext, toolchain_settings
 from stages.registry import StageDef, code_version
 from stages.registry_types import StageCall
@@ -153,6 +154,7 @@ def run_recorded(
         art, cached is not None, time.perf_counter() - t0, cached[1] if cached else None
     )
     record_stage(run, name, outcome)
+    resident.release()  # the stage's freed tensors, before the next stage (stages.resident)
     return outcome
 
 

@@ -119,10 +119,13 @@ class RunContext:
     @cached_property
     def splits(self) -> dict[str, Split]:
         """calibration, evaluation and train splits (see stages.data.load_splits), checked
-        against the float model (stages.data_check) before any stage uses them."""
+        against the float model (stages.data_check) before any stage uses them; a large
+        split is file-backed in the run's folder (an unlinked file: nothing is left)."""
         d, model = self.spec.data, self.float_model
         names = forward_inputs(model)
-        splits = load_splits(d.dataset, d.calibration_samples, d.evaluation_samples, names)
+        splits = load_splits(
+            d.dataset, d.calibration_samples, d.evaluation_samples, names, self.run.root
+        )
         check_with_model(splits, model, self.spec.compare.output)
         return splits
 

@@ -19,6 +19,7 @@ import torch
 
 from schemas.artifacts import Artifact, QuantizedModel
 from schemas.errors import StageError
+from stages import resident
 from stages.context import RunContext
 
 Captured = tuple[np.ndarray, dict[str, np.ndarray]]
@@ -38,6 +39,7 @@ class StageModel:
     featuremaps): run on another stage's input, it shows only the error it adds."""
 
     def run(self, idx: np.ndarray, replace: dict[str, np.ndarray] | None = None) -> Captured:
+        resident.release()  # what the previous runs freed (stages.resident)
         return self.runner(np.asarray(idx), replace)
 
 

@@ -10,7 +10,6 @@ Labels are computed once per process and model.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import os
 
@@ -36,23 +35,34 @@ def evaluation_frames() -> int:
     return int(os.environ.get("QPARITY_ZOO_FRAMES", "1000"))
 
 
-@functools.cache
 def dataset(name: str, size: int, frames: int) -> dict:
     """Calibration and evaluation crops of zoo model ``name`` at ``size``, labelled
-    (segmentation models: no labels; judged by output agreement and :func:`miou`)."""
+    (segmentation models: no labels; judged by output agreement and :func:`miou`). The
+    crops are made on every call (seeded: the same arrays) and not kept, so a run holds
+    the one copy it reads (a large split is file-backed: stages.data.FILE_BACKED_BYTES)."""
     train = images.crops(calibration_frames(), size, seed=1)
     evaluation = images.crops(frames, size, seed=2)
-    model = build(name, size)
     if ZOO[name].task == "segment":  # named as forward names it (torchvision's: ``input``)
-        arg = next(iter(inspect.signature(model.forward).parameters))
+        arg = next(iter(inspect.signature(build(name, size).forward).parameters))
         return {
             "train": {"inputs": {arg: train}, "labels": None},
             "evaluation": {"inputs": {arg: evaluation}, "labels": None},
         }
-    return {
-        "train": (train, _labels(model, train)),
-        "evaluation": (evaluation, _labels(model, evaluation)),
-    }
+    train_y, evaluation_y = _labelled(name, size, train, evaluation)
+    return {"train": (train, train_y), "evaluation": (evaluation, evaluation_y)}
+
+
+_LABELS: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _labelled(name: str, size: int, train: np.ndarray, evaluation: np.ndarray) -> tuple:
+    """The float model's top-1 of both splits, computed once per process, model and
+    split sizes (the crops are seeded, so they are the same arrays)."""
+    key = (name, size, len(train), len(evaluation))
+    if key not in _LABELS:
+        model = build(name, size)
+        _LABELS[key] = (_labels(model, train), _labels(model, evaluation))
+    return _LABELS[key]
 
 
 def _labels(model: torch.nn.Module, x: np.ndarray, batch: int = 32) -> np.ndarray:

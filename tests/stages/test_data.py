@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from schemas.errors import StageError
+from stages import data as data_mod
+from stages import resident
 from stages.data import load_splits
 from tests.models import data as tiny_data
 
@@ -51,6 +53,25 @@ def test_the_pair_form_names_its_input_after_the_forward_parameter():
     s = load_splits(f"{HERE}:pairs", 8, 8, ["image"])
     assert list(s["evaluation"].inputs) == ["image"] and s["evaluation"].x.dtype == np.float32
     assert s["calibration"].labels.dtype == np.int64
+
+
+def test_a_large_split_is_file_backed_with_the_same_values_digest_and_batches(
+    tmp_path, monkeypatch
+):
+    """A split past FILE_BACKED_BYTES lives in a file mapping (a run's 1000 frames are not
+    the process's own memory between batches); a small one stays in memory."""
+    x, y = tiny_data()["evaluation"]
+    before = load_splits("tests.models:data", 8, 64)
+    monkeypatch.setattr(data_mod, "FILE_BACKED_BYTES", 8 * x[0].nbytes)
+    after = load_splits("tests.models:data", 8, 64, folder=tmp_path)
+    ev = after["evaluation"]
+    assert resident.is_file_backed(ev.x) and not resident.is_file_backed(after["calibration"].x)
+    assert np.array_equal(ev.x, before["evaluation"].x) and np.array_equal(ev.y, y[:64])
+    assert ev.digest == before["evaluation"].digest
+    got = [(s, xb.numpy().copy()) for s, xb, _ in ev.batches(16)]
+    assert [s for s, _ in got] == [0, 16, 32, 48]
+    assert np.array_equal(np.concatenate([b for _, b in got]), before["evaluation"].x)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_pair_form_digest_is_unchanged():

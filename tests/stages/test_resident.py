@@ -1,0 +1,63 @@
+"""stages.resident: free heap pages between live blocks go back to the system."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stages import resident
+
+MB = 2**20
+
+
+def _anon_mb() -> float:
+    """This process's anonymous resident memory (the heap's pages), MB."""
+    with open("/proc/self/status") as fh:
+        line = next(x for x in fh if x.startswith("RssAnon:"))
+    return int(line.split()[1]) / 1024
+
+
+def test_release_returns_the_pages_of_freed_blocks_below_live_ones():
+    if resident._malloc_trim() is None:
+        pytest.skip("not glibc: release() has nothing to call")
+    del_me = np.ones(16 * MB // 8)  # freeing a mapped 16 MB block raises the mmap threshold
+    del del_me
+    big, live = [], []
+    for _ in range(64):  # 2 MB blocks from the heap, each below a small live one
+        big.append(np.ones(2 * MB // 8))
+        live.append(np.ones(MB // 8))  # too big for any hole already in the heap
+    held = _anon_mb()
+    del big
+    freed = _anon_mb()
+    if held - freed > 64:
+        pytest.skip("this malloc gave the blocks back on free (mmap threshold fixed)")
+    assert resident.release()
+    assert _anon_mb() < freed - 100, "the 128 MB freed below live blocks stayed resident"
+    assert len(live) == 64
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as fh:
+        line = next(x for x in fh if x.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+def test_a_file_backed_array_keeps_its_values_and_writes_across_drops(tmp_path):
+    a = np.random.default_rng(0).standard_normal((64, 3, 32, 32)).astype(np.float32)
+    m = resident.file_backed(a, tmp_path)
+    assert m.dtype == a.dtype and m.shape == a.shape and np.array_equal(m, a)
+    m[5, 1] = 7.0  # writable: a write goes to the file, not lost with the page
+    resident.drop_mapped()
+    assert np.all(m[5, 1] == 7.0) and np.array_equal(m[6:], a[6:])
+    assert list(tmp_path.iterdir()) == []  # unlinked: nothing left in the folder
+
+
+def test_dropping_gives_back_the_pages_a_read_touched(tmp_path):
+    m = resident.file_backed(np.ones((128, 2**18), np.float32), tmp_path)  # 128 MB
+    resident.drop_mapped()
+    before = _rss_mb()
+    assert float(m.sum()) == 128 * 2**18  # touches every page
+    touched = _rss_mb()
+    resident.drop_mapped()
+    assert touched - before > 100, "reading the mapped array did not count as resident"
+    assert _rss_mb() < touched - 100, "the touched pages stayed resident after drop_mapped"
