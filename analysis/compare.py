@@ -1,10 +1,14 @@
 """Stream every stage model over the same evaluation batches and compare them layer by layer.
 
-Each batch is run once through every stage model; every requested stage pair is then
-compared on that batch (:mod:`analysis.metrics`) and its per-sample rows are written to
-``tables/layer_stats/<base>__<analysis>/b<batch>.parquet`` at once, so memory holds one
-batch, never the dataset. Aggregates (``sample_id`` null, ``aggregate = 'all'``) follow
-from running sums at the end. Layers only one side captures are listed, not dropped.
+Each batch is run through the stage models one by one in chain order; a stage pair is
+compared (:mod:`analysis.metrics`) as soon as both its sides are captured, on a worker
+thread while the next model runs, and a model's capture is dropped as soon as no pair of
+the batch still needs it: the chain's pairs and the QAT reference's hold at most three
+models' captures at once (the reference's, the previous stage's, the current one's), never
+all of them. Each pair's per-sample rows go to
+``tables/layer_stats/<base>__<analysis>/b<batch>.parquet``, so memory holds one batch,
+never the dataset. Aggregates (``sample_id`` null, ``aggregate = 'all'``) follow from
+running sums at the end. Layers only one side captures are listed, not dropped.
 """
 
 from __future__ import annotations
@@ -70,22 +74,20 @@ def compare_stages(
 ) -> dict[tuple[str, str], PairResult]:
     """Compare every pair over the evaluation split; writes layer_stats; returns results.
 
-    ``scales`` (layer id -> quantization step, e.g. the integer graph's) wins over the
-    steps the stage models report."""
+    ``models`` in chain order (the order they run in on each batch; a model in no pair
+    is not run). ``scales`` (layer id -> quantization step, e.g. the integer graph's)
+    wins over the steps the stage models report."""
     results = {p: PairResult(*p, run_id=ctx.run.run_id) for p in pairs}
     for r in results.values():
         remove_parts(ctx.run, f"tables/layer_stats/{r.name}")
     n = min(len(ctx.evaluation), ctx.spec.compare.samples or len(ctx.evaluation))
     stored = stored_outputs(ctx, list(models))  # outputs on every sample, or None
-    bs = compare_batch(ctx, models)
+    bs = compare_batch(ctx, models, pairs)
     for b, start in enumerate(range(0, n, bs)):
         idx = np.arange(start, min(start + bs, n))
-        runs = {s: m.run(idx) for s, m in models.items()}
+        setup = (layers, scales or {}) if b == 0 else None
+        parts = _stream(ctx, models, results, idx, setup, (layers, dtypes), stored is None)
         tick("compare", int(idx[-1]) + 1, n)
-        for (base, ana), r in results.items():
-            if b == 0:
-                _setup(r, runs[base][1], runs[ana][1], models, layers, scales or {}, len(idx))
-        parts = _pairs_batch(ctx, results, runs, idx, (layers, dtypes), stored is None)
         for r, cols in zip(results.values(), parts, strict=True):  # one by one (manifest)
             write_columns(ctx.run, "layer_stats", cols, f"{r.name}/b{b:05d}")
     for r in results.values():
@@ -95,20 +97,73 @@ def compare_stages(
     return results
 
 
-def compare_batch(ctx: RunContext, models: dict[str, StageModel]) -> int:
-    """Samples per comparison batch: ``data.batch_size``, fewer when what every stage model
-    captures for them (measured on sample 0) would pass ``compare.memory_mb``.
+def compare_batch(
+    ctx: RunContext, models: dict[str, StageModel], pairs: list[tuple[str, str]]
+) -> int:
+    """Samples per comparison batch: ``data.batch_size``, fewer when the largest set of
+    captures alive at once (:func:`alive_sets`; each model's measured on sample 0) would
+    pass ``compare.memory_mb``.
 
-    FORMULA: ``max(1, min(batch_size, memory_mb * 2**20 // sum_models(bytes of one
-    sample's output and layer tensors)))``."""
-    per_sample = sum(_nbytes(m.run(np.arange(1))) for m in models.values())
+    FORMULA: ``max(1, min(batch_size, memory_mb * 2**20 // max_k sum_{s in alive_k}
+    (bytes of model s's output and layer tensors of one sample)))``, ``alive_k`` the
+    captures alive while the k-th model runs (:func:`alive_sets`)."""
+    order = _order(models, pairs)
+    size = {s: _nbytes(models[s].run(np.arange(1))) for s in order}
+    per_sample = max((sum(size[s] for s in alive) for alive in alive_sets(order, pairs)), default=0)
     budget = ctx.spec.compare.memory_mb * 2**20
     return max(1, min(ctx.spec.data.batch_size, int(budget // max(per_sample, 1))))
+
+
+def alive_sets(order: list[str], pairs) -> list[list[str]]:
+    """Per model of ``order`` (the run order): the captures alive while it runs, its own
+    and each earlier one a pair still needs, paired with it or a later model."""
+    return [
+        [s for s in order[:k] if any(s in p and set(p) & set(order[k:]) for p in pairs)]
+        + [order[k]]
+        for k in range(len(order))
+    ]
+
+
+def _order(models: dict[str, StageModel], pairs) -> list[str]:
+    """The models the pairs use, in ``models``' (chain) order."""
+    used = {s for p in pairs for s in p}
+    return [s for s in models if s in used]
 
 
 def _nbytes(captured) -> int:
     out, values = captured
     return int(np.asarray(out).nbytes + sum(np.asarray(v).nbytes for v in values.values()))
+
+
+def _stream(ctx, models, results: dict, idx, setup, where, with_output: bool) -> list[dict]:
+    """:func:`_batch` of every pair on one comparison batch: the models run one by one in
+    chain order, each pair is submitted to :data:`WORKERS` threads once both its sides
+    are captured (numpy releases the GIL in its array loops, so the metrics use both
+    cores while the next model runs), and a capture no later pair needs is dropped (its
+    pairs' jobs done) before the next model runs. ``setup``: (layers, scales) on the
+    first batch (:func:`_setup`), else None. Returns the columns in ``results``' order."""
+    order = _order(models, results)
+    runs: dict = {}  # stage -> its capture of this batch; the jobs read it from here
+    jobs: dict = {}
+    with ThreadPoolExecutor(WORKERS) as pool:
+        for stage, alive in zip(order, alive_sets(order, results), strict=True):
+            _drop(runs, jobs, keep=alive)
+            runs[stage] = models[stage].run(idx)
+            for pair, r in results.items():
+                if stage in pair and pair not in jobs and all(s in runs for s in pair):
+                    if setup is not None:
+                        _setup(r, runs[r.base][1], runs[r.analysis][1], models, *setup, len(idx))
+                    jobs[pair] = pool.submit(_batch, ctx, r, runs, idx, where, with_output)
+        return [jobs[p].result() for p in results]
+
+
+def _drop(runs: dict, jobs: dict, keep: list[str]) -> None:
+    """Drop every capture but ``keep``'s, once the jobs of its pairs are done."""
+    for stage in [s for s in runs if s not in keep]:
+        for pair, job in jobs.items():
+            if stage in pair:
+                job.result()
+        del runs[stage]
 
 
 def _setup(r: PairResult, base: dict, ana: dict, models, layers, scales, n: int) -> None:
@@ -126,20 +181,12 @@ def _setup(r: PairResult, base: dict, ana: dict, models, layers, scales, n: int)
     r.acc = {lid: Accumulator() for lid in [*r.layer_ids, OUTPUT]}
 
 
-def _pairs_batch(ctx, results: dict, runs: dict, idx, where, with_output: bool) -> list[dict]:
-    """:func:`_batch` of every pair on one comparison batch, on :data:`WORKERS` threads
-    (numpy releases the GIL in its array loops, so the metrics use both cores)."""
-    with ThreadPoolExecutor(WORKERS) as pool:
-        jobs = [pool.submit(_batch, ctx, r, runs[r.base], runs[r.analysis], idx, where, with_output)
-                for r in results.values()]  # fmt: skip
-        return [job.result() for job in jobs]
-
-
-def _batch(ctx, r: PairResult, base_run, ana_run, idx, where, with_output: bool) -> dict:
+def _batch(ctx, r: PairResult, runs: dict, idx, where, with_output: bool) -> dict:
     """One batch of one pair: the columns of the per-sample rows of every layer (and of
-    the output, unless it is compared from the stored outputs); totals. ``where``:
-    (layers, dtypes)."""
-    (out_a, base), (out_b, ana) = base_run, ana_run
+    the output, unless it is compared from the stored outputs); totals. ``runs``: stage
+    -> capture (read here, on the worker: it holds no capture once it returns);
+    ``where``: (layers, dtypes)."""
+    (out_a, base), (out_b, ana) = runs[r.base], runs[r.analysis]
     layers, dtypes = where
     cols: dict[str, list] = {}
     for lid in r.layer_ids:

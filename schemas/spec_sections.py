@@ -278,6 +278,8 @@ class CompareSpec(Section):
     bad cases) are compared on every sample, from what the stages stored, and the stages'
     metrics (top-1...) are always measured on the whole split."""
     memory_mb: float = Field(default=1024, gt=0)
-    """MB of captured layer tensors the comparison holds at once: it runs every stage model
-    on batches of ``data.batch_size`` samples, fewer when all the models' layers of that
-    many samples would pass this (measured on one sample; at least one sample per batch)."""
+    """MB of captured layer tensors the comparison holds at once: it runs the stage models
+    one by one on batches of ``data.batch_size`` samples, fewer when the most models'
+    layers it holds at once (three: the QAT reference's, the previous stage's, the current
+    one's) of that many samples would pass this (measured on one sample; at least one
+    sample per batch)."""
