@@ -26,10 +26,9 @@ from analysis.localize import (
     PairVerdict,
     first_divergence,
     judge_pair,
-    judged_samples,
 )
-from analysis.own_error import chunks
 from analysis.primary import read_primary
+from analysis.quant_parts import parts_from_sums
 from analysis.records import localization_rows, sensitivity_rows, trial_rows, write_tensors
 from schemas.errors import QueryError
 from schemas.spec import STAGE_NAMES
@@ -120,8 +119,7 @@ def analyze_models(
     write_rows(ctx.run, "sensitivity", sens + trial_rows(ctx.run.run_id, advice, layers), "all")
     write_tensors(ctx, models, results, first, layers)
     file_dtypes = dtypes or _calibrate_dtypes(ctx, layers, advice)
-    parts = {(v.base, v.analysis): _parts(ctx, models, v, results, file_dtypes, layers)
-             for v in verdicts}  # fmt: skip
+    parts = {(v.base, v.analysis): _parts(v, results, file_dtypes, layers) for v in verdicts}
     flops = flops or functools.partial(layer_flops, ctx.run)
     shapes = union_shapes(r.shapes for r in results.values())
     files = _write_files(
@@ -199,37 +197,18 @@ def _calibrate_dtypes(ctx, layers: dict[str, Layer], advice: Advice | None) -> d
     return dtypes
 
 
-def _parts(ctx, models, v: PairVerdict, results, dtypes, layers) -> dict:
+def _parts(v: PairVerdict, results, dtypes, layers) -> dict:
     """Float -> calibrate: each weighted sensitive op's (weight, activation) share of its
-    own error (vendor_files.quantization_parts), from the calibrated model re-run on the
-    samples its own errors were judged on; {} for any other pair."""
-    lids = [lid for lid, *_ in v.sensitive if lid in layers and v.own is not None
-            and layers[lid].op_type in vendor_files.WEIGHTED and lid in v.own.reverted]  # fmt: skip
-    if not (v.quantization and lids):
+    own error (analysis.quant_parts), from the sums sensitivity streamed over the samples
+    its own errors were judged on; {} for any other pair."""
+    if not v.quantization or v.own is None:
         return {}
-    values = _captured(
-        models[v.analysis], judged_samples(ctx, np.asarray(v.samples, np.int64)), lids
-    )
     steps = results[(v.base, v.analysis)].steps
     return {
-        lid: vendor_files.quantization_parts(
-            values[lid], v.own.reverted[lid], steps[lid], dtypes.get(lid)
-        )
-        for lid in lids
-        if np.shape(values.get(lid)) == np.shape(v.own.reverted[lid])
+        lid: parts_from_sums(v.own.parts[lid], steps[lid], dtypes.get(lid))
+        for lid, *_ in v.sensitive
+        if lid in layers and layers[lid].op_type in vendor_files.WEIGHTED and lid in v.own.parts
     }
-
-
-def _captured(model, idx: np.ndarray, lids: list[str]) -> dict[str, np.ndarray]:
-    """The layers ``lids`` of ``model`` on samples ``idx``, run a few samples at a time
-    (:func:`analysis.own_error.chunks`): every other layer is dropped after each run."""
-    got: dict[str, list] = {lid: [] for lid in lids}
-    for part in chunks(idx):
-        _, values = model.run(part)
-        for lid in lids:
-            if lid in values:
-                got[lid].append(values[lid])
-    return {lid: np.concatenate(v) for lid, v in got.items() if v}
 
 
 def _write_files(

@@ -145,10 +145,6 @@ def judge_pair(
             )
     if v.reasons:
         _localize(v, result, (base, ana), judged, ids, over, dtypes, layers or {}, th.cosine)
-    # reverted values are every layer of the judged samples, too large to keep for every
-    # pair: only the quantization pair's sensitive ops need theirs (analysis._parts)
-    keep = {lid for lid, *_ in v.sensitive} if v.quantization else set()
-    v.own.reverted = {k: t for k, t in v.own.reverted.items() if k in keep}
     return v
 
 
@@ -204,7 +200,8 @@ def _localize(v, result, models, idx, ids, over, dtypes, layers, cosine) -> None
     v.first_layer = v.first_layer or max(ids, key=size.__getitem__)
     ranked = set(sorted(ids, key=lambda i: -size[i])[:TOP_SENSITIVE]) | {v.first_layer}
     candidates = [i for i in ids if i in ranked]
-    v.sensitive = sensitivity(*models, idx, v.own, candidates, size)
+    steps = result.steps if v.quantization else None  # the weight/activation split's
+    v.sensitive = sensitivity(*models, idx, v.own, candidates, size, steps)
     if v.quantization:
         v.triage = quantization_triage(result, v, over, cosine)
     else:

@@ -23,15 +23,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from analysis.quant_parts import part_sums
 from stages.stage_models import StageModel
 
 
 @dataclass
 class OwnErrors:
-    """Per layer of a pair on a few samples: own error (steps) and the reverted value."""
+    """Per layer of a pair on a few samples: own error (steps), and for the sensitivity
+    candidates of a quantization pair the sums splitting it into weight and activation
+    shares (analysis.quant_parts.part_sums, streamed: no reverted tensor is kept)."""
 
     steps: dict[str, float]
-    reverted: dict[str, np.ndarray]
+    parts: dict[str, dict]
     exact: bool
     """True when own errors come from re-running the base stage; False when the base
     cannot be fed layer by layer (the simulator), and the total error stands in for it
@@ -59,7 +62,7 @@ def own_errors(
 ) -> OwnErrors:
     """Own error of every layer of ``layer_ids`` on samples ``idx`` (module docstring),
     streamed over :func:`chunks`: the max over samples, the cosine from summed dot
-    products. ``reverted`` stays empty: :func:`sensitivity` recomputes its candidates'."""
+    products. ``parts`` stays empty: :func:`sensitivity` fills its candidates'."""
     worst = dict.fromkeys(layer_ids, 0.0)
     dots = {lid: np.zeros(3) for lid in layer_ids}  # <a, b>, <a, a>, <b, b>
     for part in chunks(idx):
@@ -105,9 +108,11 @@ def sensitivity(
     own: OwnErrors,
     candidates: list[str],
     size: dict[str, float] | None = None,
+    quant_steps: dict[str, float] | None = None,
 ) -> list[tuple[str, float, float]]:
-    """(layer id, L1 before, L1 after reverting it) for each candidate, best first; each
-    candidate's reverted values on ``idx`` land in ``own.reverted``.
+    """(layer id, L1 before, L1 after reverting it) for each candidate, best first. With
+    ``quant_steps`` (layer id -> output step: the quantization pair), each candidate's
+    weight/activation sums over ``idx`` land in ``own.parts``.
 
     Without substitution in the analysis model (the simulator), a layer's own error stands
     in: after = before * (1 - own / max own), an estimate, ranked the same way. ``size``
@@ -117,24 +122,35 @@ def sensitivity(
     """
     size = size or own.steps
     revert = analysis.substitutable and own.exact
-    total, n, kept = dict.fromkeys(["before", *candidates], 0.0), 0, {c: [] for c in candidates}
+    total, n = dict.fromkeys(["before", *candidates], 0.0), 0
     for part in chunks(idx):
         out_base, _ = base.run(part)
         out_ana, _ = analysis.run(part)
         total["before"] += _l1_sum(out_ana, out_base)
         n += np.size(out_base)
         if revert:
-            _, computed = _base_on_analysis(base, analysis, part, list(own.steps))
+            ana, computed = _base_on_analysis(base, analysis, part, list(own.steps))
             for lid in candidates:
-                kept[lid].append(computed[lid])
+                if quant_steps is not None:
+                    _add_parts(own.parts, lid, ana[lid], computed[lid], quant_steps[lid])
                 out_rev, _ = analysis.run(part, replace={lid: computed[lid]})
                 total[lid] += _l1_sum(out_rev, out_base)
     before = total["before"] / max(n, 1)
-    own.reverted = {lid: np.concatenate(v) for lid, v in kept.items() if v}
     worst = max((size[c] for c in candidates), default=0.0) or 1.0
     rows = [(lid, before, total[lid] / max(n, 1) if revert else before * (1 - size[lid] / worst))
             for lid in candidates]  # fmt: skip
     return sorted(rows, key=lambda r: round(r[2] - r[1], 12))  # stable: ties in topo order
+
+
+def _add_parts(parts: dict, lid: str, value, reverted, step: float) -> None:
+    """Add one chunk's weight/activation sums of layer ``lid`` to ``parts`` (a layer whose
+    two tensors differ in shape has none)."""
+    if np.shape(value) != np.shape(reverted):
+        return
+    sums = part_sums(value, reverted, step)
+    if lid in parts:
+        sums = {k: parts[lid][k] + v for k, v in sums.items()}
+    parts[lid] = sums
 
 
 def _l1_sum(a: np.ndarray, b: np.ndarray) -> float:

@@ -17,13 +17,12 @@ import csv
 import io
 import math
 
-import numpy as np
-
 from analysis.advice import Advice, advisor_lines
 from analysis.compare import OUTPUT, PairResult
 from analysis.flops import render_flops
 from analysis.layer_graph import Layer
 from analysis.localize import FLOAT_STAGE, PairVerdict
+from analysis.quant_parts import GRIDS
 from analysis.tolerance import limit
 
 COLUMNS = (
@@ -43,8 +42,6 @@ FLOAT_PAIR = (FLOAT_STAGE, "calibrate")
 """The vendor's float-vs-calibration pair: the advisor's rules read its values."""
 WEIGHTED = ("conv", "linear", "gemm")
 """Op types with weights of their own (gemm: a PTQ run's ONNX op)."""
-GRIDS = {"int8": (-128, 127), "int16": (-32768, 32767)}
-"""Integer range of each quantized output dtype."""
 INT8_RANGE = 128.0
 """An int8 layer whose values reach this magnitude (e.g. raw 0..255 pixels) gets a step
 >= 1 (the vendor's "data range too large for int8")."""
@@ -98,7 +95,7 @@ def render_sensitive(
     parts: dict[str, tuple[float, float]] | None = None,
 ) -> str:
     """output_<stage>_l1_sensitive_ops.txt for a divergent pair (``flops``:
-    analysis.flops.layer_flops, ``-`` where unknown; ``parts``: :func:`quantization_parts`
+    analysis.flops.layer_flops, ``-`` where unknown; ``parts``: :func:`analysis.quant_parts.quantization_parts`
     of the float -> calibrate pair's weighted layers)."""
     lines = [
         f"# {v.base} -> {v.analysis}: revert one op to {v.base}'s behaviour; output L1 vs "
@@ -128,7 +125,7 @@ def sensitive_type(
     """``weight`` or ``activation``: which of a weighted layer's (conv, linear, gemm)
     quantizers its own error comes from; any other op is ``activation``.
 
-    - float -> calibrate: the own error is split by :func:`quantization_parts` (``parts``);
+    - float -> calibrate: the own error is split by :func:`analysis.quant_parts.quantization_parts` (``parts``);
       ``weight`` when the weights' share is the larger (a clipped or coarse output scale
       is ``activation``, an int32 output has no output quantizer);
     - a later pair, whose sides quantize the output alike: ``weight`` when the layer adds
@@ -143,26 +140,6 @@ def sensitive_type(
         weight, activation = (parts or {}).get(lid, (0.0, 0.0))
         return "weight" if weight > activation else "activation"
     return "weight" if own.steps[lid] > limit(v.tolerance, dtype) else "activation"
-
-
-def quantization_parts(
-    analysis: np.ndarray, reverted: np.ndarray, step: float, dtype: str | None
-) -> tuple[float, float]:
-    """(weight, activation) shares of a layer's own quantization error, mean |.| in its
-    steps: ``reverted`` is the float layer on the quantized inputs, ``q(reverted)`` that
-    value through the layer's own output quantizer (rounded to ``step``, clamped to
-    ``dtype``'s range; an int32 or float output has none), so
-
-        activation = mean |q(reverted) - reverted| / step   (output rounding, clipping)
-        weight     = mean |analysis - q(reverted)| / step   (what is left: weights, bias)
-    """
-    ref = np.asarray(reverted, np.float64)
-    q = ref
-    if dtype in GRIDS and step > 0:
-        q = np.clip(np.round(ref / step), *GRIDS[dtype]) * step
-    weight = np.mean(np.abs(np.asarray(analysis, np.float64) - q)) / step if step else 0.0
-    activation = np.mean(np.abs(q - ref)) / step if step else 0.0
-    return float(weight), float(activation)
 
 
 def advisor_pair(pairs, top: tuple[str, str]) -> tuple[str, str]:

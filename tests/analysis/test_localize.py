@@ -109,9 +109,9 @@ def test_a_calibration_that_clips_names_calibrate_and_the_layer(store):
     assert "lose more than cosine" in first.reasons[-1]
     assert "calibrate stage/op problem at conv" in first.triage
     assert "conv" in [lid for lid, *_ in first.sensitive[:3]]
-    # reverted tensors kept only where the weight/activation split needs them
-    assert set(first.own.reverted) <= {lid for lid, *_ in first.sensitive}
-    assert all(not v.own.reverted for v in result.analysis.verdicts if v is not first)
+    # the weight/activation split's sums: the quantization pair's candidates only
+    assert set(first.own.parts) <= {lid for lid, *_ in first.sensitive} and first.own.parts
+    assert all(not v.own.parts for v in result.analysis.verdicts if v is not first)
     ops = RunStore(store).open(result.run_id).path("debug/output_calibrate_l1_sensitive_ops.txt")
     row = next(r.split(" | ") for r in ops.read_text().splitlines() if r.startswith("conv |"))
     assert row[1] == "activation"  # its output scale clips, not its weights

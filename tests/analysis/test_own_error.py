@@ -5,6 +5,7 @@ import pytest
 
 from analysis import own_error
 from analysis.own_error import own_errors, sensitivity
+from analysis.quant_parts import parts_from_sums, quantization_parts
 from stages.stage_models import StageModel
 
 X = np.random.default_rng(0).normal(size=(7, 5)).astype(np.float32)
@@ -32,8 +33,11 @@ def _judge(chunk: int, monkeypatch):
     base, ana = _model("float", None), _model("quant", 0.25)
     idx = np.arange(len(X))
     own = own_errors(base, ana, idx, ["a", "b"], {"a": 0.25, "b": 0.25})
-    rows = sensitivity(base, ana, idx, own, ["a", "b"])
+    rows = sensitivity(base, ana, idx, own, ["a", "b"], quant_steps=STEPS)
     return own, rows
+
+
+STEPS = {"a": 0.25, "b": 0.25}
 
 
 def test_chunked_judging_equals_one_run(monkeypatch):
@@ -45,9 +49,25 @@ def test_chunked_judging_equals_one_run(monkeypatch):
         assert [r[0] for r in rows] == [r[0] for r in whole_rows]
         flat = [v for r in rows for v in r[1:]]
         assert flat == pytest.approx([v for r in whole_rows for v in r[1:]], rel=1e-12)
-        for lid, v in whole.reverted.items():
-            np.testing.assert_array_equal(own.reverted[lid], v)
-    assert set(whole.reverted) == {"a", "b"} and whole.reverted["a"].shape == X.shape
+        for lid, sums in whole.parts.items():
+            for dtype, v in sums.items():
+                np.testing.assert_allclose(own.parts[lid][dtype], v, rtol=1e-12)
+    assert set(whole.parts) == {"a", "b"} and whole.parts["a"][None][2] == X.size
+
+
+def test_streamed_parts_equal_the_split_of_the_whole_reverted_tensors(monkeypatch):
+    """The weight/activation split from sums streamed over chunks equals
+    quantization_parts on the whole tensors: the analysis layer, and the float layer
+    computed on the quantized inputs (the float model fed the quantized "a")."""
+    own, _ = _judge(2, monkeypatch)
+    ana_a = np.round(2 * X / 0.25) * 0.25
+    ana_b = np.round((1.3 * ana_a + 1) / 0.25) * 0.25
+    reverted = {"a": 2 * X, "b": 1.3 * ana_a + 1}  # base layers on the analysis inputs
+    for lid, value in (("a", ana_a), ("b", ana_b)):
+        for dtype in ("int8", "int16", "int32", None):
+            got = parts_from_sums(own.parts[lid], STEPS[lid], dtype)
+            want = quantization_parts(value, reverted[lid], STEPS[lid], dtype)
+            assert got == pytest.approx(want, rel=1e-12, abs=1e-15)
 
 
 def test_own_error_is_the_layers_own_rounding(monkeypatch):

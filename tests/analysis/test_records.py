@@ -13,7 +13,7 @@ from schemas.tables import float32_lists
 
 
 def _verdict(base: str, analysis: str, reasons: list[str]) -> PairVerdict:
-    own = OwnErrors(steps={"conv": 3.0 if reasons else 0.0}, reverted={}, exact=True)
+    own = OwnErrors(steps={"conv": 3.0 if reasons else 0.0}, parts={}, exact=True)
     v = PairVerdict(base, analysis, reasons=reasons, own=own, tolerance=1.0)
     if reasons:
         v.first_layer, v.triage = "conv", "conv adds 3 steps of its own"

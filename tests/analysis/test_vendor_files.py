@@ -12,6 +12,7 @@ from analysis.compare import OUTPUT, PairResult
 from analysis.layer_graph import Layer
 from analysis.localize import PairVerdict
 from analysis.own_error import OwnErrors
+from analysis.quant_parts import quantization_parts
 
 LAYERS = {
     "conv": Layer("conv", "conv", 0, ("input:x",)),
@@ -140,12 +141,12 @@ def test_float_pair_sensitive_type_splits_weight_and_activation_quantization():
     step = 0.01
     ref = np.linspace(-1.5, 1.5, 301)  # the float conv on calibrate's inputs
     q = np.clip(np.round(ref / step), -128, 127) * step  # its output quantizer clips at 1.27
-    w_clip, a_clip = vf.quantization_parts(q, ref, step, "int8")
+    w_clip, a_clip = quantization_parts(q, ref, step, "int8")
     assert a_clip > w_clip == 0.0
     coarse = np.round((ref * 0.8 + 0.03) / step) * step  # weights off by 20%, no clipping
-    w, a = vf.quantization_parts(coarse, ref * 0.8, step, "int8")
+    w, a = quantization_parts(coarse, ref * 0.8, step, "int8")
     assert w > a
-    assert vf.quantization_parts(ref + 0.5, ref, step, "int32") == (50.0, 0.0)  # no quantizer
+    assert quantization_parts(ref + 0.5, ref, step, "int32") == (50.0, 0.0)  # no quantizer
     v = PairVerdict("prepare", "calibrate", reasons=["x"], tolerance=1.0)
     v.own = OwnErrors({"conv": 23.0, "relu": 23.0}, {}, True)  # both far over tolerance
     v.sensitive = [("conv", 1.0, 0.1)]
