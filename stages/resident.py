@@ -15,9 +15,9 @@ Two things keep a run's resident set at the high-water mark of every step before
   read again on the next touch), and only the pages touched since the last
   :func:`drop_mapped` count as the process's own.
 
-:func:`release` does both: glibc's ``malloc_trim(0)`` (returns every whole free page of
-every arena: ~50 ms for 600 MB of holes, ~0.1 ms when there is nothing to give back; with
-another C library nothing) and :func:`drop_mapped`. Values never change: a dropped page
+:func:`release` does both: :func:`drop_mapped`, and glibc's ``malloc_trim(0)`` (returns every
+whole free page of every arena: ~50 ms for 600 MB of holes) once the heaps hold more than
+:data:`FREE_HEAP_BYTES` free (``mallinfo2``, ~40 us); with another C library nothing. Values never change: a dropped page
 is read back from the file, and writes to a mapped array go to the file.
 """
 
@@ -35,23 +35,46 @@ import numpy as np
 _MAPPED: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()
 
 
+FREE_HEAP_BYTES = 256 * 2**20
+""":func:`release` trims only when the heaps hold more free bytes than this: every trimmed
+page is faulted in again when malloc reuses it, so trimming a few MB before each model run
+costs more than it saves (an analysis took up to twice as long)."""
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]  # fmt: skip
+
+
 @functools.cache
-def _malloc_trim():
-    """glibc's ``malloc_trim`` from the process's own symbols, or None (not glibc)."""
+def _glibc():
+    """(``malloc_trim``, ``mallinfo2``) from the process's own symbols, or None (not
+    glibc, or older than 2.33)."""
     try:
-        return ctypes.CDLL(None).malloc_trim
+        libc = ctypes.CDLL(None)
+        libc.mallinfo2.restype = _MallInfo2
+        return libc.malloc_trim, libc.mallinfo2
     except (OSError, AttributeError):
         return None
 
 
-def release() -> bool:
-    """Give the heap's free pages and the mapped arrays' pages back to the system; True
-    if ``malloc_trim`` ran."""
+def free_heap_bytes() -> int:
+    """Bytes malloc holds free in its heaps (``mallinfo2().fordblks``; 0 if unknown)."""
+    fns = _glibc()
+    return int(fns[1]().fordblks) if fns else 0
+
+
+def release(at_least: int | None = None) -> bool:
+    """Drop the mapped arrays' pages, and give the heaps' free pages back to the system
+    when they hold more than ``at_least`` bytes free (default :data:`FREE_HEAP_BYTES`);
+    True if ``malloc_trim`` ran."""
     drop_mapped()
-    trim = _malloc_trim()
-    if trim is None:
+    fns = _glibc()
+    limit = FREE_HEAP_BYTES if at_least is None else at_least
+    if fns is None or free_heap_bytes() <= limit:
         return False
-    trim(0)
+    fns[0](0)
     return True
 
 
