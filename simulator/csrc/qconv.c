@@ -112,27 +112,38 @@ TGT AI void micro(const uint8_t *const *xs, const int8_t *wb, const conv_t *c, i
         }
 }
 
-/* Output pixels q0 .. q0+nq-1 (flat over N, OH, OW), channel blocks b0 .. b0+NB-1. */
-TGT AI void conv_block(const conv_t *c, const epi_t *e, int64_t q0, int64_t nq, int64_t b0,
-                       int NB, int NP, int WIDE, int FLIP) {
-    const uint8_t *xs[16];
+/* The input windows' first bytes of output pixels q0 .. q0+n-1 (flat over N, OH, OW); the
+ * pixels from `total` on repeat the last one (computed, never stored). */
+TGT static void pixel_ptrs(const conv_t *c, int64_t q0, int64_t n, int64_t total,
+                           const uint8_t **xs) {
     int64_t per = c->oh * c->ow, ni = q0 / per, y = q0 % per / c->ow, x = q0 % c->ow;
-    for (int p = 0; p < NP; p++) { /* pixels past nq repeat the last one (not stored) */
+    for (int64_t p = 0; p < n; p++) {
         xs[p] = c->xu + ((ni * c->hp + y * c->sh) * c->wp + x * c->sw) * c->pix;
-        if (p + 1 < nq && ++x == c->ow) {
+        if (q0 + p + 1 < total && ++x == c->ow) {
             x = 0;
             if (++y == c->oh) y = 0, ni++;
         }
     }
+}
+
+/* Output pixels q0 .. q0+nq-1 (their windows at xs), channel blocks b0 .. b0+NB-1. */
+TGT AI void conv_block(const conv_t *c, const epi_t *e, const uint8_t *const *xs, int64_t q0,
+                       int64_t nq, int64_t b0, int NB, int NP, int WIDE, int FLIP) {
     __m512i acc[24];
     micro(xs, c->wk + b0 * 64, c, NB, NP, WIDE, FLIP, acc);
+    /* locals: the stores below go through char pointers, which could alias *e and *c, so
+     * their fields would be reloaded (and branched on) per vector */
+    const epi_t el = *e;
+    const char *badd = c->b;
+    char *out = c->out;
+    int64_t o = c->o, ostride = c->ostride, bstride = c->bstride;
     for (int b = 0; b < NB; b++) {
         int64_t o0 = (b0 + b) * 16;
-        __mmask16 m = mask16(c->o - o0), ms = mask16(c->ostride - o0);
+        __mmask16 m = mask16(o - o0), ms = mask16(ostride - o0);
         for (int p = 0; p < nq; p++) {
             int64_t q = q0 + p;
-            const char *bp = c->b ? c->b + ((q * c->bstride + o0) << e->bshift) : 0;
-            epilogue16(acc[b * NP + p], e, o0, bp, c->out + ((q * c->ostride + o0) << e->out_shift),
+            const char *bp = badd ? badd + ((q * bstride + o0) << el.bshift) : 0;
+            epilogue16(acc[b * NP + p], &el, o0, bp, out + ((q * ostride + o0) << el.out_shift),
                        m, ms);
         }
     }
@@ -150,19 +161,22 @@ TGT AI void conv_block(const conv_t *c, const epi_t *e, int64_t q0, int64_t nq, 
  * of 3 and not of 4 (96 or 144 channels: no short passes), 2 x 10, or 1 x 16. */
 TGT AI void conv_tile(const conv_t *c, const epi_t *e, int64_t t0, int64_t total, int np,
                       int64_t blo, int64_t bhi, int WIDE, int FLIP) {
+    const uint8_t *ptrs[TILE * 16]; /* once per tile, not per block of channels */
+    pixel_ptrs(c, t0 * np, TILE * np, total, ptrs);
     for (int64_t b0 = blo; b0 < bhi;) {
         int64_t left = bhi - b0;
         int nb = np == 8 ? 3 : np == 6 ? (left >= 4 ? 4 : left >= 2 ? 2 : 1)
                  : left >= 2 && np == 10 ? 2 : 1;
         for (int64_t t = t0; t < t0 + TILE && t * np < total; t++) {
             int64_t q0 = t * np, nq = total - q0 < np ? total - q0 : np;
-            if (nb == 4) conv_block(c, e, q0, nq, b0, 4, 6, WIDE, FLIP);
-            else if (nb == 3) conv_block(c, e, q0, nq, b0, 3, 8, WIDE, FLIP);
-            else if (nb == 2 && np == 6) conv_block(c, e, q0, nq, b0, 2, 6, WIDE, FLIP);
-            else if (nb == 2) conv_block(c, e, q0, nq, b0, 2, 10, WIDE, FLIP);
-            else if (np == 6) conv_block(c, e, q0, nq, b0, 1, 6, WIDE, FLIP);
-            else if (np == 10) conv_block(c, e, q0, nq, b0, 1, 10, WIDE, FLIP);
-            else conv_block(c, e, q0, nq, b0, 1, 16, WIDE, FLIP);
+            const uint8_t *const *xs = ptrs + (t - t0) * np;
+            if (nb == 4) conv_block(c, e, xs, q0, nq, b0, 4, 6, WIDE, FLIP);
+            else if (nb == 3) conv_block(c, e, xs, q0, nq, b0, 3, 8, WIDE, FLIP);
+            else if (nb == 2 && np == 6) conv_block(c, e, xs, q0, nq, b0, 2, 6, WIDE, FLIP);
+            else if (nb == 2) conv_block(c, e, xs, q0, nq, b0, 2, 10, WIDE, FLIP);
+            else if (np == 6) conv_block(c, e, xs, q0, nq, b0, 1, 6, WIDE, FLIP);
+            else if (np == 10) conv_block(c, e, xs, q0, nq, b0, 1, 10, WIDE, FLIP);
+            else conv_block(c, e, xs, q0, nq, b0, 1, 16, WIDE, FLIP);
         }
         b0 += nb;
     }
