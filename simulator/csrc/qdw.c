@@ -78,8 +78,12 @@ TGT AI void dw_store(const epi_t *e, __m512i ae, __m512i ao, int64_t o0, char *o
 
 /* Pixels xa .. xb-1 of a row whose 3 x 3 windows lie wholly inside the input (x0 of pixel
  * xa as in taps), the block's 18 weight vectors held in registers over the run. */
-TGT static void dw_run3(const dw_t *d, const epi_t *e, int64_t x0, const int16_t *wb, int64_t o0,
-                        char *out, int64_t xa, int64_t xb, __mmask32 m, __mmask32 s) {
+TGT static void dw_run3(const dw_t *dp, const epi_t *ep, int64_t x0, const int16_t *wb,
+                        int64_t o0, char *out, int64_t xa, int64_t xb, __mmask32 m, __mmask32 s) {
+    /* copies: the stores through char pointers could alias *dp and *ep, so their fields
+     * would be reloaded (and the epilogue's modes re-tested) per pixel */
+    const dw_t dl = *dp, *d = &dl;
+    const epi_t el = *ep, *e = &el;
     int64_t tstep = ((d->c + 31) / 32) * 64, rs = d->dh * d->w * d->cx, cs = d->dw * d->cx;
     int64_t step = d->sw * d->cx, ostep = d->ostride << e->out_shift;
     __m512i we[9], wo[9];
@@ -101,7 +105,9 @@ TGT static void dw_run3(const dw_t *d, const epi_t *e, int64_t x0, const int16_t
 
 /* Output row (ni, y), channel block b: every pixel's sums, interleaved, then the epilogue;
  * a 3 x 3 kernel's pixels wholly inside the input by dw_run3, the rest tap by tap. */
-TGT static void dw_row(const dw_t *d, const epi_t *e, int64_t ni, int64_t y, int64_t b) {
+TGT static void dw_row(const dw_t *dp, const epi_t *ep, int64_t ni, int64_t y, int64_t b) {
+    const dw_t dl = *dp, *d = &dl; /* copies, as in dw_run3 */
+    const epi_t el = *ep, *e = &el;
     int64_t o0 = b * 32, i0, i1;
     tap_range(y, d->sh, d->pt, d->dh, d->kh, d->h, &i0, &i1);
     __mmask32 m = mask32(d->c - o0), s = mask32(d->ostride - o0);
