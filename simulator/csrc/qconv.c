@@ -89,10 +89,13 @@ typedef struct {
  * accumulators in registers: one weight load serves NP pixels, one broadcast NB blocks).
  * Each 4-byte group is 4 uint8 x int8 products (VPDPBUSD) or, WIDE, 2 int16 x int16
  * (VPDPWSSD); both wrap modulo 2**32 like the int8 sums. */
-TGT AI void micro(const uint8_t *const *xs, const int8_t *wb, const conv_t *c, int NB, int NP,
-                  int WIDE, int FLIP, __m512i *acc) {
+TGT AI void micro(const uint8_t *const *xs, const int8_t *wb, const int32_t *corr,
+                  const conv_t *c, int NB, int NP, int WIDE, int FLIP, __m512i *acc) {
     int64_t kstep = c->ob * 64, rstep = c->dh * c->wp * c->pix, cstep = c->dw * c->pix;
-    for (int q = 0; q < NB * NP; q++) acc[q] = _mm512_setzero_si512();
+    for (int b = 0; b < NB; b++) { /* the sums start from corr (mod 2**32 all the same) */
+        __m512i c0 = _mm512_loadu_si512(corr + b * 16);
+        for (int p = 0; p < NP; p++) acc[b * NP + p] = c0;
+    }
     for (int64_t i = 0; i < c->kh; i++)
         for (int64_t j = 0; j < c->kw; j++) {
             int64_t off = i * rstep + j * cstep;
@@ -130,7 +133,7 @@ TGT static void pixel_ptrs(const conv_t *c, int64_t q0, int64_t n, int64_t total
 TGT AI void conv_block(const conv_t *c, const epi_t *e, const uint8_t *const *xs, int64_t q0,
                        int64_t nq, int64_t b0, int NB, int NP, int WIDE, int FLIP) {
     __m512i acc[24];
-    micro(xs, c->wk + b0 * 64, c, NB, NP, WIDE, FLIP, acc);
+    micro(xs, c->wk + b0 * 64, e->corr + b0 * 16, c, NB, NP, WIDE, FLIP, acc);
     /* locals: the stores below go through char pointers, which could alias *e and *c, so
      * their fields would be reloaded (and branched on) per vector */
     const epi_t el = *e;
@@ -143,8 +146,8 @@ TGT AI void conv_block(const conv_t *c, const epi_t *e, const uint8_t *const *xs
         for (int p = 0; p < nq; p++) {
             int64_t q = q0 + p;
             const char *bp = badd ? badd + ((q * bstride + o0) << el.bshift) : 0;
-            epilogue16(acc[b * NP + p], &el, o0, bp, out + ((q * ostride + o0) << el.out_shift),
-                       m, ms);
+            epilogue16_corr(acc[b * NP + p], &el, o0, bp,
+                            out + ((q * ostride + o0) << el.out_shift), m, ms);
         }
     }
     int64_t tail = c->ostride - c->ob * 16; /* padding channels past the last block */
