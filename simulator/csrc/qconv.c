@@ -67,7 +67,16 @@ void qp_pad(const void *x, int64_t wide, int64_t n, int64_t h, int64_t w, int64_
         const char *src = (const char *)x + (ni * h + hi) * w * cx * e;
         char *d = dst + pl * cs * e;
         if (cs == cx && c == cx) copy_run(d, src, w * c, wide);
-        else if (!wide && c < 16) /* a few channels of each pixel: one strided loop */
+        else if (!wide && c < 4 && cs == c && cx >= 4 && w > 0) { /* an RGB stem's row runs: 4-byte */
+            for (int64_t j = 0; j + 1 < w; j++) { /* moves, each overwriting the last's 4th byte */
+                uint32_t v;
+                memcpy(&v, src + j * cx, 4);
+                v ^= 0x80808080u;
+                memcpy(d + j * c, &v, 4);
+            }
+            for (int64_t t = 0; t < c; t++) /* the last pixel's bytes alone: its 4th is padding */
+                d[(w - 1) * c + t] = (char)((uint8_t)src[(w - 1) * cx + t] ^ 0x80);
+        } else if (!wide && c < 16) /* a few channels of each pixel: one strided loop */
             for (int64_t j = 0; j < w; j++)
                 for (int64_t t = 0; t < c; t++) d[j * cs + t] = (char)((uint8_t)src[j * cx + t] ^ 0x80);
         else for (int64_t j = 0; j < w; j++) copy_run(d + j * cs * e, src + j * cx * e, c, wide);
