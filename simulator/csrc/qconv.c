@@ -92,6 +92,7 @@ typedef struct {
     int64_t bstride;
     char *out;
     int64_t ostride; /* elements */
+    int64_t tile;    /* pixel blocks per task, at most TILE */
 } conv_t;
 
 /* acc[b * NP + p] = sum over the window of pixel p of xu * w, channel block b (NB x NP
@@ -168,18 +169,18 @@ TGT AI void conv_block(const conv_t *c, const epi_t *e, const uint8_t *const *xs
 
 #define TILE 8 /* pixel blocks per task: a chunk of weights is reused over TILE blocks */
 
-/* Channel blocks blo .. bhi-1 of TILE pixel blocks from block t0, NB blocks at a time:
+/* Channel blocks blo .. bhi-1 of c->tile pixel blocks from block t0, NB blocks at a time:
  * 4 x 6 pixels (and 2 or 1 x 6 for the last blocks), 3 x 8 when the blocks are a multiple
  * of 3 and not of 4 (96 or 144 channels: no short passes), 2 x 10, or 1 x 16. */
 TGT AI void conv_tile(const conv_t *c, const epi_t *e, int64_t t0, int64_t total, int np,
                       int64_t blo, int64_t bhi, int WIDE, int FLIP) {
     const uint8_t *ptrs[TILE * 16]; /* once per tile, not per block of channels */
-    pixel_ptrs(c, t0 * np, TILE * np, total, ptrs);
+    pixel_ptrs(c, t0 * np, c->tile * np, total, ptrs);
     for (int64_t b0 = blo; b0 < bhi;) {
         int64_t left = bhi - b0;
         int nb = np == 8 ? 3 : np == 6 ? (left >= 4 ? 4 : left >= 2 ? 2 : 1)
                  : left >= 2 && np == 10 ? 2 : 1;
-        for (int64_t t = t0; t < t0 + TILE && t * np < total; t++) {
+        for (int64_t t = t0; t < t0 + c->tile && t * np < total; t++) {
             int64_t q0 = t * np, nq = total - q0 < np ? total - q0 : np;
             const uint8_t *const *xs = ptrs + (t - t0) * np;
             if (nb == 4) conv_block(c, e, xs, q0, nq, b0, 4, 6, WIDE, FLIP);
@@ -235,14 +236,20 @@ TGT void qp_conv(const void *xs, int64_t wide, int64_t n, int64_t hp, int64_t wp
     epi_t e = {corr, scale, scale_b, (double)lo, (double)hi, (int)f64, (int)half_even,
                (int)out_shift, (int)bshift};
     int64_t pix = cs << (wide == 1 ? 1 : 0);
-    conv_t c = {(const uint8_t *)xs, hp, wp, pix, groups, wk, kh, kw, ob, o, sh, sw, dh, dw,
-                oh, ow, (const char *)b, bstride, (char *)out, ostride};
     int np = ob % 3 == 0 && ob % 4 ? 8 : ob >= 4 ? 6 : ob >= 2 ? 10 : 16;
-    int64_t total = n * oh * ow, tiles = ((total + np - 1) / np + TILE - 1) / TILE;
+    /* tiles of at most TILE pixel blocks, as even as they go (9 blocks: 5 + 4, not 8 + 1) */
+    int64_t total = n * oh * ow, blocks = (total + np - 1) / np;
+    int64_t tiles = (blocks + TILE - 1) / TILE, tile = tiles ? (blocks + tiles - 1) / tiles : 1;
+    tiles = (blocks + tile - 1) / tile;
+    conv_t c = {(const uint8_t *)xs, hp, wp, pix, groups, wk, kh, kw, ob, o, sh, sw, dh, dw,
+                oh, ow, (const char *)b, bstride, (char *)out, ostride, tile};
     int64_t chunk = block_chunk(tiles, ob, np), parts = (ob + chunk - 1) / chunk;
+    /* tasks channel chunk major, so the static split gives each thread whole chunks of
+     * every tile (tile major, a 7 x 7 map at batch 1 went as its first tile, 48 pixels, to
+     * one thread and its second, 1 pixel, to the other) */
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < tiles * parts; t++) {
-        int64_t t0 = t / parts * TILE, blo = t % parts * chunk;
+        int64_t t0 = t % tiles * tile, blo = t / tiles * chunk;
         int64_t bhi = blo + chunk < ob ? blo + chunk : ob;
         if (wide == 1) tile_i16(&c, &e, t0, total, np, blo, bhi);
         else if (wide == 2) tile_s8(&c, &e, t0, total, np, blo, bhi);
