@@ -48,15 +48,41 @@ def wait_quiet(max_wait: float, limit: float = 0.25) -> float:
             return load
 
 
+SETTLE_S = 0.25
+"""Longest wait for this process's threads to go idle before an engine is timed."""
+
+
+def settle(limit: float = SETTLE_S, poll: float = 0.002, idle: float = 0.1,
+           cpu=time.process_time, sleep=time.sleep, clock=time.perf_counter) -> float:  # fmt: skip
+    """Wait until this process's threads stop using CPU (under ``idle`` of a core over a
+    ``poll`` sleep), at most ``limit`` s; return the seconds waited.
+
+    Each engine leaves threads spinning after its run: onnxruntime's int8 session (its
+    pool's default ``allow_spinning``) about 30 ms of CPU, libgomp's workers (torch, the
+    simulator's kernels) about 10 ms. Timed right after, the next engine shares the 2
+    cores with them (MobileNetV2 b1 on the simulator: 2.9 ms alone, 11 ms right after
+    ORT int8 or torch on one thread, 3.4 ms after settling). So every engine starts from
+    an idle process, as a lone inference would, its own pool's wake-up included."""
+    t0 = clock()
+    while clock() - t0 < limit:
+        c0 = cpu()
+        sleep(poll)
+        if cpu() - c0 < idle * poll:
+            break
+    return clock() - t0
+
+
 MIN_TIMED_S = 3.0
 """Small models get more rounds, up to this many seconds of them: their per-batch times are
 a few ms, and on this shared 2-core machine a 7-round median of those still moves ~20%."""
 
 
-def measure(fns: dict, rounds: int, sim_exec) -> tuple[dict[str, float], dict, float]:
+def measure(fns: dict, rounds: int, sim_exec,
+            wait=settle) -> tuple[dict[str, float], dict, float]:  # fmt: skip
     """Warm up each engine once, then interleaved rounds (``rounds``, or more for fast
-    models: :data:`MIN_TIMED_S`): median seconds per engine, the simulator's median seconds
-    per op kind and per instruction, and the CPU (cores) other processes used meanwhile."""
+    models: :data:`MIN_TIMED_S`), each engine timed after ``wait()`` (:func:`settle`):
+    median seconds per engine, the simulator's median seconds per op kind and per
+    instruction, and the CPU (cores) other processes used meanwhile."""
     t0 = time.perf_counter()
     for fn in fns.values():
         fn()
@@ -68,6 +94,7 @@ def measure(fns: dict, rounds: int, sim_exec) -> tuple[dict[str, float], dict, f
     watch = CpuWatch().start()
     for _ in range(rounds):
         for k, fn in fns.items():
+            wait()
             t0 = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t0)
@@ -226,12 +253,14 @@ def _with_threads(fn, policy: str):
 
 
 def _rounds(fns: dict, rounds: int) -> dict[str, float]:
-    """One warm-up each, then ``rounds`` interleaved rounds: median seconds per engine."""
+    """One warm-up each, then ``rounds`` interleaved rounds, each engine timed after
+    :func:`settle`: median seconds per engine."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     for fn in fns.values():
         fn()
     for _ in range(rounds):
         for k, fn in fns.items():
+            settle()
             t0 = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t0)

@@ -19,7 +19,9 @@ frames), then times, side by side in this one process on the same batch of frame
          load it and the number is n/a.
 
 Timing: one warm-up run of each engine, then rounds that run every engine once in turn
-(so drift hits all equally); each engine's time is the median over the rounds
+(so drift hits all equally), each once this process's threads have gone idle
+(``sim_probe.settle``: onnxruntime's and libgomp's pools spin on after a run and would
+take a core from the next engine); each engine's time is the median over the rounds
 (``time.perf_counter``). torch keeps its default thread count (the machine's cores) and
 onnxruntime runs 2 intra-op threads. Each chain runs in a child process with a per-stage
 time limit, so a stage that is too slow is reported (name and time) instead of waited for.

@@ -5,11 +5,13 @@
   DequantizeLinear DEQUANTIZE; a float island's nodes become CPU instructions.
 - Fusion: a relu (QClip with lo = 0 and hi = the dtype max) after a conv or add whose only
   user it is becomes that instruction's ``relu`` flag; the instruction covers both layer
-  ids. A conv or linear that keeps its int32 accumulator (no mult/shift: convert
-  requantizes conv + add once, in the add) and whose only user is a QAdd of two buffers
-  becomes one CONV (LINEAR) instruction ``x, b -> y`` with consts ``w, bias, mult, shift,
-  ma, mb, add_shift`` (the accumulator takes the add's ``a`` role), emitted at the add,
-  covering the conv, the add and a fused relu (simulator.kernels.exec_conv, exec_ops.k_linear).
+  ids. Any other QClip keeping 0 (a ReLU6) after a requantizing conv becomes its ``clip``
+  bounds the same way (the conv's epilogue clamps to them). A conv or linear that keeps
+  its int32 accumulator (no mult/shift: convert requantizes conv + add once, in the add)
+  and whose only user is a QAdd of two buffers becomes one CONV (LINEAR) instruction
+  ``x, b -> y`` with consts ``w, bias, mult, shift, ma, mb, add_shift`` (the accumulator
+  takes the add's ``a`` role), emitted at the add, covering the conv, the add and a fused
+  relu (simulator.kernels.exec_conv, exec_ops.k_linear).
 - Layout: the 4-D activations of group-1 convolutions and of the elementwise ops and pools
   around them are stored NHWC with channels padded to the march's alignment; weights are
   packed [O_pad, kh, kw, C_pad] and per-channel constants padded (multiplier 0 in padding
@@ -125,10 +127,11 @@ class Compiler:
         """One instruction for ``node`` (with a fused relu; ``conv``: the conv of a fused
         conv + add, whose weights decide the layout)."""
         outputs = list(node.output)
-        relu = self._fusable_relu(op, node)
-        if relu is not None:
-            self.fused.add(relu.name)
-            attrs, outputs, lids = {**attrs, "relu": 1}, list(relu.output), lids + [_layer_id(relu)]
+        act = self._fused_activation(op, node, conv)
+        if act is not None:
+            clip, extra = act
+            self.fused.add(clip.name)
+            attrs, outputs, lids = {**attrs, **extra}, list(clip.output), lids + [_layer_id(clip)]
         src = conv if conv is not None else node
         nhwc = op in NHWC_OPS and self._nhwc_ok(op, src, attrs)
         nhwc = nhwc and (conv is None or self._nhwc_ok(Op.ADD, node, attrs))
@@ -200,6 +203,17 @@ class Compiler:
                    [*conv.input[1:5], ma, mb, shift], attrs, [_layer_id(conv), _layer_id(add)],
                    conv=conv)  # fmt: skip
 
+    def _fused_activation(self, op: Op, node, conv) -> tuple[onnx.NodeProto, dict] | None:
+        """The QClip fused into ``node``'s instruction and the attrs it sets: a relu as the
+        ``relu`` flag (conv or add), another clip keeping 0 as a conv's ``clip`` bounds."""
+        relu = self._fusable_relu(op, node)
+        if relu is not None:
+            return relu, {"relu": 1}
+        clip = None if conv is not None else self._fusable_clip(op, node)
+        return (
+            None if clip is None else (clip, {"clip": [int(_attrs(clip)[k]) for k in ("lo", "hi")]})
+        )
+
     def _fusable_relu(self, op: Op, node) -> onnx.NodeProto | None:
         if op not in (Op.CONV, Op.ADD) or _attrs(node).get("out_dtype") == "int32":
             return None
@@ -209,6 +223,18 @@ class Compiler:
         a = _attrs(users[0])
         qmax = 127 if _attrs(node)["out_dtype"] == "int8" else 32767
         return users[0] if a.get("lo") == 0 and a.get("hi") == qmax else None
+
+    def _fusable_clip(self, op: Op, node) -> onnx.NodeProto | None:
+        """The QClip that is the only user of a requantizing QConv's output and keeps 0 (lo
+        <= 0 <= hi: ReLU6), fused as the conv's ``clip`` bounds; 0 staying 0 keeps an nhwc
+        buffer's padding channels 0."""
+        if op is not Op.CONV or _attrs(node).get("out_dtype") in (None, "int32"):
+            return None
+        users = self.users.get(node.output[0], [])
+        if len(users) != 1 or users[0].op_type != "QClip":
+            return None
+        a = _attrs(users[0])
+        return users[0] if int(a["lo"]) <= 0 <= int(a["hi"]) else None
 
     def _nhwc_ok(self, op: Op, node, attrs) -> bool:
         if len(self.shapes.get(node.output[0], ())) != 4:

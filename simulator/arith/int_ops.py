@@ -8,7 +8,8 @@ and initializers itself). No state: every op is a pure function of its inputs.
 
 Shared attributes: ``rounding`` (``half_even`` | ``bpu_round``), ``out_dtype`` (``int8`` |
 ``int16`` | ``int32``: the result dtype, saturated to its range), ``relu`` (0/1: clamp
-at 0 after requantize). ``req(acc, m, s)`` below is :func:`simulator.arith.intmath.requantize`
+at 0 after requantize), ``clip`` (QConv: ``[lo, hi]`` with ``lo <= 0 <= hi``, a QClip
+compile fused into the conv: ``min(max(y, lo), hi)`` after the relu). ``req(acc, m, s)`` below is :func:`simulator.arith.intmath.requantize`
 ``= clamp(round_div(acc * m, 2**s), qrange(out_dtype))``, int64 inside, one rounding.
 """
 
@@ -58,9 +59,12 @@ def _scalar(v: np.ndarray, name: str, op: str) -> int:
 
 
 def _finish(y: np.ndarray, attrs: dict, op: str) -> np.ndarray:
-    """``max(y, 0)`` if ``relu``, then cast to ``out_dtype`` (y already saturated)."""
+    """``max(y, 0)`` if ``relu``, clamped to ``clip`` when set, then cast to ``out_dtype``
+    (y already saturated)."""
     if int(_attr(attrs, "relu", op, 0)):
         y = np.maximum(y, 0)
+    if attrs.get("clip") is not None:
+        y = np.clip(y, *(int(v) for v in attrs["clip"]))
     return y.astype(NP_DTYPES[_attr(attrs, "out_dtype", op)])
 
 

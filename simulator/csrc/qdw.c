@@ -64,31 +64,46 @@ static inline void tap_range(int64_t o, int64_t s, int64_t p, int64_t dil, int64
     *t0 = a, *t1 = b;
 }
 
-/* One pixel's even and odd sums interleaved into channel order, then the epilogue of each
- * 16-channel half (m: real channels, s: stored ones). */
+/* One pixel's even and odd sums (started from corr's even and odd lanes) interleaved into
+ * channel order, then the epilogue of each 16-channel half (m: real channels, s: stored). */
 TGT AI void dw_store(const epi_t *e, __m512i ae, __m512i ao, int64_t o0, char *out, __mmask32 m,
                      __mmask32 s) {
     const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
-    epilogue16(_mm512_permutex2var_epi32(ae, lo, ao), e, o0, 0, out, (__mmask16)m, (__mmask16)s);
+    epilogue16_corr(_mm512_permutex2var_epi32(ae, lo, ao), e, o0, 0, out, (__mmask16)m,
+                    (__mmask16)s);
     if (s >> 16)
-        epilogue16(_mm512_permutex2var_epi32(ae, hi, ao), e, o0 + 16, 0, out + (16 << e->out_shift),
-                   (__mmask16)(m >> 16), (__mmask16)(s >> 16));
+        epilogue16_corr(_mm512_permutex2var_epi32(ae, hi, ao), e, o0 + 16, 0,
+                        out + (16 << e->out_shift), (__mmask16)(m >> 16), (__mmask16)(s >> 16));
+}
+
+/* corr of channels o0 .. o0+31 split into the even channels (ce) and the odd ones (co): the
+ * sums start from them (mod 2**32 the same as adding corr after). */
+TGT AI void corr_pairs(const epi_t *e, int64_t o0, __m512i *ce, __m512i *co) {
+    __m512i a = _mm512_loadu_si512(e->corr + o0), b = _mm512_loadu_si512(e->corr + o0 + 16);
+    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    *ce = _mm512_permutex2var_epi32(a, even, b);
+    *co = _mm512_permutex2var_epi32(a, _mm512_add_epi32(even, _mm512_set1_epi32(1)), b);
 }
 
 /* Pixels xa .. xb-1 of a row whose 3 x 3 windows lie wholly inside the input (x0 of pixel
  * xa as in taps), the block's 18 weight vectors held in registers over the run. */
-TGT static void dw_run3(const dw_t *d, const epi_t *e, int64_t x0, const int16_t *wb, int64_t o0,
-                        char *out, int64_t xa, int64_t xb, __mmask32 m, __mmask32 s) {
+TGT static void dw_run3(const dw_t *dp, const epi_t *ep, int64_t x0, const int16_t *wb,
+                        int64_t o0, char *out, int64_t xa, int64_t xb, __mmask32 m, __mmask32 s) {
+    /* copies: the stores through char pointers could alias *dp and *ep, so their fields
+     * would be reloaded (and the epilogue's modes re-tested) per pixel */
+    const dw_t dl = *dp, *d = &dl;
+    const epi_t el = *ep, *e = &el;
     int64_t tstep = ((d->c + 31) / 32) * 64, rs = d->dh * d->w * d->cx, cs = d->dw * d->cx;
     int64_t step = d->sw * d->cx, ostep = d->ostride << e->out_shift;
-    __m512i we[9], wo[9];
+    __m512i we[9], wo[9], ce, co;
+    corr_pairs(e, o0, &ce, &co);
     for (int t = 0; t < 9; t++) {
         we[t] = _mm512_loadu_si512(wb + t * tstep);
         wo[t] = _mm512_loadu_si512(wb + t * tstep + 32);
     }
     for (int64_t xo = xa; xo < xb; xo++, x0 += step, out += ostep) {
-        __m512i ae = _mm512_setzero_si512(), ao = _mm512_setzero_si512();
+        __m512i ae = ce, ao = co;
         for (int i = 0; i < 3; i++)
             for (int j = 0; j < 3; j++) {
                 __m512i xv = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, d->x + x0 + i * rs + j * cs));
@@ -101,7 +116,9 @@ TGT static void dw_run3(const dw_t *d, const epi_t *e, int64_t x0, const int16_t
 
 /* Output row (ni, y), channel block b: every pixel's sums, interleaved, then the epilogue;
  * a 3 x 3 kernel's pixels wholly inside the input by dw_run3, the rest tap by tap. */
-TGT static void dw_row(const dw_t *d, const epi_t *e, int64_t ni, int64_t y, int64_t b) {
+TGT static void dw_row(const dw_t *dp, const epi_t *ep, int64_t ni, int64_t y, int64_t b) {
+    const dw_t dl = *dp, *d = &dl; /* copies, as in dw_run3 */
+    const epi_t el = *ep, *e = &el;
     int64_t o0 = b * 32, i0, i1;
     tap_range(y, d->sh, d->pt, d->dh, d->kh, d->h, &i0, &i1);
     __mmask32 m = mask32(d->c - o0), s = mask32(d->ostride - o0);
@@ -109,6 +126,8 @@ TGT static void dw_row(const dw_t *d, const epi_t *e, int64_t ni, int64_t y, int
     const int16_t *wb = d->wk + b * 64;
     char *out = d->out + ((((ni * d->oh + y) * d->ow) * d->ostride + o0) << e->out_shift);
     int64_t xa = d->ow, xb = d->ow; /* the run of whole windows, if any */
+    __m512i ce, co;
+    corr_pairs(e, o0, &ce, &co);
     if (i0 == 0 && i1 == d->kh && d->kh == 3 && d->kw == 3) {
         xa = (d->pl + d->sw - 1) / d->sw;
         int64_t last = d->w - 1 - 2 * d->dw + d->pl; /* xo * sw <= last */
@@ -124,7 +143,7 @@ TGT static void dw_row(const dw_t *d, const epi_t *e, int64_t ni, int64_t y, int
         }
         int64_t j0, j1;
         tap_range(xo, d->sw, d->pl, d->dw, d->kw, d->w, &j0, &j1);
-        __m512i ae = _mm512_setzero_si512(), ao = _mm512_setzero_si512();
+        __m512i ae = ce, ao = co;
         taps(d, xrow + (xo * d->sw - d->pl) * d->cx, wb, m, i0, i1, j0, j1, &ae, &ao);
         dw_store(e, ae, ao, o0, out + ((xo * d->ostride) << e->out_shift), m, s);
     }

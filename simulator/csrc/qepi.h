@@ -2,7 +2,7 @@
  *   y = clamp(round(acc * scale[o] + b * scale_b[o]), lo, hi) -> int8 or int16
  * in float32 or float64 as the caller proves exact, or, without a requantize,
  * y = max(acc, lo) -> int32. acc already holds the per-channel corr (bias, minus the uint8
- * offset's sum for offset int8 inputs) once epilogue16 adds it.
+ * offset's sum for offset int8 inputs) once epilogue16 adds it (epilogue16_corr: already).
  *
  * f64 == 2 (float64, half_even, and the caller proves |acc * scale + b * scale_b| < 2**30):
  * round by adding 1.5 * 2**52 to the exact value: the sum's one rounding is round half to
@@ -58,9 +58,17 @@ TGT AI __m512i magic_pd16(__m512i acc, __m512i bi, const epi_t *e, int64_t o0, i
 /* The epilogue of 16 channels o0.. of one pixel: lanes in m (real channels) computed,
  * lanes in ms but not m (padding channels) stored as 0, the rest not stored. int32 output
  * has no scale: y = max(acc, lo) (the caller proves acc fits int32). */
+TGT AI void epilogue16_corr(__m512i acc, const epi_t *e, int64_t o0, const char *b,
+                            void *out, __mmask16 m, __mmask16 ms);
+
 TGT AI void epilogue16(__m512i acc, const epi_t *e, int64_t o0, const char *b,
                        void *out, __mmask16 m, __mmask16 ms) {
-    acc = _mm512_add_epi32(acc, _mm512_loadu_si512(e->corr + o0));
+    epilogue16_corr(_mm512_add_epi32(acc, _mm512_loadu_si512(e->corr + o0)), e, o0, b, out, m, ms);
+}
+
+/* epilogue16 of an acc that already holds corr (qconv.c starts its sums from it). */
+TGT AI void epilogue16_corr(__m512i acc, const epi_t *e, int64_t o0, const char *b,
+                            void *out, __mmask16 m, __mmask16 ms) {
     if (!e->scale) {
         acc = _mm512_max_epi32(acc, _mm512_set1_epi32((int32_t)e->lo));
         _mm512_mask_storeu_epi32(out, ms, _mm512_maskz_mov_epi32(m, acc));

@@ -52,10 +52,42 @@ TGT void qp_maxpool(const void *x, int64_t wide, int64_t n, int64_t h, int64_t w
     }
 }
 
+/* Pixels p0 .. p0+15 (those below hw) of one int8 image x [C <= 4, HW] as 16-byte pixels of
+ * out [HW, 16]: each pixel's C bytes gathered into one dword (the zero-extended channel
+ * planes shifted and or'ed), then placed as the first dword of each pixel, the other 12
+ * bytes zero, by zero-masked permutes: one 64-byte store per 4 pixels. */
+TGT static void nhwc16_narrow(const int8_t *x, int64_t c, int64_t hw, int8_t *out, int64_t p0) {
+    int64_t left = hw - p0;
+    __mmask16 m = mask16(left);
+    __m512i v = _mm512_setzero_si512();
+    for (int64_t ch = 0; ch < c; ch++) {
+        __m512i plane = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, x + ch * hw + p0));
+        v = _mm512_or_si512(v, _mm512_slli_epi32(plane, (unsigned)(8 * ch)));
+    }
+    const __m512i first = _mm512_set_epi32(0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0);
+    for (int64_t k = 0; k < 4 && 4 * k < left; k++) {
+        __m512i y = _mm512_maskz_permutexvar_epi32(0x1111, _mm512_add_epi32(first, _mm512_set1_epi32((int)(4 * k))), v);
+        int64_t px = left - 4 * k < 4 ? left - 4 * k : 4;
+        __mmask64 bytes = px == 4 ? ~(__mmask64)0 : (((__mmask64)1 << (16 * px)) - 1);
+        _mm512_mask_storeu_epi8(out + (p0 + 4 * k) * 16, bytes, y);
+    }
+}
+
 /* LAYOUT ToNHWC of a narrow input: x [N, C, HW] -> y [N, HW, Cp], channels C..Cp zero
- * (int8, or int16 when wide): per image one memset, then each channel scattered. */
-void qp_to_nhwc(const void *x, int64_t wide, int64_t n, int64_t c, int64_t hw, int64_t cp,
-                void *out) {
+ * (int8, or int16 when wide): per image one memset, then each channel scattered; int8 with
+ * C <= 4 into 16 channels (an RGB stem) 16 pixels at a time (nhwc16_narrow). */
+TGT void qp_to_nhwc(const void *x, int64_t wide, int64_t n, int64_t c, int64_t hw, int64_t cp,
+                    void *out) {
+    if (!wide && c <= 4 && cp == 16) {
+        int64_t chunks = (hw + 15) / 16;
+#pragma omp parallel for schedule(static) if (n * hw * cp >= 65536)
+        for (int64_t t = 0; t < n * chunks; t++) {
+            int64_t ni = t / chunks;
+            nhwc16_narrow((const int8_t *)x + ni * c * hw, c, hw, (int8_t *)out + ni * hw * 16,
+                          t % chunks * 16);
+        }
+        return;
+    }
 #pragma omp parallel for schedule(static) if (n * hw * cp >= 65536)
     for (int64_t ni = 0; ni < n; ni++) {
         memset((char *)out + (ni * hw * cp << wide), 0, hw * cp << wide);

@@ -259,15 +259,17 @@ TGT int qp_quantize(const void *x, int64_t f64, int64_t outer, int64_t c, int64_
                     const double *scale, int64_t half_even, double lo, double hi, void *out,
                     int64_t out_shift) {
     int bad = 0;
+    /* tasks of up to 8192 values of one channel: a batch-1 image splits across threads too */
+    int64_t per = inner > 8192 ? (inner + 8191) / 8192 : 1, len = (inner + per - 1) / per;
 #pragma omp parallel for schedule(static) reduction(| : bad) if (outer * c * inner >= PAR_MIN)
-    for (int64_t o = 0; o < outer; o++)
-        for (int64_t k = 0; k < c; k++) {
-            int64_t i0 = (o * c + k) * inner, i1 = i0 + inner;
-            bad |= f64 ? quant_pd((const double *)x, i0, i1, scale[k], (int)half_even, lo, hi,
-                                  out, (int)out_shift)
-                       : quant_ps((const float *)x, i0, i1, (float)scale[k], (int)half_even,
-                                  (float)lo, (float)hi, out, (int)out_shift);
-        }
+    for (int64_t t = 0; t < outer * c * per; t++) {
+        int64_t r = t / per, k = r % c, s0 = t % per * len;
+        int64_t i0 = r * inner + s0, i1 = r * inner + (s0 + len < inner ? s0 + len : inner);
+        bad |= f64 ? quant_pd((const double *)x, i0, i1, scale[k], (int)half_even, lo, hi, out,
+                              (int)out_shift)
+                   : quant_ps((const float *)x, i0, i1, (float)scale[k], (int)half_even,
+                              (float)lo, (float)hi, out, (int)out_shift);
+    }
     return bad;
 }
 

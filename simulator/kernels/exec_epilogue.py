@@ -12,7 +12,8 @@ terms stay exact while the bound holds for the sum, so a bias
 the same single pass.
 
 :class:`Epilogue` holds one instruction's per-channel float64 scales, the bias, the
-clamp bounds (``relu`` folded in as ``lo = max(qmin, 0)``) and the output dtype, built
+clamp bounds (``relu`` folded in as ``lo = max(qmin, 0)``, a fused ``clip`` as its
+intersection) and the output dtype, built
 once per program; :meth:`Epilogue.apply` evaluates it on one block of accumulators.
 Callers prove exactness with the static bounds (:func:`acc_bound`) before using it and
 otherwise keep the int64 path.
@@ -136,9 +137,18 @@ class Epilogue:
 
 
 def out_range(attrs: dict) -> tuple[int, int]:
-    """``(lo, hi)`` of ``attrs["out_dtype"]`` with ``relu`` folded in: ``lo = max(qmin, 0)``."""
+    """``(lo, hi)`` of ``attrs["out_dtype"]`` with ``relu`` folded in (``lo = max(qmin,
+    0)``) and a fused ``clip`` (``[c_lo, c_hi]``, ``c_lo <= 0 <= c_hi``: the intervals
+    meet, so clamping to both in turn is clamping to their intersection)."""
     lo, hi = fp.qrange(attrs["out_dtype"])
-    return (max(lo, 0) if int(attrs.get("relu") or 0) else lo), hi
+    lo = max(lo, 0) if int(attrs.get("relu") or 0) else lo
+    if attrs.get("clip") is not None:
+        c_lo, c_hi = (int(v) for v in attrs["clip"])
+        if not c_lo <= 0 <= c_hi:
+            raise SimulatorError(f"clip {[c_lo, c_hi]} does not contain 0", where="attrs.clip",
+                                 hint="compile fuses only clips with lo <= 0 <= hi")  # fmt: skip
+        lo, hi = max(lo, c_lo), min(hi, c_hi)
+    return lo, hi
 
 
 def epilogue(attrs: dict, bias, mult, shift, mult_b=None) -> Epilogue:

@@ -71,9 +71,12 @@ def _empty(t) -> bool:
 
 
 def _finish(y: torch.Tensor, attrs: dict) -> torch.Tensor:
-    """``max(y, 0)`` if ``relu``, then cast to ``out_dtype`` (y already saturated)."""
+    """``max(y, 0)`` if ``relu``, clamped to ``clip`` when set (a fused QClip), then cast
+    to ``out_dtype`` (y already saturated)."""
     if int(attrs.get("relu") or 0):
         y = y.clamp_(min=0)
+    if attrs.get("clip") is not None:
+        y = y.clamp_(*(int(v) for v in attrs["clip"]))
     return y.to(ek.TORCH_DTYPES[attrs["out_dtype"]])
 
 

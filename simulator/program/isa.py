@@ -28,7 +28,7 @@ class Op(StrEnum):
 
     QUANTIZE = "quantize"  # float featuremap input -> int (scale, dtype, rounding)
     PREPROCESS = "preprocess"  # board camera input (nv12/yuv444/rgb...) -> int8 featuremap
-    CONV = "conv"  # QConv (+ fused relu; two inputs: + fused QAdd, see exec_conv)
+    CONV = "conv"  # QConv (+ fused relu or clip; two inputs: + fused QAdd, see exec_conv)
     LINEAR = "linear"  # QLinear (two inputs: + fused QAdd, see exec_ops.k_linear)
     MATMUL = "matmul"  # QMatMul
     ADD = "add"  # QAdd (scale-aligned, + fused relu)

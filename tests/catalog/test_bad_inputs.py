@@ -25,6 +25,7 @@ from tests.catalog import (
     cases_batch,
     cases_cam,
     cases_cli,
+    cases_clip,
     cases_contract,
     cases_data,
     cases_edit,
@@ -149,6 +150,7 @@ def all_cases() -> dict:
         **cases_ptq_io.cases(),
         **cases_ptq_batch.cases(),
         **cases_threads.cases(),
+        **cases_clip.cases(),
     }
 
 

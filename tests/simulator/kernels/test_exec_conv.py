@@ -152,6 +152,33 @@ def test_im2col_view_equals_windows(seed):
     assert torch.equal(rows, ref[:, 1:].reshape(rows.shape[0], -1))
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_fused_clip_equals_qconv_then_qclip(seed):
+    """A QClip compile fused into the conv (attrs ``clip``, a ReLU6): the reference, the
+    blocked path (or the compiled kernel) and the int64 path (plain layout) all equal
+    QConv then QClip."""
+    rng = np.random.default_rng(300 + seed)
+    x, w, bias, attrs = _case(rng)
+    o = w.shape[0]
+    attrs["out_dtype"] = ["int8", "int16"][seed % 2]
+    mult, shift = rng.integers(1, 2**15, o), rng.integers(0, 20, o)
+    lo, hi = [(0, 6), (0, 100), (-3, 0), (-40, 17)][seed % 4]
+    consts = [bias, mult, shift]
+    y = CUSTOM_OPS["QConv"].evaluate([x, w, *consts], attrs)
+    want = CUSTOM_OPS["QClip"].evaluate([y], {"lo": lo, "hi": hi})
+    assert (want != y).any()  # the clip changes some outputs
+    clipped = {**attrs, "clip": [lo, hi]}
+    np.testing.assert_array_equal(CUSTOM_OPS["QConv"].evaluate([x, w, *consts], clipped), want)
+    got, fast = _run(_nhwc_program(x, w, consts, clipped), {"x": x})
+    assert fast
+    np.testing.assert_array_equal(got, want)
+    instr = Instruction(Op.CONV, ("x",), ("y",), ("w", "b", "m", "s"), clipped, ("conv", "clip"))
+    plain = Program(
+        "nash-e", {"x": {}}, {"y": {}}, [instr], dict(zip("wbms", [w, *consts], strict=True))
+    )
+    np.testing.assert_array_equal(Executor(plain).run({"x": x})[0]["y"], want)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_conv_beyond_the_float64_bound_keeps_the_int64_path(mode):
     """int16 input and 31-bit multipliers: ``acc * mult`` may pass 2**52, no fast path."""

@@ -69,6 +69,27 @@ def test_depthwise_conv_equals_qconv(monkeypatch, seed):
     assert ran, "the compiled depthwise kernel ran"
 
 
+@pytest.mark.parametrize("plain", [False, True])
+def test_depthwise_with_a_fused_clip_equals_qconv_then_qclip(plain):
+    """MobileNetV2's depthwise conv + ReLU6 as one CONV (attrs ``clip``): the kernel clamps
+    to the clip's bounds in its epilogue."""
+    rng = np.random.default_rng(11)
+    c = 40
+    x, w = rand_ints(rng, (2, c, 9, 9), np.int8), rand_ints(rng, (c, 1, 3, 3), np.int8)
+    bias = rng.integers(-5000, 5000, c).astype(np.int32)
+    mult, shift = rng.integers(1, 2**15, c), np.full(c, 12)
+    attrs = {"rounding": "half_even", "out_dtype": "int8", "relu": 0, "group": c,
+             "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1]}  # fmt: skip
+    y = CUSTOM_OPS["QConv"].evaluate([x, w, bias, mult, shift], attrs)
+    want = CUSTOM_OPS["QClip"].evaluate([y], {"lo": 0, "hi": 47})
+    assert (want != y).any() and (want == 47).any()
+    ex = Executor(_program(x, w, bias, mult, shift, {**attrs, "clip": [0, 47]}, plain=plain))
+    for _ in range(3):  # kernel, replay, frozen plan
+        np.testing.assert_array_equal(ex.run({"x": x})[0]["out"], want)
+    plans = [v for k, v in ex.consts.derived.items() if k[0] == "dw_plan"]
+    assert plans and all(p is not None for p in plans)  # the compiled depthwise kernel
+
+
 def test_depthwise_without_requantize_keeps_the_int64_path():
     rng = np.random.default_rng(0)
     x, w = rand_ints(rng, (1, 4, 5, 5), np.int8), rand_ints(rng, (4, 1, 3, 3), np.int8)

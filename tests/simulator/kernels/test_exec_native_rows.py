@@ -270,6 +270,21 @@ def test_quantize_equals_the_torch_formula(data, shape, f64, seed):
     np.testing.assert_array_equal(got.numpy(), _torch_quantize(x, s, axis, dtype, mode).numpy())
 
 
+@pytest.mark.parametrize("axis", [None, 1])
+def test_quantize_of_channels_longer_than_a_task(axis):
+    """Channels of more than 8192 values split into tasks (a batch-1 image spreads over
+    the threads): each value still gets its channel's scale, and a NaN in a channel's last
+    task still sends the input to the torch path."""
+    rng = np.random.default_rng(4)
+    x = torch.from_numpy(rng.normal(0, 3, (2, 3, 97, 95)))
+    s = torch.tensor([0.02, 0.05, 0.11] if axis == 1 else [0.05], dtype=torch.float64)
+    want = _torch_quantize(x, s, axis, "int8", "half_even")
+    got = exec_native_rows.quantize(x, s, axis, "int8", "half_even")
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    x[1, 2, 96, 94] = float("nan")
+    assert exec_native_rows.quantize(x, s, axis, "int8", "half_even") is None
+
+
 def test_quantize_leaves_non_finite_inputs_to_the_torch_path():
     x = torch.tensor([1.0, float("nan"), 2.0])
     assert exec_native_rows.quantize(x, torch.tensor([0.1]), None, "int8", "bpu_round") is None

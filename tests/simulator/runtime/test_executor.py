@@ -374,7 +374,9 @@ def test_round_shift_equals_round_div(mode):
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32])
-@pytest.mark.parametrize("c,padded", [(1, 16), (3, 4), (5, 32), (16, 16), (3, 48)])
+@pytest.mark.parametrize(
+    "c,padded", [(1, 16), (3, 4), (5, 32), (16, 16), (3, 48), (3, 16), (4, 16)]
+)
 def test_to_nhwc_pads_channels_with_zeros(dtype, c, padded):
     """ToNHWC (compiled for narrow int8/int16 inputs, torch otherwise) equals a permute
     and a zero pad of the channel axis."""

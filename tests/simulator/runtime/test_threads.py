@@ -33,6 +33,16 @@ def test_free_cores_subtracts_this_process_and_waits_a_window():
     assert cores.others_busy() == pytest.approx(0.0)
 
 
+def test_free_cores_reads_proc_stat_once_a_window():
+    state, reads = {"t": 0.0}, []
+    cores = threads.FreeCores(lambda: reads.append(state["t"]) or 100.0, lambda: 0.0,
+                              lambda: state["t"])  # fmt: skip
+    for t in (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6):
+        state["t"] = t
+        cores.others_busy()
+    assert reads == [0.0, 0.3, 0.6]  # each a window after the last read
+
+
 def test_qparity_threads_fixes_the_count(monkeypatch):
     busy = threads.FreeCores(lambda: 0.0)
     busy.others = 5.0
