@@ -123,9 +123,8 @@ class RunContext:
         split is file-backed in the run's folder (an unlinked file: nothing is left)."""
         d, model = self.spec.data, self.float_model
         names = forward_inputs(model)
-        splits = load_splits(
-            d.dataset, d.calibration_samples, d.evaluation_samples, names, self.run.root
-        )
+        folder = self.run.root if self.run is not None else None  # a check without a run
+        splits = load_splits(d.dataset, d.calibration_samples, d.evaluation_samples, names, folder)
         check_with_model(splits, model, self.spec.compare.output)
         return splits
 
