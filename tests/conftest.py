@@ -77,3 +77,12 @@ def cli_exit_code(monkeypatch, *args) -> int:
         cli.main()
         raise SystemExit(0)
     return e.value.code
+
+
+def tiny_chain_without_analysis(root) -> tuple[dict, object]:
+    """The tiny model's whole chain in store ``root``, analysis off: (spec dict, run)."""
+    from pipelines.flow import run_chain
+
+    spec = tiny_spec_dict(compare={"enabled": False})
+    result = run_chain(parse_spec(spec, "t"), yaml.safe_dump(spec), root, use_prefect=False)
+    return spec, RunStore(root).open(result.run_id)

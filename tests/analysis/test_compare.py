@@ -17,7 +17,7 @@ from schemas.store import RunStore
 from schemas.tables import read_run_table
 from stages.context import RunContext
 from stages.stage_models import StageModel, open_stage_model
-from tests.conftest import tiny_spec_dict
+from tests.conftest import tiny_chain_without_analysis, tiny_spec_dict
 
 
 def test_a_reshaped_parameter_is_not_compared_per_sample(tmp_path):
@@ -112,10 +112,7 @@ def test_at_most_three_models_captures_are_alive_at_once(make_ctx):
 @pytest.fixture(scope="module")
 def chain_run(tmp_path_factory):
     """The tiny model's whole chain (without its analysis): spec dict, run."""
-    root = tmp_path_factory.mktemp("compare")
-    spec = tiny_spec_dict(compare={"enabled": False})
-    result = run_chain(parse_spec(spec, "t"), yaml.safe_dump(spec), root, use_prefect=False)
-    return spec, RunStore(root).open(result.run_id)
+    return tiny_chain_without_analysis(tmp_path_factory.mktemp("compare"))
 
 
 def _parts(run) -> dict[str, bytes]:

@@ -3,29 +3,23 @@
 
 import numpy as np
 import pytest
-import yaml
 
 from analysis.compare import OUTPUT, compare_stages
 from analysis.layer_graph import load_layers
 from analysis.stored_outputs import stored_outputs
-from pipelines.flow import run_chain
 from schemas.spec import parse_spec
-from schemas.store import RunStore
 from schemas.table_digests import remove_parts
 from schemas.tables import read_run_table
 from stages.context import RunContext
 from stages.stage_models import open_stage_model
-from tests.conftest import tiny_spec_dict
+from tests.conftest import tiny_chain_without_analysis
 
 CHAIN = ["calibrate", "convert", "compile", "board_sim"]
 
 
 @pytest.fixture(scope="module")
 def chain_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("stored")
-    spec = tiny_spec_dict(compare={"enabled": False})
-    result = run_chain(parse_spec(spec, "t"), yaml.safe_dump(spec), root, use_prefect=False)
-    return spec, RunStore(root).open(result.run_id)
+    return tiny_chain_without_analysis(tmp_path_factory.mktemp("stored"))
 
 
 def _compare(spec: dict, run, samples: int | None):
