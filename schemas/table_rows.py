@@ -8,7 +8,9 @@ after the check is not read. DuckDB, not pyarrow: ``qparity show`` reads a run's
 without importing pyarrow and numpy (about 0.17 s of CPU against DuckDB's 0.11 s;
 bench/cli.py). The columns of :mod:`schemas.table_schemas` are cast to their declared
 types; a part without a required column, or whose values do not cast, is an ArtifactError
-naming it (a part of another table, or a corrupt one).
+naming it (a part of another table, or a corrupt one). Parts that share one Parquet schema
+(a run's metrics: one part per stage) are parsed by one query, 3 queries instead of 2 per
+part; when it fails, they are read again one by one to name the part at fault.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 CORRUPT_HINT = "the file is corrupt, truncated or foreign: rerun the run's stages (or delete it)"
 _DATABASES: dict[int, duckdb.DuckDBPyConnection] = {}  # by process: never one from a fork
 _LOCK = threading.Lock()
+_LAYOUT_SQL = "SELECT * FROM parquet_schema($files)"  # file_name first, then one element
 
 
 def verified_parts(run: Run, table: str) -> list[tuple[Path, bytes]]:
@@ -53,46 +56,92 @@ def verified_parts(run: Run, table: str) -> list[tuple[Path, bytes]]:
 
 def read_run_table(run: Run, table: str) -> list[dict[str, Any]]:
     """Rows of one table of one run, as dicts (empty if the run has none): every column
-    of any part, a part's missing ones None, in the order the parts are read."""
+    of any part, a part's missing ones None, in the order the parts are read. Parts that
+    share one Parquet schema are parsed by one query; otherwise, or when that query
+    fails, part by part, so an error names the part at fault."""
     parts = verified_parts(run, table)
     if not parts:
         return []
     import duckdb  # here: a module importing this one need not load DuckDB
 
+    with contextlib.closing(_cursor()) as con, contextlib.ExitStack() as copies:
+        sources = [_enter_copy(copies, table, path, data) for path, data in parts]
+        try:
+            rows = _all_parts_rows(con, SCHEMAS[table], sources)
+        except (duckdb.Error, ValueError):
+            rows = None  # read them one by one below: the error names its part
+        if rows is not None:
+            return rows
+        return _rows_part_by_part(con, table, [path for path, _ in parts], sources)
+
+
+def _enter_copy(copies: contextlib.ExitStack, table: str, path: Path, data: bytes) -> str:
+    """A private copy of one part's bytes (:func:`_private_copy`) open until ``copies``
+    closes; an ArtifactError naming the part if it cannot be made."""
+    try:
+        return copies.enter_context(_private_copy(data))
+    except OSError as e:
+        raise ArtifactError(
+            f"cannot copy Parquet file of table {table} to parse it ({e})",
+            where=str(path),
+            hint="free memory or space in the temporary folder, then retry",
+        ) from e
+
+
+def _all_parts_rows(
+    con: duckdb.DuckDBPyConnection, schema: TableSchema, sources: list[str]
+) -> list[dict[str, Any]] | None:
+    """Every part's rows from one query when all parts have the same Parquet schema
+    (names, types and order: what reading them one by one gives, in one scan); None when
+    they differ. ValueError if they lack a column the schema requires."""
+    layouts: dict[str, list[tuple]] = {}
+    for file, *element in con.execute(_LAYOUT_SQL, {"files": sources}).fetchall():
+        layouts.setdefault(file, []).append(tuple(element))
+    if len(layouts) != len(sources) or any(v != layouts[sources[0]] for v in layouts.values()):
+        return None
+    columns, rows = _cast_rows(con, schema, "$files", {"files": sources})
+    return [dict(zip(columns, row, strict=True)) for row in rows]
+
+
+def _rows_part_by_part(
+    con: duckdb.DuckDBPyConnection, table: str, paths: list[Path], sources: list[str]
+) -> list[dict[str, Any]]:
+    """The parts' rows read one by one: a part that cannot be read is an ArtifactError
+    naming it; columns are the union of the parts' own, a part's missing ones None."""
+    import duckdb
+
     names: dict[str, None] = {}
     read = []
-    with contextlib.closing(_cursor()) as con:
-        for path, data in parts:
-            try:
-                columns, rows = _part_rows(con, SCHEMAS[table], data)
-            except (duckdb.Error, OSError, ValueError) as e:
-                raise ArtifactError(
-                    f"cannot read Parquet file of table {table} ({e})",
-                    where=str(path),
-                    hint=CORRUPT_HINT,
-                ) from e
-            names |= dict.fromkeys(columns)
-            read += [dict(zip(columns, row, strict=True)) for row in rows]
+    for path, source in zip(paths, sources, strict=True):
+        try:
+            columns, rows = _cast_rows(con, SCHEMAS[table], "$file", {"file": source})
+        except (duckdb.Error, ValueError) as e:
+            raise ArtifactError(
+                f"cannot read Parquet file of table {table} ({e})",
+                where=str(path),
+                hint=CORRUPT_HINT,
+            ) from e
+        names |= dict.fromkeys(columns)
+        read += [dict(zip(columns, row, strict=True)) for row in rows]
     return [{**dict.fromkeys(names), **row} for row in read]
 
 
-def _part_rows(
-    con: duckdb.DuckDBPyConnection, schema: TableSchema, data: bytes
+def _cast_rows(
+    con: duckdb.DuckDBPyConnection, schema: TableSchema, files: str, params: dict[str, Any]
 ) -> tuple[list[str], list[tuple]]:
-    """The part's columns (their own order) and rows, the schema's columns cast to their
-    declared types; ValueError if it lacks a column the schema requires."""
-    with _private_copy(data) as source:
-        columns = con.sql(f"SELECT * FROM read_parquet('{source}')").columns
-        missing = [c.name for c in schema if not c.nullable and c.name not in columns]
-        if missing:
-            raise ValueError(f"required column {missing[0]} is missing")
-        types = {c.name: c.type for c in schema}
-        select = ", ".join(
-            f"CAST({_quoted(n)} AS {types[n]}) AS {_quoted(n)}" if n in types else _quoted(n)
-            for n in columns
-        )
-        rows = con.sql(f"SELECT {select} FROM read_parquet('{source}')").fetchall()
-    return columns, rows
+    """The columns (the parts' own order) and rows of ``read_parquet(<files>)``, the
+    schema's columns cast to their declared types; ValueError if a column the schema
+    requires is missing."""
+    columns = con.sql(f"SELECT * FROM read_parquet({files})", params=params).columns
+    missing = [c.name for c in schema if not c.nullable and c.name not in columns]
+    if missing:
+        raise ValueError(f"required column {missing[0]} is missing")
+    types = {c.name: c.type for c in schema}
+    select = ", ".join(
+        f"CAST({_quoted(n)} AS {types[n]}) AS {_quoted(n)}" if n in types else _quoted(n)
+        for n in columns
+    )
+    return columns, con.sql(f"SELECT {select} FROM read_parquet({files})", params=params).fetchall()
 
 
 def _quoted(name: str) -> str:

@@ -1,6 +1,7 @@
 """A run's table rows come from DuckDB parsing the very bytes that were verified: the same
 rows pyarrow's reader gives, columns cast to their declared types, a part without a
-required column refused naming it."""
+required column refused naming it; parts of one schema parsed by one query, an error
+still naming its part."""
 
 from __future__ import annotations
 
@@ -93,3 +94,71 @@ def test_without_memfd_a_private_file_is_parsed(run, monkeypatch):
         monkeypatch.delattr(os, "memfd_create")
     assert read_run_table(run, "stages") == want
     assert want[0]["started_at"] == datetime(2026, 1, 1, 12, 30, 1, 250, tzinfo=UTC)
+
+
+class _CountingCursor:
+    """A cursor that counts the queries run through it (DuckDB's own cannot be patched)."""
+
+    def __init__(self, con, counts: list[str]) -> None:
+        self._con, self._counts = con, counts
+
+    def sql(self, query, **kw):
+        self._counts.append(query)
+        return self._con.sql(query, **kw)
+
+    def execute(self, query, *args):
+        self._counts.append(query)
+        return self._con.execute(query, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._con, name)
+
+
+def _metrics_parts(run, n: int) -> list[dict]:
+    """``n`` more metrics parts of one schema, one row each; their rows in part order."""
+    rows = [{"run_id": run.run_id, "stage": f"s{k}", "metric": "cosine", "value": k / 8,
+             "n_samples": k, "output": "y"} for k in range(n)]  # fmt: skip
+    for k, row in enumerate(rows):
+        write_rows(run, "metrics", [row], f"s{k}")
+    return rows
+
+
+def test_parts_of_one_schema_are_parsed_by_a_fixed_number_of_queries(run, monkeypatch):
+    """Seven parts (a run's metrics) cost the queries of one, not two per part: the same
+    rows, in the order the parts are read, as part by part."""
+    _metrics_parts(run, 6)
+    want = [r for p in table_rows.verified_parts(run, "metrics") for r in _one_part_rows(p)]
+    queries: list[str] = []
+    cursor = table_rows._cursor
+    monkeypatch.setattr(table_rows, "_cursor", lambda: _CountingCursor(cursor(), queries))
+    rows = read_run_table(run, "metrics")
+    assert _nan_free(rows) == _nan_free(want)
+    assert len(queries) <= 3, queries
+
+
+def _one_part_rows(part) -> list[dict]:
+    """A part's rows as pyarrow reads them, the schema's columns in their order."""
+    table = pq.read_table(pa.BufferReader(part[1]))
+    return [{**dict.fromkeys(table_rows.SCHEMAS["metrics"].names), **r} for r in table.to_pylist()]
+
+
+def test_parts_of_one_schema_still_name_the_part_that_does_not_cast(run):
+    """One query over parts of the same schema fails on a bad value; the error still
+    names the part holding it (the parts are then read one by one)."""
+    for name, value in (("a", "0.25"), ("b", "not a number"), ("c", "0.5")):
+        part = pa.table({"run_id": [run.run_id], "stage": [name], "metric": ["l1"],
+                         "value": [value]})  # fmt: skip
+        _write_part(run, f"tables/metrics/{name}.parquet", part)
+    with pytest.raises(ArtifactError, match="cannot read Parquet file of table metrics") as info:
+        read_run_table(run, "metrics")
+    assert info.value.message.count("metrics/") == 1
+    assert str(run.path("tables/metrics/b.parquet")) in info.value.message
+
+
+def test_a_corrupt_part_among_parts_of_one_schema_is_named(run):
+    _metrics_parts(run, 2)
+    bad = run.path("tables/metrics/s1.parquet")
+    write_part(run, "tables/metrics/s1.parquet", lambda tmp: tmp.write_bytes(b"PAR1 not parquet"))
+    with pytest.raises(ArtifactError, match="cannot read Parquet file") as info:
+        read_run_table(run, "metrics")
+    assert str(bad) in info.value.message
