@@ -13,10 +13,27 @@ from typing import Annotated
 
 import typer
 
+from qparity.cli_lazy import lazy_group
 from qparity.cli_options import LazyConsole, QuietOpt, RunsOpt, store_root
 from schemas.errors import QparityError
 
+LAZY_COMMANDS = {
+    "sql": ("qparity.cli_sql", "sql_command"),
+    "diff": ("qparity.cli_sql", "diff_command"),
+    "report": ("qparity.cli_report", "report_command"),
+    "sweep": ("qparity.cli_sweep", "sweep_command"),
+    "schedule": ("qparity.cli_sweep", "schedule_command"),
+    "verify": ("qparity.cli_verify", "verify_command"),
+    "edit": ("qparity.cli_edit", "edit_command"),
+    "ptq": ("qparity.cli_ptq", "ptq_command"),
+    "gc": ("qparity.cli_gc", "gc_command"),
+    "ops": ("qparity.cli_ops", "ops_command"),
+}
+"""The commands of the ``cli_*`` modules, listed after this module's own: each module is
+imported, and its command built, only when the command is looked up (qparity.cli_lazy)."""
+
 app = typer.Typer(
+    cls=lazy_group(LAZY_COMMANDS, pretty_exceptions_short=True),
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -185,41 +202,6 @@ def rerun(
 
     rerun_view(out, store_root(runs), run_id, stage, set_ or [], downstream, not no_prefect,
                quiet=quiet)  # fmt: skip
-
-
-from qparity.cli_sql import diff_command, sql_command  # noqa: E402
-
-app.command("sql")(sql_command)
-app.command("diff")(diff_command)
-
-from qparity.cli_report import report_command  # noqa: E402
-
-app.command("report")(report_command)
-
-from qparity.cli_sweep import schedule_command, sweep_command  # noqa: E402
-
-app.command("sweep")(sweep_command)
-app.command("schedule")(schedule_command)
-
-from qparity.cli_verify import verify_command  # noqa: E402
-
-app.command("verify")(verify_command)
-
-from qparity.cli_edit import edit_command  # noqa: E402
-
-app.command("edit")(edit_command)
-
-from qparity.cli_ptq import ptq_command  # noqa: E402
-
-app.command("ptq")(ptq_command)
-
-from qparity.cli_gc import gc_command  # noqa: E402
-
-app.command("gc")(gc_command)
-
-from qparity.cli_ops import ops_command  # noqa: E402
-
-app.command("ops")(ops_command)
 
 
 def _is_usage_error(e: Exception) -> bool:

@@ -2,8 +2,8 @@
 `runs` not even DuckDB or pyarrow, `show` no pyarrow or numpy (DuckDB parses the verified
 bytes of the run's parts: schemas.table_rows), `sql` no spec models and no pyarrow or numpy
 (DuckDB reads the parts, its rows are printed: analysis.sql_rows); `runs -q`,
-`sql -q` and CSV or JSON not even rich (bench/cli.py measures their start-up against python
-+ duckdb)."""
+`sql -q` and CSV or JSON not even rich; `runs` and `show` none of the other commands'
+modules (bench/cli.py measures their start-up against python + duckdb)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ SQL = ("duckdb", "pyarrow.dataset", "pyarrow.compute")
 SPEC = ("schemas.spec_sections", "analysis.diff")  # pydantic models `sql` does not need
 PYARROW = ("pyarrow", "numpy")  # `sql` over small tables and `show`: DuckDB parses the parts
 RICH = ("rich",)  # only a table or an error needs it: one-line outputs print without it
+OTHERS = ("qparity.cli_sql", "qparity.cli_sweep", "qparity.cli_verify", "qparity.cli_ptq")
+"""Modules of commands built on first use (qparity.cli_lazy): `runs` and `show` load none."""
 CHILD = """
 import sys
 from qparity.cli import main
@@ -57,10 +59,10 @@ def store(tmp_path_factory):
     ("args", "heavy"),
     [
         (["--help"], STAGES + SQL + PYARROW),
-        (["runs"], STAGES + SQL + PYARROW),
-        (["runs", "-q"], STAGES + SQL + PYARROW + RICH),
-        (["show", "RUN"], STAGES + PYARROW),
-        (["show", "RUN", "-q"], STAGES + PYARROW),
+        (["runs"], STAGES + SQL + PYARROW + OTHERS),
+        (["runs", "-q"], STAGES + SQL + PYARROW + RICH + OTHERS),
+        (["show", "RUN"], STAGES + PYARROW + OTHERS),
+        (["show", "RUN", "-q"], STAGES + PYARROW + OTHERS),
         (["sql", "SELECT * FROM first_divergences"], STAGES + SPEC + PYARROW),
         (["sql", "SELECT * FROM first_divergences", "-q"], STAGES + SPEC + PYARROW + RICH),
         (["sql", "SELECT * FROM runs", "-f", "csv"], STAGES + SPEC + PYARROW + RICH),
