@@ -103,10 +103,13 @@ def stage_table(store_root: str | Path, run_id: str, metrics: list[dict] | None 
     """Stages of a run with duration, cache hit and the primary metric (top1 with labels,
     else cosine, or compare.primary; from the run's tables, or its ``metrics`` rows)."""
     run = RunStore(store_root).open(run_id)
-    m = as_shown(run.manifest())
-    primary = run_primary(run, metrics=metrics)
+    return _stage_table(as_shown(run.manifest()), run_primary(run, metrics=metrics))
+
+
+def _stage_table(m, primary) -> Table:
+    """The stage table of the shown manifest ``m`` with the run's ``primary`` metric."""
     values = primary.values
-    table = Table("stage", "status", "duration_s", "cache", primary.name, title=f"run {run_id}")
+    table = Table("stage", "status", "duration_s", "cache", primary.name, title=f"run {m.run_id}")
     if "float" in values:
         table.add_row("float", "-", "-", "-", f"{values['float']:.4f}")
     for name, rec in _in_chain_order(m.stages):
@@ -138,7 +141,7 @@ def show_run(out: Console, store_root: str | Path, run_id: str) -> None:
     if m.error:
         out.print(f"[red]error:[/] {m.error}", highlight=False)
     metrics = read_run_table(run, "metrics")  # read once: the stage table's and this one's
-    out.print(stage_table(store_root, run_id, metrics))
+    out.print(_stage_table(m, run_primary(run, metrics=metrics)))
     print_islands(out, run)
     print_faults(out, run)
     table = Table("stage", "metric", "output", "value", "n_samples", title="metrics")

@@ -9,6 +9,7 @@ from rich.console import Console
 from qparity.views import show_run
 from schemas import table_rows
 from schemas.spec_faults import FaultSpec
+from schemas.store import Run
 from schemas.tables import write_rows
 from stages.fault_effects import Effect
 from stages.faults import record
@@ -48,3 +49,20 @@ def test_show_reads_and_verifies_the_metrics_once(make_ctx, monkeypatch):
     buf = io.StringIO()
     show_run(Console(file=buf, width=200), ctx.run.root.parent, ctx.run.run_id)
     assert read.count("metrics") == 1 and "│ 0.5 " in buf.getvalue()
+
+
+def test_show_opens_the_run_and_reads_its_manifest_once(make_ctx, monkeypatch):
+    """The header and the stage table share one manifest read (the stage table used to open
+    the run and validate its manifest again)."""
+    ctx = make_ctx()
+    reads = []
+    original = Run.manifest
+
+    def counted(self, *args, **kwargs):
+        reads.append(self.run_id)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Run, "manifest", counted)
+    buf = io.StringIO()
+    show_run(Console(file=buf, width=200), ctx.run.root.parent, ctx.run.run_id)
+    assert reads == [ctx.run.run_id] and f"run {ctx.run.run_id}" in buf.getvalue()
