@@ -43,6 +43,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -84,10 +85,12 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _timed(argv: list[str], cwd: Path = ROOT) -> tuple[float, float]:
+def _timed(
+    argv: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None
+) -> tuple[float, float]:
     """Wall time and CPU time (user + sys) of one process running ``argv`` in ``cwd``."""
     t0, c0 = time.perf_counter(), _cpu()
-    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=env)
     took, cpu = time.perf_counter() - t0, _cpu() - c0
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv[:6])} failed: {proc.stderr.strip()[-300:]}")
@@ -176,6 +179,7 @@ def main() -> None:
     ap.add_argument("--make-store", type=int, metavar="N", help="first clone runs up to N")
     ap.add_argument("--from", dest="source", type=Path, help="the store to clone from")
     ap.add_argument("--before", type=Path, metavar="TREE", help="also time TREE's commands")
+    ap.add_argument("--bytecode", action="store_true", help=BYTECODE_HELP)
     args = ap.parse_args()
     if args.make_store:
         make_store(args.store, args.source or args.store, args.make_store)
@@ -183,15 +187,45 @@ def main() -> None:
     if args.before:
         mine = [k for k in cmds if k.startswith("qparity")]
         cmds |= {f"{k} (before)": (cmds[k][0], args.before.resolve()) for k in mine}
-    samples: dict[str, list[tuple[float, float]]] = {k: [] for k in cmds}
-    for _ in range(args.rounds):
-        for name, (argv, cwd) in cmds.items():
-            samples[name].append(_timed(argv, cwd))
+    load = Path("/proc/loadavg").read_text().strip()
+    with tempfile.TemporaryDirectory(prefix="bench-cli-pycache-") as cache:
+        samples = sample(cmds, args.rounds, bytecode_env(cache) if args.bytecode else None)
     wall = {k: statistics.median(w for w, _ in v) for k, v in samples.items()}
     cpu = {k: statistics.median(c for _, c in v) for k, v in samples.items()}
     print(f"# {len(_runs(args.store))} runs in {args.store}; median of {args.rounds} rounds; "
-          f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")  # fmt: skip
+          f"{os.cpu_count()} cores; /proc/loadavg before: {load}, after: "
+          f"{Path('/proc/loadavg').read_text().strip()}; "
+          f"bytecode: {'written and read (--bytecode)' if args.bytecode else 'as the environment says'}")  # fmt: skip
     report(wall, cpu)
+
+
+def sample(
+    cmds: dict[str, tuple[list[str], Path]], rounds: int, env: dict[str, str] | None
+) -> dict[str, list[tuple[float, float]]]:
+    """(wall, CPU) of every command in each of ``rounds`` rounds; with a bytecode ``env``,
+    after an untimed round that writes every process's bytecode."""
+    for argv, cwd in cmds.values() if env else ():
+        _timed(argv, cwd, env)
+    samples: dict[str, list[tuple[float, float]]] = {k: [] for k in cmds}
+    for _ in range(rounds):
+        for name, (argv, cwd) in cmds.items():
+            samples[name].append(_timed(argv, cwd, env))
+    return samples
+
+
+BYTECODE_HELP = (
+    "run every process (anchors included) with Python's bytecode cache in a temporary "
+    "folder, written by one untimed round: as an installed qparity runs (pip compiles it). "
+    "Without it, a PYTHONDONTWRITEBYTECODE=1 environment compiles qparity's modules at "
+    "every start (~30 ms of show's CPU), which no anchor pays (they import only compiled "
+    "site-packages)"
+)
+
+
+def bytecode_env(cache: str) -> dict[str, str]:
+    """This environment with bytecode written to and read from ``cache``."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return env | {"PYTHONPYCACHEPREFIX": cache}
 
 
 def anchor_of(name: str) -> str:
