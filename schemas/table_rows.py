@@ -9,8 +9,9 @@ without importing pyarrow and numpy (about 0.17 s of CPU against DuckDB's 0.11 s
 bench/cli.py). The columns of :mod:`schemas.table_schemas` are cast to their declared
 types; a part without a required column, or whose values do not cast, is an ArtifactError
 naming it (a part of another table, or a corrupt one). Parts that share one Parquet schema
-(a run's metrics: one part per stage) are parsed by one query, 3 queries instead of 2 per
-part; when it fails, they are read again one by one to name the part at fault.
+(a run's metrics: one part per stage) are parsed by one query (up to 64 at a time), 3
+queries instead of 2 per part; when it fails, they are read again one by one to name the
+part at fault.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ CORRUPT_HINT = "the file is corrupt, truncated or foreign: rerun the run's stage
 _DATABASES: dict[int, duckdb.DuckDBPyConnection] = {}  # by process: never one from a fork
 _LOCK = threading.Lock()
 _LAYOUT_SQL = "SELECT * FROM parquet_schema($files)"  # file_name first, then one element
+PARTS_PER_QUERY = 64
+"""Parts parsed by one query at most: their private copies are open at once."""
 
 
 def verified_parts(run: Run, table: str) -> list[tuple[Path, bytes]]:
@@ -56,23 +59,38 @@ def verified_parts(run: Run, table: str) -> list[tuple[Path, bytes]]:
 
 def read_run_table(run: Run, table: str) -> list[dict[str, Any]]:
     """Rows of one table of one run, as dicts (empty if the run has none): every column
-    of any part, a part's missing ones None, in the order the parts are read. Parts that
-    share one Parquet schema are parsed by one query; otherwise, or when that query
-    fails, part by part, so an error names the part at fault."""
+    of any part, a part's missing ones None, in the order the parts are read. Up to
+    :data:`PARTS_PER_QUERY` parts that share one Parquet schema are parsed by one query;
+    otherwise, or when that query fails, part by part, so an error names its part."""
     parts = verified_parts(run, table)
-    if not parts:
-        return []
+    names: dict[str, None] = {}
+    read: list[dict[str, Any]] = []
+    with contextlib.closing(_cursor()) if parts else contextlib.nullcontext() as con:
+        for at in range(0, len(parts), PARTS_PER_QUERY):
+            for columns, rows in _chunk_rows(con, table, parts[at : at + PARTS_PER_QUERY]):
+                names |= dict.fromkeys(columns)
+                read += [dict(zip(columns, row, strict=True)) for row in rows]
+    return [{**dict.fromkeys(names), **row} for row in read]
+
+
+def _chunk_rows(
+    con: duckdb.DuckDBPyConnection, table: str, parts: list[tuple[Path, bytes]]
+) -> list[tuple[list[str], list[tuple]]]:
+    """(columns, rows) of the parts: one pair for all of them when one query reads them
+    (:func:`_same_schema_rows`), else one per part (ArtifactError naming a bad one)."""
     import duckdb  # here: a module importing this one need not load DuckDB
 
-    with contextlib.closing(_cursor()) as con, contextlib.ExitStack() as copies:
+    with contextlib.ExitStack() as copies:
         sources = [_enter_copy(copies, table, path, data) for path, data in parts]
-        try:
-            rows = _all_parts_rows(con, SCHEMAS[table], sources)
-        except (duckdb.Error, ValueError):
-            rows = None  # read them one by one below: the error names its part
-        if rows is not None:
-            return rows
-        return _rows_part_by_part(con, table, [path for path, _ in parts], sources)
+        if len(parts) > 1:
+            try:
+                read = _same_schema_rows(con, SCHEMAS[table], sources)
+            except (duckdb.Error, ValueError):
+                read = None  # read them one by one below: the error names its part
+            if read is not None:
+                return [read]
+        paths = [path for path, _ in parts]
+        return [_part_rows(con, table, p, src) for p, src in zip(paths, sources, strict=True)]
 
 
 def _enter_copy(copies: contextlib.ExitStack, table: str, path: Path, data: bytes) -> str:
@@ -88,42 +106,32 @@ def _enter_copy(copies: contextlib.ExitStack, table: str, path: Path, data: byte
         ) from e
 
 
-def _all_parts_rows(
+def _same_schema_rows(
     con: duckdb.DuckDBPyConnection, schema: TableSchema, sources: list[str]
-) -> list[dict[str, Any]] | None:
-    """Every part's rows from one query when all parts have the same Parquet schema
-    (names, types and order: what reading them one by one gives, in one scan); None when
-    they differ. ValueError if they lack a column the schema requires."""
+) -> tuple[list[str], list[tuple]] | None:
+    """The columns and rows of all parts from one query when they have the same Parquet
+    schema (names, types, order: what reading them one by one gives); None when they
+    differ. ValueError if they lack a column the schema requires."""
     layouts: dict[str, list[tuple]] = {}
     for file, *element in con.execute(_LAYOUT_SQL, {"files": sources}).fetchall():
         layouts.setdefault(file, []).append(tuple(element))
     if len(layouts) != len(sources) or any(v != layouts[sources[0]] for v in layouts.values()):
         return None
-    columns, rows = _cast_rows(con, schema, "$files", {"files": sources})
-    return [dict(zip(columns, row, strict=True)) for row in rows]
+    return _cast_rows(con, schema, "$files", {"files": sources})
 
 
-def _rows_part_by_part(
-    con: duckdb.DuckDBPyConnection, table: str, paths: list[Path], sources: list[str]
-) -> list[dict[str, Any]]:
-    """The parts' rows read one by one: a part that cannot be read is an ArtifactError
-    naming it; columns are the union of the parts' own, a part's missing ones None."""
+def _part_rows(
+    con: duckdb.DuckDBPyConnection, table: str, path: Path, source: str
+) -> tuple[list[str], list[tuple]]:
+    """The columns and rows of one part; ArtifactError naming it if it cannot be read."""
     import duckdb
 
-    names: dict[str, None] = {}
-    read = []
-    for path, source in zip(paths, sources, strict=True):
-        try:
-            columns, rows = _cast_rows(con, SCHEMAS[table], "$file", {"file": source})
-        except (duckdb.Error, ValueError) as e:
-            raise ArtifactError(
-                f"cannot read Parquet file of table {table} ({e})",
-                where=str(path),
-                hint=CORRUPT_HINT,
-            ) from e
-        names |= dict.fromkeys(columns)
-        read += [dict(zip(columns, row, strict=True)) for row in rows]
-    return [{**dict.fromkeys(names), **row} for row in read]
+    try:
+        return _cast_rows(con, SCHEMAS[table], "$file", {"file": source})
+    except (duckdb.Error, ValueError) as e:
+        raise ArtifactError(
+            f"cannot read Parquet file of table {table} ({e})", where=str(path), hint=CORRUPT_HINT
+        ) from e
 
 
 def _cast_rows(

@@ -162,3 +162,15 @@ def test_a_corrupt_part_among_parts_of_one_schema_is_named(run):
     with pytest.raises(ArtifactError, match="cannot read Parquet file") as info:
         read_run_table(run, "metrics")
     assert str(bad) in info.value.message
+
+
+def test_more_parts_than_one_query_takes_are_read_in_chunks(run, monkeypatch):
+    """At most PARTS_PER_QUERY private copies are open at once; the rows are the same."""
+    _metrics_parts(run, 4)
+    want = read_run_table(run, "metrics")
+    monkeypatch.setattr(table_rows, "PARTS_PER_QUERY", 2)
+    queries: list[str] = []
+    cursor = table_rows._cursor
+    monkeypatch.setattr(table_rows, "_cursor", lambda: _CountingCursor(cursor(), queries))
+    assert _nan_free(read_run_table(run, "metrics")) == _nan_free(want)
+    assert len(queries) == 3 + 3 + 2, queries  # 5 parts: 2, 2, then 1 read alone
