@@ -5,7 +5,7 @@ a sample) no longer fit in a core's 2 MB L2, so every instruction streams them f
 memory, and the kernels' two threads meet at a barrier after every instruction: the
 simulator ran *fewer* frames a second at batch 8 than at batch 1 (MobileNetV2 335 -> 201,
 ResNet-50 65.7 -> 51.0; bench/README.md, "Against onnxruntime's int8 path, third round").
-Run as chunks of one sample, each chunk's activations stay in cache, and on two free
+Run as chunks of one or two samples, each chunk's activations stay in cache, and on two free
 cores each thread runs whole chunks through its own executor's frozen plan on one OpenMP
 thread: no barrier per instruction (data parallel). With one free core
 (:func:`simulator.runtime.threads.run_threads` says 1) the chunks run in turn.
@@ -38,9 +38,12 @@ SAMPLE_BYTES = 64 << 10
 """Bytes of program input a sample must exceed for its batch to run split: a 224x224x3
 float32 frame is 588 KB; the digits example's 8x8 frames (256 B) and the transformer's
 token rows stay whole (measured in bench/README.md, fourth round)."""
-CHUNK_BYTES = 1 << 20
+CHUNK_BYTES = 2 << 20
 """Input bytes a chunk may hold: the chunk size is the largest divisor of the batch within
-it (at least 1 sample), so every chunk has one geometry and one frozen plan."""
+it (at least 1 sample), so every chunk has one geometry and one frozen plan. 2 MB takes two
+224x224x3 float32 frames: at batch 8 on 2 threads, chunks of 2 ran MobileNetV2 at 311 fps,
+ResNet-50 at 76 fps, against 270 and 63 for chunks of 1 and 153 and 39 whole (medians,
+loaded host; bench/README.md, fourth round)."""
 
 _POOL: list[ThreadPoolExecutor] = []  # the worker threads, shared by every executor
 _POOL_LOCK = threading.Lock()
