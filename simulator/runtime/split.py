@@ -5,10 +5,13 @@ a sample) no longer fit in a core's 2 MB L2, so every instruction streams them f
 memory, and the kernels' two threads meet at a barrier after every instruction: the
 simulator ran *fewer* frames a second at batch 8 than at batch 1 (MobileNetV2 335 -> 201,
 ResNet-50 65.7 -> 51.0; bench/README.md, "Against onnxruntime's int8 path, third round").
-Run as chunks of one or two samples, each chunk's activations stay in cache, and on two free
-cores each thread runs whole chunks through its own executor's frozen plan on one OpenMP
-thread: no barrier per instruction (data parallel). With one free core
-(:func:`simulator.runtime.threads.run_threads` says 1) the chunks run in turn.
+Run as chunks of one or two samples, each chunk's activations stay in cache, and each of
+:func:`simulator.runtime.threads.split_workers` threads (a core each) runs whole chunks
+through its own executor's frozen plan on one OpenMP thread, taking the next chunk when
+done: no barrier per instruction (data parallel). Without barriers a worker on a core
+another process holds still adds its share, so the split keeps two workers where
+:func:`~simulator.runtime.threads.run_threads` would give a whole batch one thread;
+``QPARITY_THREADS=1`` runs the chunks in turn.
 
 The integers cannot change where every instruction computes each sample from that sample
 alone, as the convolutions, requantizes and tables of a model with a free batch axis do
@@ -33,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from schemas.errors import QparityError
+from simulator.runtime import threads
 
 SAMPLE_BYTES = 64 << 10
 """Bytes of program input a sample must exceed for its batch to run split: a 224x224x3
@@ -73,6 +77,7 @@ def chunk_size(program_inputs: dict[str, dict], inputs: dict[str, np.ndarray]) -
 
 
 def geometry(inputs: dict[str, np.ndarray]) -> tuple:
+    """What a split verdict is kept for: each input's name, shape and dtype."""
     return tuple(
         (k, np.asarray(v).shape, np.asarray(v).dtype.str) for k, v in sorted(inputs.items())
     )
@@ -106,8 +111,9 @@ class BatchSplit:
         key = None if c is None else geometry(inputs)
         if c is None or self.verdict.get(key) is False:
             return None
-        n = len(np.asarray(next(iter(inputs.values()))))
-        parts = [{k: np.asarray(v)[i : i + c] for k, v in inputs.items()} for i in range(0, n, c)]
+        names = list(self.owner.program.inputs)
+        n = len(np.asarray(inputs[names[0]]))
+        parts = [{k: np.asarray(inputs[k])[i : i + c] for k in names} for i in range(0, n, c)]
         if key in self.verdict:
             return self._chunks(parts, n_threads)
         # on a throwaway twin: a replay, once adopted, serves one geometry (the chunks')
@@ -124,9 +130,10 @@ class BatchSplit:
 
     def _chunks(self, parts: list[dict], n_threads: int, workers: int = 0) -> dict:
         """Every chunk's outputs, concatenated in order: on ``workers`` (default
-        ``min(n_threads, chunks)``) workers of one OpenMP thread each, every worker taking
-        the next chunk; one worker runs them in turn on ``n_threads``."""
-        workers = workers or min(n_threads, len(parts))
+        :func:`~simulator.runtime.threads.split_workers`, at most one a chunk) workers of one
+        OpenMP thread each, every worker taking the next chunk; one worker runs them in
+        turn on ``n_threads``."""
+        workers = workers or min(threads.split_workers(), len(parts))
         while len(self.twins) < workers - 1:
             self.twins.append(self.owner.twin())
         runs: list = [None] * len(parts)  # (outputs, executor's path, owner's timings)
