@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 
@@ -141,7 +141,10 @@ class BatchSplit:
         each = n_threads if workers == 1 else 1
         futures = [_pool(workers - 1).submit(self._worker, t, parts, runs, todo, each)
                    for t in self.twins[: workers - 1]]  # fmt: skip
-        self._worker(self.owner, parts, runs, todo, each)
+        try:
+            self._worker(self.owner, parts, runs, todo, each)
+        finally:  # a twin is never left running into the next run, even after an error
+            wait(futures)
         for f in futures:
             f.result()
         self._sum_timings([t for _, _, t in runs if t is not None])
