@@ -55,6 +55,10 @@ def print_splits(splits: dict) -> None:
             print(f"    {kind:<24} {s * 1e3:9.2f} ms  {100 * s / total:5.1f}%")
         print(f"    {'outside the instructions':<24} {max(sim_s - total, 0.0) * 1e3:9.2f} ms  "
               "(the median run minus the summed instructions)")  # fmt: skip
+        if "batch split" in split.get("path", ""):
+            print("  (a batch split: the seconds above are the chunks the calling thread ran, "
+                  "summed; another worker ran the rest beside them, so the run minus them is "
+                  "not overhead)")  # fmt: skip
         print("  slowest instructions:")
         for i, s in sorted(split["instrs"].items(), key=lambda kv: -kv[1])[:6]:
             ins = program.instructions[i]

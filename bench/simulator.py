@@ -232,6 +232,7 @@ def time_batch(name: str, batch: int, store: Path, run_id: str, args) -> tuple:
     print(f"# {name} batch {batch}: kernels that ran: {kernel_variants(sim_exec, x)}", flush=True)
     before = wait_quiet(args.quiet_wait)
     secs, split, load = measure(fns, max(args.rounds, 5), sim_exec[0])
+    split["path"] = sim_exec[0].last_path
     fps = {k: batch / s for k, s in secs.items()}
     print(f"# {name} batch {batch}: median per batch over {split['rounds']} rounds " + ", ".join(
           f"{k} {s * 1e3:.1f} ms" for k, s in secs.items()) + "; top-1 vs labels on the "

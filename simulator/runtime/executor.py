@@ -65,6 +65,7 @@ from simulator.program.isa import Instruction, Op, Program
 from simulator.runtime import native, threads
 from simulator.runtime.frozen import Frozen, freeze
 from simulator.runtime.replay import Replays
+from simulator.runtime.split import BatchSplit
 
 KERNELS: dict[Op, Callable] = kernels()
 """Every :class:`Op` -> its whole-tensor kernel: the view of
@@ -80,14 +81,20 @@ class Executor:
     the last run in :attr:`timings` (``None`` when off, the default).
     """
 
-    def __init__(self, program: Program, timings: bool = False):
+    def __init__(self, program: Program, timings: bool = False, consts: ConstPool | None = None):
         self.program = program
         _check_program(program)
-        self.consts = ConstPool(program.constants, program.layouts)
+        self.consts = consts or ConstPool(program.constants, program.layouts)
         self.timings: list[tuple[int, Op, float]] | None = [] if timings else None
         self.replays = Replays()  # how each instruction's next run skips its kernel
         self._frozen: Frozen | bool | None = None  # the whole-run plan; False: none to build
+        self.split = BatchSplit(self)  # a batch as chunks of samples (simulator.runtime.split)
         self.last_path = ""  # how the last run executed (_path)
+
+    def twin(self) -> Executor:
+        """Another executor of the same program sharing these constants, with replays and a
+        plan of its own: a batch split's worker on another thread."""
+        return Executor(self.program, consts=self.consts)
 
     def run(self, inputs: dict[str, np.ndarray], capture: bool = False):
         """(outputs by name, captures by layer id), numpy, in the reference layout.
@@ -96,9 +103,19 @@ class Executor:
         buffer) only when ``capture``; without it the second dict is empty. Runs after the
         first ones come from replays and then from the frozen plan (module docstring of
         :mod:`simulator.runtime.replay`, :mod:`simulator.runtime.frozen`); ``capture`` runs instruction by
-        instruction. :attr:`last_path` then says which path ran.
+        instruction. A large batch may run as chunks of samples (:mod:`simulator.runtime.split`),
+        never with ``capture``. :attr:`last_path` then says which path ran.
         """
         n = threads.run_threads()  # first: a bad QPARITY_THREADS is named before anything runs
+        if not capture:
+            outputs = self.split.run(inputs, n)
+            if outputs is not None:
+                self.last_path = self.split.last
+                return outputs, {}
+        return self.run_batch(inputs, n, capture)
+
+    def run_batch(self, inputs: dict[str, np.ndarray], n: int, capture: bool = False):
+        """:meth:`run` of the whole batch at once on ``n`` OpenMP threads."""
         bufs = self._load(inputs)
         with threads.kernel_threads(native.untraced(), n):
             frozen = None if capture else self._run_frozen(bufs)

@@ -101,6 +101,17 @@ def run_threads(cores: FreeCores | None = None) -> int:
     return threads_for(busy, allowed, _MACHINE or allowed)
 
 
+def split_workers() -> int:
+    """Workers for a batch split (:mod:`simulator.runtime.split`): ``$QPARITY_THREADS``
+    when set to a number, else every core this process may run on. Each worker runs whole
+    chunks on one OpenMP thread and none waits for another between chunks, so the reason
+    for :func:`run_threads`' count (a barrier per region) does not hold: a worker on a
+    busy core still adds its share of that core. ResNet-50 at batch 8 with a busy loop on
+    one core: 289 ms on two workers, 335 ms on one (bench/README.md, fourth round)."""
+    env = os.environ.get("QPARITY_THREADS", "auto")
+    return run_threads() if env != "auto" else len(os.sched_getaffinity(0))
+
+
 @contextlib.contextmanager
 def kernel_threads(lib, n: int) -> Iterator[int]:
     """OpenMP's thread count (the calling thread's, which the kernels and torch's OpenMP

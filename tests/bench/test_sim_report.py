@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.sim_report import by_kind, instruction_kind
+from bench.sim_report import by_kind, instruction_kind, print_splits
 from simulator.program.isa import Instruction, Op, Program
 
 
@@ -35,3 +35,14 @@ def test_by_kind_sums_the_seconds_of_each_kind():
     split = by_kind({0: 0.5, 1: 0.25, 2: 1.0, 4: 0.125}, prog)
     assert split == {"conv depthwise": 0.5, "layout ToNHWC": 0.25, "conv 1x1 + add": 1.0,
                      "clip": 0.125}  # fmt: skip
+
+
+def test_a_split_batch_says_its_seconds_are_the_calling_threads_share(capsys):
+    """Under a batch split the instructions' seconds cover only the calling thread's chunks:
+    the report says so rather than calling the rest overhead."""
+    prog = _program()
+    split = {"ops": {"conv": 0.002}, "instrs": {0: 0.001, 2: 0.001}, "rounds": 5}
+    for path, said in (("frozen plan", False),
+                       ("frozen plan, batch split: 4 chunks of 2 on 2 threads", True)):  # fmt: skip
+        print_splits({("m", 8): ({**split, "path": path}, prog, 0.004, None)})
+        assert ("the chunks the calling thread ran" in capsys.readouterr().out) == said

@@ -307,3 +307,25 @@ def test_the_last_smaller_batch_is_checked_on_its_own_geometry(compiled, monkeyp
     text = ctx.run.path("debug/bit_exact.txt").read_text()
     assert "outputs of the evaluation's own executor on its batch geometries: 1: kernels" in text
     assert "(32 samples)" in text
+
+
+@pytest.mark.parametrize("threads", ["1", "2"], ids=["in-turn", "data-parallel"])
+def test_a_batch_split_into_samples_gives_quantized_onnx_integers(compiled, monkeypatch, threads):
+    """simulator.runtime.split on the compiled tiny model, its batch forced into chunks of
+    one sample: through the first runs and each worker's frozen plan, every batch of
+    distinct frames gives quantized.onnx's outputs in order."""
+    from simulator.runtime import split
+
+    ctx, arts = compiled
+    monkeypatch.setattr(split, "SAMPLE_BYTES", 0)
+    monkeypatch.setattr(split, "CHUNK_BYTES", 1)
+    monkeypatch.setenv("QPARITY_THREADS", threads)
+    ex = Executor(hbm.load(ctx.run.path(arts["compile"].hbm_file)))
+    x, rng = ctx.evaluation.x[:8], np.random.default_rng(1)
+    for _ in range(5):
+        xb = x[rng.permutation(len(x))]
+        outs, _ = ex.run({"x": xb})
+        ref_outs, _ = run_integer(ctx.run.root, arts["convert"], xb)
+        assert np.array_equal(next(iter(outs.values())), ref_outs[0])
+    assert "batch split: 8 chunks of 1" in ex.last_path
+    assert ex.last_path.startswith("frozen plan") == (native.library() is not None)

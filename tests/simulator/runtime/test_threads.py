@@ -57,6 +57,18 @@ def test_qparity_threads_fixes_the_count(monkeypatch):
             threads.run_threads(busy)
 
 
+def test_a_batch_split_keeps_a_worker_per_core_under_load(monkeypatch):
+    """Split workers never wait for each other: a busy core still gets one (a whole batch's
+    barriers would not), unless QPARITY_THREADS fixes the count."""
+    monkeypatch.setattr(threads._CORES, "others_busy", lambda: 1.0)
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(threads, "_MACHINE", 2)
+    monkeypatch.setenv("QPARITY_THREADS", "auto")
+    assert threads.run_threads() == 1 and threads.split_workers() == 2
+    monkeypatch.setenv("QPARITY_THREADS", "1")
+    assert threads.split_workers() == 1
+
+
 @pytest.mark.skipif(native.library() is None, reason=f"compiled kernels {native.status()}")
 @pytest.mark.parametrize(("others", "want"), [(1.0, 1), (0.0, 2)])
 def test_a_run_takes_the_free_cores_and_gives_torch_its_count_back(monkeypatch, others, want):
