@@ -145,6 +145,8 @@ def judge_pair(
             )
     if v.reasons:
         _localize(v, result, (base, ana), judged, ids, over, dtypes, layers or {}, th.cosine)
+    base.forget()  # the cut graphs own errors and sensitivity ran
+    ana.forget()
     return v
 
 

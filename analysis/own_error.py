@@ -43,9 +43,9 @@ class OwnErrors:
     """Per layer: cosine of the analysis value against ``base_L(analysis inputs)``."""
 
 
-CHUNK = 2
-"""Samples per model run while judging: every layer of one 224x224 sample is about 50 MB
-per model, and a pair holds three runs' worth (analysis, base, reverted)."""
+CHUNK = 1
+"""Samples per model run while judging: every layer of one 224x224 ResNet-50 sample is
+about 100 MB per model, and a pair holds three runs' worth (analysis, base, reverted)."""
 
 
 def chunks(idx: np.ndarray) -> list[np.ndarray]:
@@ -118,28 +118,41 @@ def sensitivity(
     in: after = before * (1 - own / max own), an estimate, ranked the same way. ``size``
     (default ``own.steps``) is that own error in units comparable across layers, e.g. int8
     steps: raw steps of an int32 layer are far finer than an int8 layer's. Streamed over
-    :func:`chunks`; L1 is summed over them and divided once.
+    :func:`chunks`; L1 is summed over them and divided once. The reverted runs go one
+    candidate at a time over every chunk (a graph runner cut for a candidate is built once,
+    not once per chunk), on the candidates' reverted values kept from the first pass.
     """
     size = size or own.steps
     revert = analysis.substitutable and own.exact
-    total, n = dict.fromkeys(["before", *candidates], 0.0), 0
-    for part in chunks(idx):
+    parts, outs, kept, before, n = chunks(idx), [], [], 0.0, 0
+    for part in parts:
         out_base, _ = base.run(part)
         out_ana, _ = analysis.run(part)
-        total["before"] += _l1_sum(out_ana, out_base)
+        before += _l1_sum(out_ana, out_base)
         n += np.size(out_base)
         if revert:
-            ana, computed = _base_on_analysis(base, analysis, part, list(own.steps))
-            for lid in candidates:
-                if quant_steps is not None:
-                    _add_parts(own.parts, lid, ana[lid], computed[lid], quant_steps[lid])
-                out_rev, _ = analysis.run(part, replace={lid: computed[lid]})
-                total[lid] += _l1_sum(out_rev, out_base)
-    before = total["before"] / max(n, 1)
+            outs.append(out_base)
+            kept.append(_reverted(base, analysis, part, own, candidates, quant_steps))
+    after = {
+        lid: sum(_l1_sum(analysis.run(part, replace={lid: rev[lid]})[0], out)
+                 for part, rev, out in zip(parts, kept, outs, strict=True)) / max(n, 1)
+        for lid in (candidates if revert else ())
+    }  # fmt: skip
+    before /= max(n, 1)
     worst = max((size[c] for c in candidates), default=0.0) or 1.0
-    rows = [(lid, before, total[lid] / max(n, 1) if revert else before * (1 - size[lid] / worst))
+    rows = [(lid, before, after[lid] if revert else before * (1 - size[lid] / worst))
             for lid in candidates]  # fmt: skip
     return sorted(rows, key=lambda r: round(r[2] - r[1], 12))  # stable: ties in topo order
+
+
+def _reverted(base, analysis, part, own: OwnErrors, candidates, quant_steps) -> dict:
+    """The candidates' base values computed from the analysis stage's inputs on ``part``
+    (copies: the rest of both captures is freed), their weight/activation sums added to
+    ``own.parts`` when ``quant_steps`` is given."""
+    ana, computed = _base_on_analysis(base, analysis, part, list(own.steps))
+    for lid in candidates if quant_steps is not None else ():
+        _add_parts(own.parts, lid, ana[lid], computed[lid], quant_steps[lid])
+    return {lid: np.array(computed[lid]) for lid in candidates}
 
 
 def _add_parts(parts: dict, lid: str, value, reverted, step: float) -> None:

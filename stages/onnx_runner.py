@@ -23,8 +23,11 @@ from stages.onnx_ref_ops import Conv, run_kept
 DOMAIN = "qparity"
 THREADS = 2
 DISABLED_OPTIMIZERS = ["WeightBiasQuantization"]
-CUT_RUNNERS = 4
-"""Runners of cut graphs (:meth:`OnnxRunner.with_inputs`) a runner keeps."""
+CUT_RUNNERS = 1
+"""Runners of cut graphs (:meth:`OnnxRunner.with_inputs`) a runner keeps: each holds its
+own copy of the weights (an onnxruntime session of ResNet-50's qat.onnx cut at every
+layer: about 370 MB), and the analysis asks for one cut at a time (own errors: every
+layer's; sensitivity: one candidate's, over all its samples)."""
 """onnxruntime's BASIC level rewrites a float conv/linear bias between Q/DQ weights and
 activations into int32 at ``s_in * s_w`` (measured: 1.5e-5 off torch on one conv, flipping
 output quantization steps). Torch fake quant keeps the bias float, so export must too; the
@@ -102,6 +105,12 @@ class OnnxRunner:
                 del self._sessions[k]
             self._sessions[key] = OnnxRunner(_cut(self.model, set(names)))
         return self._sessions[key]
+
+    def forget_cuts(self) -> None:
+        """Drop the runners of cut graphs :meth:`with_inputs` keeps (their sessions and
+        weights); the next :meth:`with_inputs` builds its runner again."""
+        for k in [k for k in self._sessions if k[:1] == ("cut",)]:
+            del self._sessions[k]
 
     def _named(self, feeds: dict, extra: list[str]) -> dict[str, np.ndarray]:
         if self.backend == "onnxruntime":

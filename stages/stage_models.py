@@ -37,6 +37,8 @@ class StageModel:
     feedable: bool = False
     """Not substitutable, but ``replace`` may give its ``input:*`` values (a program fed
     featuremaps): run on another stage's input, it shows only the error it adds."""
+    forget: Callable[[], None] = lambda: None
+    """Drops what runs with ``replace`` built and kept (a graph runner's cut graphs)."""
 
     def run(self, idx: np.ndarray, replace: dict[str, np.ndarray] | None = None) -> Captured:
         resident.release()  # what the previous runs freed (stages.resident)

@@ -127,7 +127,7 @@ def float_graph(
         feeds = {tensors[k]: np.asarray(v, np.float32) for k, v in (replace or {}).items()}
         return _run_fed(runner, inputs(idx), tensors, feeds, at)
 
-    return StageModel(stage, run, _scales(layers))
+    return StageModel(stage, run, _scales(layers), forget=runner.forget_cuts)
 
 
 def integer_graph(stage: str, path, inputs, layers: dict, at: int = 0) -> StageModel:
@@ -143,7 +143,7 @@ def integer_graph(stage: str, path, inputs, layers: dict, at: int = 0) -> StageM
         out, values = _run_fed(runner, inputs(idx), tensors, feeds, at)
         return out, {lid: dequantize(v, layers[lid]) for lid, v in values.items()}
 
-    return StageModel(stage, run, _scales(layers))
+    return StageModel(stage, run, _scales(layers), forget=runner.forget_cuts)
 
 
 def program(

@@ -76,3 +76,28 @@ def test_own_error_is_the_layers_own_rounding(monkeypatch):
     own, rows = _judge(2, monkeypatch)
     assert 0 < own.steps["b"] <= 0.5 and 0 < own.steps["a"] <= 0.5
     assert all(after < before for _, before, after in rows)
+
+
+def test_each_candidates_reverted_runs_follow_each_other(monkeypatch):
+    """Sensitivity reverts one candidate over every chunk before the next: a graph
+    runner builds the cut graph of a candidate once (stages.onnx_runner.CUT_RUNNERS is 1),
+    not once per chunk. The rows are those of one whole run."""
+    monkeypatch.setattr(own_error, "CHUNK", 2)
+    base, quant = _model("float", None), _model("quant", 0.25)
+    fed: list[tuple[str, ...]] = []
+
+    def run(idx, replace=None):
+        if replace:
+            fed.append(tuple(replace))
+        return quant.runner(idx, replace)
+
+    ana = StageModel("quant", run)
+    idx = np.arange(len(X))
+    own = own_errors(base, ana, idx, ["a", "b"], STEPS)
+    rows = sensitivity(base, ana, idx, own, ["a", "b"], quant_steps=STEPS)
+    assert fed == [("a",)] * 4 + [("b",)] * 4  # 7 samples, chunks of 2
+    _, whole = _judge(100, monkeypatch)
+    assert [r[0] for r in rows] == [r[0] for r in whole]
+    assert [v for r in rows for v in r[1:]] == pytest.approx(
+        [v for r in whole for v in r[1:]], rel=1e-12
+    )

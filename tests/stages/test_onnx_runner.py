@@ -195,3 +195,19 @@ def test_the_reference_runs_a_big_batch_in_chunks_with_the_same_result(monkeypat
     assert float(outs[1]) == 2.0
     for name in ("relu", "mul"):
         np.testing.assert_array_equal(layers[name], whole_layers[name])
+
+
+def test_forget_cuts_drops_every_cut_runner_and_the_next_cut_is_built_again():
+    """judge_pair forgets both models' cuts once a pair is judged: each cut holds a copy of
+    the weights (stages.onnx_runner.CUT_RUNNERS)."""
+    runner = OnnxRunner(_model())
+    first = runner.with_inputs(("relu",))
+    runner.forget_cuts()
+    assert not [k for k in runner._sessions if k[0] == "cut"]
+    again = runner.with_inputs(("relu",))
+    assert again is not first
+    outs, _ = again.run_capture(X, [], {"relu": np.ones_like(X)})
+    np.testing.assert_array_equal(outs[0], np.full_like(X, 2.0))
+    np.testing.assert_array_equal(
+        runner.run(X)[0], first.run_capture(X, [], {"relu": np.maximum(X, 0)})[0][0]
+    )
