@@ -133,11 +133,7 @@ def sensitivity(
         if revert:
             outs.append(out_base)
             kept.append(_reverted(base, analysis, part, own, candidates, quant_steps))
-    after = {
-        lid: sum(_l1_sum(analysis.run(part, replace={lid: rev[lid]})[0], out)
-                 for part, rev, out in zip(parts, kept, outs, strict=True)) / max(n, 1)
-        for lid in (candidates if revert else ())
-    }  # fmt: skip
+    after = _after_reverting(analysis, candidates, parts, kept, outs, n) if revert else {}
     before /= max(n, 1)
     worst = max((size[c] for c in candidates), default=0.0) or 1.0
     rows = [(lid, before, after[lid] if revert else before * (1 - size[lid] / worst))
@@ -153,6 +149,17 @@ def _reverted(base, analysis, part, own: OwnErrors, candidates, quant_steps) -> 
     for lid in candidates if quant_steps is not None else ():
         _add_parts(own.parts, lid, ana[lid], computed[lid], quant_steps[lid])
     return {lid: np.array(computed[lid]) for lid in candidates}
+
+
+def _after_reverting(analysis: StageModel, candidates, parts, kept, outs, n: int) -> dict:
+    """Per candidate: the mean L1 of the analysis output with it reverted to its ``kept``
+    value (one dict per chunk of ``parts``) against the base output ``outs``, every chunk
+    of one candidate before the next."""
+    return {
+        lid: sum(_l1_sum(analysis.run(part, replace={lid: rev[lid]})[0], out)
+                 for part, rev, out in zip(parts, kept, outs, strict=True)) / max(n, 1)
+        for lid in candidates
+    }  # fmt: skip
 
 
 def _add_parts(parts: dict, lid: str, value, reverted, step: float) -> None:
