@@ -49,7 +49,7 @@ it (at least 1 sample), so every chunk has one geometry and one frozen plan. 2 M
 ResNet-50 at 76 fps, against 270 and 63 for chunks of 1 and 153 and 39 whole (medians,
 loaded host; bench/README.md, fourth round)."""
 
-_POOL: list[ThreadPoolExecutor] = []  # the worker threads, shared by every executor
+_POOL: list[tuple[int, ThreadPoolExecutor]] = []  # (threads, pool), shared by every executor
 _POOL_LOCK = threading.Lock()
 
 
@@ -178,6 +178,6 @@ class BatchSplit:
 def _pool(n: int) -> ThreadPoolExecutor:
     """A pool of at least ``n`` threads, shared by every executor of the process."""
     with _POOL_LOCK:
-        if not _POOL or _POOL[0]._max_workers < n:
-            _POOL[:] = [ThreadPoolExecutor(n, thread_name_prefix="qparity-split")]
-        return _POOL[0]
+        if not _POOL or _POOL[0][0] < n:
+            _POOL[:] = [(n, ThreadPoolExecutor(n, thread_name_prefix="qparity-split"))]
+        return _POOL[0][1]
