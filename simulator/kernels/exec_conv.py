@@ -221,6 +221,7 @@ def im2col_view(xp: torch.Tensor, kernel, strides, dilations) -> torch.Tensor:
 def _wide(xp: torch.Tensor) -> torch.Tensor:
     """``xp [N, H, W, C]`` (contiguous) viewed as the widest of int64 / int32 / int16 whose
     size divides a pixel's ``C * itemsize`` bytes (itself when none is wider)."""
+    xp = _row_major(xp)
     nbytes, offset = xp.shape[3] * xp.element_size(), xp.storage_offset() * xp.element_size()
     for dt in (torch.int64, torch.int32, torch.int16):
         size = torch.iinfo(dt).bits // 8
@@ -229,6 +230,20 @@ def _wide(xp: torch.Tensor) -> torch.Tensor:
         if nbytes % size == 0 and offset % size == 0:
             return xp.view(dt)
     return xp
+
+
+def _row_major(xp: torch.Tensor) -> torch.Tensor:
+    """A contiguous ``xp`` with the row-major strides of its shape.
+
+    torch calls a tensor contiguous whatever the strides of its size-1 axes (a
+    ``[N, C, 1, 1]`` permuted to NHWC keeps stride 1 on H and W), yet a dtype view checks
+    that every stride is a multiple of the widening; the same elements restrided pass.
+    """
+    strides, step = [], 1
+    for size in reversed(xp.shape):
+        strides.insert(0, step)
+        step *= size
+    return xp if xp.stride() == tuple(strides) else xp.as_strided(xp.shape, strides)
 
 
 def im2col_rows(cols: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

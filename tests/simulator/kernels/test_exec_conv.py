@@ -152,6 +152,20 @@ def test_im2col_view_equals_windows(seed):
     assert torch.equal(rows, ref[:, 1:].reshape(rows.shape[0], -1))
 
 
+@pytest.mark.parametrize("c", [1, 2, 3, 8, 16, 24])
+@pytest.mark.parametrize("n", [1, 3])
+def test_im2col_view_of_a_one_pixel_map_permuted_to_nhwc(n, c):
+    """A ``[N, C, 1, 1]`` map (a squeeze-excite's pooled vector) permuted to NHWC: torch
+    calls it contiguous though its H and W strides are 1, and the widened view of its
+    pixels must still give the rows of the plain window view."""
+    x = torch.from_numpy(rand_ints(np.random.default_rng(c), (n, c, 1, 1), np.int8))
+    x = x.permute(0, 2, 3, 1)
+    assert x.is_contiguous() and x.stride()[1:3] == (1, 1)
+    ref = ek.windows(x, (1, 2), [1, 1], [1, 1], [1, 1]).permute(0, 1, 2, 4, 5, 3)
+    rows = exec_conv.im2col_rows(exec_conv.im2col_view(x, [1, 1], [1, 1], [1, 1]), x.dtype)
+    assert torch.equal(rows, ref.reshape(n, c))
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_fused_clip_equals_qconv_then_qclip(seed):
     """A QClip compile fused into the conv (attrs ``clip``, a ReLU6): the reference, the
