@@ -1,6 +1,7 @@
 """Run a prefix of the chain with plain function calls (no Prefect, no cache); break the
-frozen plan on purpose."""
+frozen plan or the kernels on purpose."""
 
+from simulator.runtime.executor import Executor
 from simulator.runtime.frozen import Frozen
 from stages.registry import BY_NAME
 from stages.registry_types import StageCall
@@ -32,3 +33,18 @@ def break_frozen_plan(monkeypatch, rows: int | None = None) -> None:
         return outs
 
     monkeypatch.setattr(Frozen, "run", off_by_one)
+
+
+def break_kernels(monkeypatch) -> None:
+    """Every instruction-by-instruction run's (kernels or replays) first output one off in
+    its first value: a wrong kernel on the path every machine runs, with or without the
+    compiled kernels (the frozen plan exists only with them: :func:`break_frozen_plan`)."""
+    execute = Executor._execute
+
+    def off_by_one(self, bufs):
+        execute(self, bufs)
+        name = next(iter(self.program.outputs))
+        bufs[name] = bufs[name].clone()
+        bufs[name].view(-1)[0] += 1
+
+    monkeypatch.setattr(Executor, "_execute", off_by_one)
