@@ -36,6 +36,9 @@
 
 int qp_cpu_ok(void) {
     __builtin_cpu_init();
+#ifdef QPARITY_SIMDE
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512vnni");
