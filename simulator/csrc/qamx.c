@@ -12,6 +12,17 @@
  * wrapped value is the true one. Weights: [kp/4][Ob][16][4] int8 (qconv.c's int8 packing,
  * zero rows past K): the B tile of channel block j and K chunk c is 16 rows of 64 bytes at
  * (c * 16 * Ob + j) * 64, row stride Ob * 64. */
+#ifdef QPARITY_SIMDE
+/* The AVX2 build (qavx2.h) has no AMX: the tile kernel reports itself unavailable. */
+#include <stdint.h>
+int qp_amx_ok(void) { return 0; }
+int qp_linear_amx(const void *x, int64_t wide, int64_t rows, int64_t k, int64_t kp,
+                  const int8_t *w, int64_t ob, int64_t o, const int32_t *corr, const void *scale,
+                  const void *scale_b, int64_t f64, const void *b, int64_t bshift, int64_t lo,
+                  int64_t hi, int64_t half_even, void *out, int64_t out_shift) {
+    return 1;
+}
+#else
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -180,3 +191,4 @@ AMX int qp_linear_amx(const void *x, int64_t wide, int64_t rows, int64_t k, int6
     }
     return 0;
 }
+#endif /* QPARITY_SIMDE */

@@ -36,6 +36,9 @@
 
 int qp_cpu_ok(void) {
     __builtin_cpu_init();
+#ifdef QPARITY_SIMDE
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512vnni");
@@ -95,6 +98,87 @@ typedef struct {
     int64_t tile;    /* pixel blocks per task, at most TILE */
 } conv_t;
 
+#ifdef QPARITY_SIMDE
+/* The AVX2 build (no VNNI; qavx2.h): 16 zmm accumulators would be 32 ymm, so the register
+ * block is re-tiled here as one channel block x 2 pixels, the whole window summed in ymm
+ * registers, then written to acc[] for the same epilogue. Exact, wrapping modulo 2**32:
+ *   int8:  the 4-byte group x0..x3 (uint8) zero-extended to int16 and broadcast per 64 bits,
+ *          the block's weights [16][4] int8 sign-extended to int16 (4 channels a ymm):
+ *          vpmaddwd gives each channel (x0 w0 + x1 w1, x2 w2 + x3 w3), summed at the end;
+ *   int16: (x0, x1) broadcast per 32 bits, weights [16][2] int16 (8 channels a ymm):
+ *          vpmaddwd gives x0 w0 + x1 w1 per channel (VPDPWSSD's products). */
+AI __m256i bcast_u16x4(const uint8_t *p, int FLIP) {
+    int32_t four;
+    memcpy(&four, p, 4);
+    if (FLIP) four ^= (int32_t)0x80808080;
+    return _mm256_broadcastq_epi64(_mm_cvtepu8_epi16(_mm_cvtsi32_si128(four)));
+}
+
+AI __m256i bcast_i32(const uint8_t *p) {
+    int32_t two;
+    memcpy(&two, p, 4);
+    return _mm256_set1_epi32(two);
+}
+
+/* Channels 0-7 of four accumulators of 4 channels x 2 partial sums: lanes (2i, 2i + 1). */
+AI __m256i pair_sums(__m256i a, __m256i b) {
+    return _mm256_permute4x64_epi64(_mm256_hadd_epi32(a, b), 0xD8);
+}
+
+/* One channel block (weights wb) at pixels x0 and x1: s[pixel][half] (channels 0-7, 8-15). */
+AI void window2(const uint8_t *x0, const uint8_t *x1, const int8_t *wb, const conv_t *c,
+                int WIDE, int FLIP, __m256i s[2][2]) {
+    int64_t kstep = c->ob * 64, rstep = c->dh * c->wp * c->pix, cstep = c->dw * c->pix;
+    __m256i a[2][4];
+    for (int p = 0; p < 2; p++)
+        for (int q = 0; q < 4; q++) a[p][q] = _mm256_setzero_si256();
+    for (int64_t i = 0; i < c->kh; i++)
+        for (int64_t j = 0; j < c->kw; j++) {
+            int64_t off = i * rstep + j * cstep;
+            const int8_t *wj = wb + (i * c->kw + j) * c->c4 * kstep;
+            for (int64_t k = 0; k < c->c4; k++) {
+                const int8_t *w = wj + k * kstep;
+                const uint8_t *p0 = x0 + off + 4 * k, *p1 = x1 + off + 4 * k;
+                if (WIDE) {
+                    __m256i w0 = _mm256_loadu_si256((const __m256i *)w);
+                    __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + 32));
+                    __m256i u = bcast_i32(p0), v = bcast_i32(p1);
+                    a[0][0] = _mm256_add_epi32(a[0][0], _mm256_madd_epi16(u, w0));
+                    a[0][1] = _mm256_add_epi32(a[0][1], _mm256_madd_epi16(u, w1));
+                    a[1][0] = _mm256_add_epi32(a[1][0], _mm256_madd_epi16(v, w0));
+                    a[1][1] = _mm256_add_epi32(a[1][1], _mm256_madd_epi16(v, w1));
+                    continue;
+                }
+                __m256i u = bcast_u16x4(p0, FLIP), v = bcast_u16x4(p1, FLIP);
+                for (int q = 0; q < 4; q++) {
+                    __m256i wq = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16 * q)));
+                    a[0][q] = _mm256_add_epi32(a[0][q], _mm256_madd_epi16(u, wq));
+                    a[1][q] = _mm256_add_epi32(a[1][q], _mm256_madd_epi16(v, wq));
+                }
+            }
+        }
+    for (int p = 0; p < 2; p++) {
+        s[p][0] = WIDE ? a[p][0] : pair_sums(a[p][0], a[p][1]);
+        s[p][1] = WIDE ? a[p][1] : pair_sums(a[p][2], a[p][3]);
+    }
+}
+
+TGT AI void micro(const uint8_t *const *xs, const int8_t *wb, const int32_t *corr,
+                  const conv_t *c, int NB, int NP, int WIDE, int FLIP, __m512i *acc) {
+    for (int b = 0; b < NB; b++) {
+        __m256i c0 = _mm256_loadu_si256((const __m256i *)(corr + b * 16));
+        __m256i c1 = _mm256_loadu_si256((const __m256i *)(corr + b * 16 + 8));
+        for (int p = 0; p < NP; p += 2) {
+            __m256i s[2][2];
+            window2(xs[p], xs[p + 1 < NP ? p + 1 : p], wb + b * 64, c, WIDE, FLIP, s);
+            for (int q = 0; q < 2 && p + q < NP; q++) {
+                __m256i both[2] = {_mm256_add_epi32(s[q][0], c0), _mm256_add_epi32(s[q][1], c1)};
+                memcpy(&acc[b * NP + p + q], both, sizeof both);
+            }
+        }
+    }
+}
+#else
 /* acc[b * NP + p] = sum over the window of pixel p of xu * w, channel block b (NB x NP
  * accumulators in registers: one weight load serves NP pixels, one broadcast NB blocks).
  * Each 4-byte group is 4 uint8 x int8 products (VPDPBUSD) or, WIDE, 2 int16 x int16
@@ -124,6 +208,8 @@ TGT AI void micro(const uint8_t *const *xs, const int8_t *wb, const int32_t *cor
             }
         }
 }
+
+#endif
 
 /* The input windows' first bytes of output pixels q0 .. q0+n-1 (flat over N, OH, OW); the
  * pixels from `total` on repeat the last one (computed, never stored). */

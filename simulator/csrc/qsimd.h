@@ -1,10 +1,16 @@
 /* Shared AVX-512 helpers of the compiled kernels (qconv.c, qrows.c). */
 #ifndef QPARITY_QSIMD_H
 #define QPARITY_QSIMD_H
-#include <immintrin.h>
 #include <stdint.h>
 
+#ifdef QPARITY_SIMDE
+/* The AVX2 build (qavx2.h): the same kernels, the whole library compiled for AVX2 + FMA. */
+#include "qavx2.h"
+#define TGT
+#else
+#include <immintrin.h>
 #define TGT __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
+#endif
 #define AI __attribute__((always_inline)) static inline
 #define PAR_MIN 32768 /* elements below which one thread does the work */
 

@@ -7,7 +7,13 @@ concurrent processes never load a half-written file. They are loaded with ctypes
 releases the GIL during a call. OpenMP comes from the libgomp torch already loaded (same
 soname), so both share one thread pool.
 
-Everything here is optional: without a compiler, on a CPU without AVX-512 VNNI, or with
+Two builds of the same sources (:data:`BUILDS`), the first this CPU runs is loaded: for
+AVX-512 VNNI (the kernels as written), else for AVX2 + FMA (``qavx2.h``: the AVX-512
+intrinsics as pairs of AVX2 ones through the simde-py package's SIMDe headers, VNNI's dot
+products as exact ``vpmaddwd`` pairs, masked memory lane by lane; the same integers, which
+the kernels' tests check against the reference on either build).
+
+Everything here is optional: without a compiler, on a CPU with neither, or with
 ``QPARITY_NATIVE=0`` in the environment, :func:`library` returns None and the executor
 keeps its torch kernels (same integers, slower). :func:`status` says which and why.
 """
@@ -42,6 +48,21 @@ SOURCES = tuple(Path(__file__).parents[1] / "csrc" / n
                 for n in ("qconv.c", "qdw.c", "qamx.c", "qrows.c", "qbmm.c", "qnorm.c", "qmove.c",
                           "qplan.c"))  # fmt: skip
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-fno-strict-aliasing")
+AVX2_FLAGS = ("-mavx2", "-mfma", "-DQPARITY_SIMDE", "-Wno-psabi")
+
+
+@dataclass(frozen=True)
+class Build:
+    """One build of the kernels: its name in status lines and its extra compiler flags."""
+
+    name: str
+    flags: tuple[str, ...] = ()
+    simde: bool = False
+    """Whether it needs SIMDe's headers (the simde-py package) on the include path."""
+
+
+BUILDS = (Build("AVX-512 VNNI"), Build("AVX2", AVX2_FLAGS, simde=True))
+"""The builds in order of preference: the first whose ``qp_cpu_ok()`` holds is loaded."""
 P, I64, F64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 SIGNATURES = {
     "qp_cpu_ok": ([], ctypes.c_int),
@@ -88,26 +109,40 @@ def _compiler() -> str | None:
     return shutil.which(cc)
 
 
-def _key(cc: str) -> str:
+def _flags(b: Build) -> tuple[str, ...]:
+    """Every compiler flag of build ``b`` (SIMDe's include directory for the AVX2 one)."""
+    if not b.simde:
+        return FLAGS + b.flags
+    try:
+        import simde_py
+    except ImportError as e:
+        raise SimulatorError("the AVX2 build of the kernels needs SIMDe's headers",
+                             where="native kernels",
+                             hint="pip install simde-py (a dependency of qparity)") from e  # fmt: skip
+    return (*FLAGS, *b.flags, "-I", simde_py.get_include())
+
+
+def _key(cc: str, flags: tuple[str, ...]) -> str:
     h = hashlib.sha256()
     for src in sorted(SOURCES[0].parent.glob("*.[ch]")):  # the sources and their headers
         h.update(src.name.encode() + src.read_bytes())
     h.update(packed.source(SIGNATURES).encode())
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
-    h.update(version.stdout.encode() + " ".join(FLAGS).encode())
+    h.update(version.stdout.encode() + " ".join(f for f in flags if f != "-I").encode())
     return h.hexdigest()[:16]
 
 
-def build(target_dir: Path | None = None) -> Path:
-    """Compile the sources (once per hash) and return the library's path.
+def build(target_dir: Path | None = None, variant: Build = BUILDS[0]) -> Path:
+    """Compile the sources as ``variant`` (once per hash) and return the library's path.
 
     Raises SimulatorError naming the compiler command and its message when the build fails."""
     cc = _compiler()
     if cc is None:
         raise SimulatorError(f"no C compiler ({os.environ.get('CC', 'cc')}) on PATH",
                              where="native kernels", hint=HINT)  # fmt: skip
+    flags = _flags(variant)
     out_dir = target_dir or cache_dir()
-    lib = out_dir / f"qparity-native-{_key(cc)}.so"
+    lib = out_dir / f"qparity-native-{_key(cc, flags)}.so"
     if lib.exists():
         return lib
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -115,14 +150,14 @@ def build(target_dir: Path | None = None) -> Path:
     os.close(fd)
     try:
         atomic_write_text(gen, packed.source(SIGNATURES))
-        atomic_save(lib, lambda tmp: _compile(cc, tmp, gen))
+        atomic_save(lib, lambda tmp: _compile(cc, flags, tmp, gen))
     finally:
         Path(gen).unlink(missing_ok=True)
     return lib
 
 
-def _compile(cc: str, out: str, gen: str) -> None:
-    cmd = [cc, *FLAGS, "-o", out, *map(str, SOURCES), gen, "-lm"]
+def _compile(cc: str, flags: tuple[str, ...], out: str, gen: str) -> None:
+    cmd = [cc, *flags, "-o", out, *map(str, SOURCES), gen, "-lm"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if res.returncode != 0:
         raise SimulatorError(f"{' '.join(cmd)} failed: {res.stderr.strip()[-800:]}",
@@ -139,18 +174,28 @@ def _load(path: Path) -> ctypes.CDLL:
 
 
 @functools.cache
-def _state() -> tuple[ctypes.CDLL | None, str]:
+def _state() -> tuple[ctypes.CDLL | None, str, str]:
+    """(library or None, status line, the loaded build's name or "")."""
     if os.environ.get("QPARITY_NATIVE", "1") == "0":
-        return None, "off (QPARITY_NATIVE=0)"
-    try:
-        lib = _load(build())
-    except (QparityError, OSError, subprocess.SubprocessError) as e:
-        LOG.info("compiled simulator kernels unavailable: %s", e)
-        return None, f"unavailable: {getattr(e, 'what', e)}"
-    if not lib.qp_cpu_ok():
-        LOG.info("compiled simulator kernels off: this CPU lacks AVX-512 VNNI")
-        return None, "unavailable: this CPU lacks AVX-512 VNNI"
-    return lib, "on (AVX-512 VNNI convolution, row kernels, pooling, LayerNorm, softmax)"
+        return None, "off (QPARITY_NATIVE=0)", ""
+    lacks = []
+    for variant in BUILDS:
+        try:
+            lib = _load(build(variant=variant))
+        except (QparityError, OSError, subprocess.SubprocessError) as e:
+            LOG.info("compiled simulator kernels (%s) unavailable: %s", variant.name, e)
+            return None, f"unavailable: {getattr(e, 'what', e)}", ""
+        if lib.qp_cpu_ok():
+            what = "convolution, row kernels, pooling, LayerNorm, softmax"
+            return lib, f"on ({variant.name} build: {what})", variant.name
+        lacks.append(variant.name)
+    LOG.info("compiled simulator kernels off: this CPU lacks %s", " and ".join(lacks))
+    return None, f"unavailable: this CPU lacks {' and '.join(lacks)}", ""
+
+
+def build_name() -> str:
+    """The loaded build's name ("AVX-512 VNNI", "AVX2"), "" when none is loaded."""
+    return _state()[2]
 
 
 def library() -> ctypes.CDLL | None:
@@ -186,9 +231,9 @@ def linear_kernel() -> str:
     if _state()[0] is None:
         return f"the reference integer ops (compiled kernels {status()})"
     if not amx_supported():
-        return "AVX-512 VNNI (this CPU lacks AMX-INT8, or the OS does not grant its tile state)"
+        return f"{build_name()} (this CPU lacks AMX-INT8, or the OS does not grant its tile state)"
     if not amx():
-        return "AVX-512 VNNI (QPARITY_AMX=0)"
+        return f"{build_name()} (QPARITY_AMX=0)"
     return "AMX-INT8 tiles (AVX-512 VNNI for rows longer than exec_native.AMX_K_MAX)"
 
 
