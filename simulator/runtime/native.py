@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import ctypes
+import fcntl
 import functools
 import hashlib
 import logging
@@ -59,9 +60,14 @@ class Build:
     flags: tuple[str, ...] = ()
     simde: bool = False
     """Whether it needs SIMDe's headers (the simde-py package) on the include path."""
+    cpu_flags: tuple[str, ...] = ()
+    """/proc/cpuinfo's names of what it needs (its ``qp_cpu_ok()`` is the final word)."""
 
 
-BUILDS = (Build("AVX-512 VNNI"), Build("AVX2", AVX2_FLAGS, simde=True))
+BUILDS = (
+    Build("AVX-512 VNNI", cpu_flags=("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni")),
+    Build("AVX2", AVX2_FLAGS, simde=True, cpu_flags=("avx2", "fma")),
+)
 """The builds in order of preference: the first whose ``qp_cpu_ok()`` holds is loaded."""
 P, I64, F64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 SIGNATURES = {
@@ -146,6 +152,14 @@ def build(target_dir: Path | None = None, variant: Build = BUILDS[0]) -> Path:
     if lib.exists():
         return lib
     out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / ".build.lock", "w") as lock:  # one build at a time (test workers)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not lib.exists():  # another process built it while this one waited
+            _build_into(cc, flags, out_dir, lib)
+    return lib
+
+
+def _build_into(cc: str, flags: tuple[str, ...], out_dir: Path, lib: Path) -> None:
     fd, gen = tempfile.mkstemp(suffix="-packed.c", dir=out_dir)  # the plan's wrappers
     os.close(fd)
     try:
@@ -153,7 +167,6 @@ def build(target_dir: Path | None = None, variant: Build = BUILDS[0]) -> Path:
         atomic_save(lib, lambda tmp: _compile(cc, flags, tmp, gen))
     finally:
         Path(gen).unlink(missing_ok=True)
-    return lib
 
 
 def _compile(cc: str, flags: tuple[str, ...], out: str, gen: str) -> None:
@@ -180,6 +193,9 @@ def _state() -> tuple[ctypes.CDLL | None, str, str]:
         return None, "off (QPARITY_NATIVE=0)", ""
     lacks = []
     for variant in BUILDS:
+        if not _may_run(variant):  # no build this CPU could not run (14-90 s of compiling)
+            lacks.append(variant.name)
+            continue
         try:
             lib = _load(build(variant=variant))
         except (QparityError, OSError, subprocess.SubprocessError) as e:
@@ -191,6 +207,17 @@ def _state() -> tuple[ctypes.CDLL | None, str, str]:
         lacks.append(variant.name)
     LOG.info("compiled simulator kernels off: this CPU lacks %s", " and ".join(lacks))
     return None, f"unavailable: this CPU lacks {' and '.join(lacks)}", ""
+
+
+def _may_run(b: Build) -> bool:
+    """False when /proc/cpuinfo lists flags and lacks one of ``b``'s; True when unknown."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return True
+    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines()
+                  if ln.startswith("flags")), None)  # fmt: skip
+    return flags is None or set(b.cpu_flags) <= set(flags)
 
 
 def build_name() -> str:
