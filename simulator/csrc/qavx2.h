@@ -72,13 +72,20 @@ QA_MASKZ_LOAD(mm512_maskz_loadu_ps, __m512, float, 16, __mmask16)
 
 /* ---- masked stores: only the lanes of k are written; `wt` the stored element, `et` the
  * vector's (a narrowing store truncates each int32 lane to wt) ---- */
-#define QA_MASK_STORE(name, vt, et, wt, n, mt)                  \
-    static __attribute__((noinline)) void qa_##name(void *p, mt k, vt v) { \
-        et buf[n];                                              \
-        wt *d = (wt *)p;                                        \
-        memcpy(buf, &v, sizeof buf);                            \
-        for (int i = 0; i < (n); i++)                           \
-            if ((k >> i) & 1) d[i] = (wt)buf[i];                \
+#define QA_MASK_STORE(name, vt, et, wt, n, mt)                                   \
+    static __attribute__((noinline)) void qa_part_##name(void *p, mt k, vt v) { \
+        et buf[n];                                                               \
+        wt *d = (wt *)p;                                                         \
+        memcpy(buf, &v, sizeof buf);                                             \
+        for (int i = 0; i < (n); i++)                                            \
+            if ((k >> i) & 1) d[i] = (wt)buf[i];                                 \
+    }                                                                            \
+    QA void qa_##name(void *p, mt k, vt v) {                                     \
+        if (sizeof(et) != sizeof(wt) || k != (mt)~(mt)0 >> (sizeof(mt) * 8 - (n))) { \
+            qa_part_##name(p, k, v);                                             \
+            return;                                                              \
+        }                                                                        \
+        memcpy(p, &v, sizeof v); /* every lane: one unmasked store */            \
     }
 QA_MASK_STORE(mm_mask_storeu_epi8, __m128i, int8_t, int8_t, 16, __mmask16)
 QA_MASK_STORE(mm256_mask_storeu_epi16, __m256i, int16_t, int16_t, 16, __mmask16)

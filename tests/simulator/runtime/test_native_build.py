@@ -1,0 +1,71 @@
+"""Building the compiled kernels (simulator.runtime.native.build) with a stand-in compiler:
+every source compiled to an object, one link, one build per hash across processes, and a
+failing compiler named in our error."""
+
+import os
+import stat
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from schemas.errors import SimulatorError
+from simulator.runtime import native
+
+FAKE_CC = """#!/bin/sh
+# a stand-in C compiler: logs its calls, writes the file after -o
+echo "$@" >> "{log}"
+[ "$1" = "--version" ] && {{ echo fake-cc 1.0; exit 0; }}
+{fail}
+while [ $# -gt 0 ]; do
+  if [ "$1" = "-o" ]; then echo built > "$2"; fi
+  shift
+done
+"""
+
+
+def _fake_cc(tmp_path, monkeypatch, fail: str = "") -> os.PathLike:
+    log = tmp_path / "calls.log"
+    cc = tmp_path / "fake-cc"
+    cc.write_text(FAKE_CC.format(log=log, fail=fail))
+    cc.chmod(cc.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("CC", str(cc))
+    return log
+
+
+def _calls(log) -> list[str]:
+    return [ln for ln in log.read_text().splitlines() if ln != "--version"]
+
+
+def test_each_source_is_compiled_once_then_linked(tmp_path, monkeypatch):
+    log = _fake_cc(tmp_path, monkeypatch)
+    lib = native.build(tmp_path / "out", variant=native.BUILDS[0])
+    calls = _calls(log)
+    compiled = [c for c in calls if " -c " in f" {c} "]
+    assert len(compiled) == len(native.SOURCES) + 1  # + the frozen plan's generated wrappers
+    assert len(calls) == len(compiled) + 1 and calls[-1].endswith("-lm")  # one link
+    assert lib.read_text() == "built\n"
+    assert native.build(tmp_path / "out", variant=native.BUILDS[0]) == lib
+    assert len(_calls(log)) == len(calls)  # built once per hash
+
+
+def test_concurrent_builds_compile_once(tmp_path, monkeypatch):
+    log = _fake_cc(tmp_path, monkeypatch)
+    with ThreadPoolExecutor(4) as pool:
+        libs = set(pool.map(lambda _: native.build(tmp_path / "out"), range(4)))
+    assert len(libs) == 1
+    assert sum(c.endswith("-lm") for c in _calls(log)) == 1
+
+
+def test_a_failing_compiler_is_named_and_leaves_no_library(tmp_path, monkeypatch):
+    _fake_cc(tmp_path, monkeypatch, fail='echo "qconv.c:1: error: broken" >&2; exit 1')
+    with pytest.raises(SimulatorError, match="qconv.c:1: error: broken") as e:
+        native.build(tmp_path / "out")
+    assert "fake-cc" in e.value.what
+    assert not list((tmp_path / "out").glob("*.so"))
+
+
+def test_the_avx2_build_needs_simdes_headers(monkeypatch):
+    flags = native._flags(native.BUILDS[1])
+    assert "-DQPARITY_SIMDE" in flags and "-mavx2" in flags
+    include = flags[flags.index("-I") + 1]
+    assert os.path.exists(os.path.join(include, "simde", "x86", "avx512.h"))
