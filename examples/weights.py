@@ -5,6 +5,12 @@ under a file name carrying `source_key`: a short hash of the architecture and tr
 source, the hyperparameters and the torch major.minor version, so any of those changing
 retrains on the next `load_or_train`. Weights load with ``safetensors.torch.load_file``
 (no pickle) and are written atomically (``schemas.fileio.atomic_save``).
+
+The trained files ship with the project in ``examples/weights/`` (:data:`SHIPPED`, about
+250 KB), so a fresh clone's demo and tests load them instead of training (about 70 s on 2
+cores). A file there is used only under its exact name, so a change to a model's training
+source or hyperparameters (a new key) trains again; ``python -m examples.weights``
+rewrites the folder, and tests/examples/test_weights.py fails while it is stale.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from torch import nn
 from schemas.fileio import atomic_save
 
 log = logging.getLogger(__name__)
+SHIPPED = Path(__file__).resolve().parent / "weights"
+"""The trained files that ship with the project, named as in the caches."""
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -66,12 +74,14 @@ def save_atomic(model: nn.Module, path: Path, key: str) -> None:
 
 
 def load_or_train(path: Path, key: str, make: Callable[[], M], train: Callable[[], M]) -> M:
-    """Load ``make()``'s weights from ``path`` if it exists, else ``train()`` and cache the
-    result there (metadata ``cache_key=key``). Returns the model in eval mode."""
-    if path.exists():
-        model = make()
-        model.load_state_dict(load_file(path), strict=True)
-        return model.eval()
+    """Load ``make()``'s weights from ``path`` if it exists, else from the shipped file of
+    the same name, else ``train()`` and cache the result at ``path`` (metadata
+    ``cache_key=key``). Returns the model in eval mode."""
+    for source in (path, SHIPPED / path.name):
+        if source.exists():
+            model = make()
+            model.load_state_dict(load_file(source), strict=True)
+            return model.eval()
     model = train()
     save_atomic(model, path, key)
     log.info("trained %s, cached at %s", type(model).__name__, path)
@@ -136,3 +146,42 @@ def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
     """Top-1 accuracy of ``model`` on (x, y)."""
     logits = model(torch.from_numpy(x))
     return float((logits.argmax(1) == torch.from_numpy(y)).float().mean())
+
+
+def example_caches() -> dict[str, tuple[Callable[..., Path], Callable[..., nn.Module]]]:
+    """Each bundled example's ``cache_path(cache_dir)`` and ``build(cache_dir)``, by name."""
+    from examples.colour import model as colour
+    from examples.digits import model as digits
+    from examples.transformer import model as transformer
+
+    return {
+        "digits": (digits.cache_path, digits.build),
+        "transformer": (transformer.cache_path, transformer.build),
+        "colour_rgb": (lambda d=None: colour.cache_path("rgb", d), colour.build_rgb),
+        "colour_yuv444": (lambda d=None: colour.cache_path("yuv444", d), colour.build_yuv444),
+    }
+
+
+def ship(folder: Path = SHIPPED) -> list[Path]:
+    """Train every example whose current file ``folder`` lacks (into a scratch cache), copy
+    it into ``folder`` and remove the files no example names any more. Returns the files."""
+    import shutil
+    import tempfile
+
+    keep = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for cache_path, build in example_caches().values():
+            target = folder / cache_path(scratch).name
+            if not target.exists():
+                build(scratch)
+                folder.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(cache_path(scratch), target)
+            keep.append(target)
+    for stale in set(folder.glob("*.safetensors")) - set(keep):
+        stale.unlink()
+    return keep
+
+
+if __name__ == "__main__":
+    for shipped in ship():
+        print(shipped)

@@ -15,3 +15,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet -e '.[test,zoo]'
   touch "$stamp"
 fi
+# The simulator's compiled kernels: built here, once per source hash (about a minute and a
+# half on 2 cores for the AVX2 build), so neither the demo nor the tests wait on a compiler.
+# Never fatal: without a compiler the executor runs its torch kernels and says so.
+.venv/bin/python -c "from simulator.runtime import native; print('simulator kernels:', native.status())" \
+  || echo "setup.sh: the simulator's compiled kernels did not build; the torch kernels run instead" >&2

@@ -17,38 +17,50 @@ from examples.colour import model as colour
 from examples.digits import model as digits
 from examples.transformer import model as transformer
 
-EXAMPLES = {
-    "digits": (digits, digits.build, digits.cache_path, "digits_cnn-"),
-    "transformer": (transformer, transformer.build, transformer.cache_path, "digits_vit-"),
-    "colour_rgb": (
-        colour,
-        colour.build_rgb,
-        lambda: colour.cache_path("rgb"),
-        "colour_cnn_rgb-",
-    ),
-}
 
-
-@pytest.mark.parametrize("name", list(EXAMPLES))
-def test_second_build_loads_from_cache(name: str, monkeypatch) -> None:
-    """A second build() loads the cached safetensors file instead of retraining."""
-    module, build, cache_path, prefix = EXAMPLES[name]
-    trained = build()  # trains once on a cache miss
-    path: Path = cache_path()
-    assert path.exists() and path.name.startswith(prefix)
+def test_a_cache_miss_trains_once_and_a_second_build_loads(monkeypatch, tmp_path) -> None:
+    """digits (the quickest to train), nothing shipped: build() trains and caches, a
+    second build() loads the cached safetensors file instead of retraining."""
+    monkeypatch.setattr(weights, "SHIPPED", tmp_path / "nothing-shipped")
+    trained = digits.build(tmp_path)  # trains once on a cache miss
+    path: Path = digits.cache_path(tmp_path)
+    assert path.exists() and path.name.startswith("digits_cnn-")
     written = path.stat().st_mtime_ns
 
     def no_training(*args, **kwargs):
         raise AssertionError("build() retrained despite a cached file")
 
-    monkeypatch.setattr(module, "_train", no_training)
-    again = build()
+    monkeypatch.setattr(digits, "_train", no_training)
+    again = digits.build(tmp_path)
     assert not again.training
     assert path.stat().st_mtime_ns == written
     cached = load_file(path)
     for key, tensor in trained.state_dict().items():
         assert torch.equal(again.state_dict()[key], tensor)
         assert torch.equal(cached[key], tensor)
+
+
+@pytest.mark.parametrize("name", list(weights.example_caches()))
+def test_every_example_loads_its_current_shipped_weights(name: str, tmp_path) -> None:
+    """A fresh clone trains nothing: each example's file for its current training key
+    ships in examples/weights (else: python -m examples.weights)."""
+    cache_path, build = weights.example_caches()[name]
+    shipped = weights.SHIPPED / cache_path(tmp_path).name
+    assert shipped.exists(), f"{shipped.name} not shipped: run python -m examples.weights"
+    model = build(tmp_path)
+    assert not list(tmp_path.iterdir())  # loaded, not trained into the cache
+    for key, tensor in load_file(shipped).items():
+        assert torch.equal(model.state_dict()[key], tensor)
+
+
+def test_ship_keeps_current_files_and_drops_stale_ones(tmp_path) -> None:
+    """Current files are kept as they are (nothing trains), a file no example names goes."""
+    for f in weights.SHIPPED.glob("*.safetensors"):
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "digits_cnn-0000000000000000.safetensors").write_bytes(b"stale")
+    kept = weights.ship(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in kept)
+    assert len(kept) == len(weights.example_caches())
 
 
 def _tiny() -> torch.nn.Module:

@@ -4,6 +4,7 @@ failing compiler named in our error."""
 
 import os
 import stat
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -69,3 +70,20 @@ def test_the_avx2_build_needs_simdes_headers(monkeypatch):
     assert "-DQPARITY_SIMDE" in flags and "-mavx2" in flags
     include = flags[flags.index("-I") + 1]
     assert os.path.exists(os.path.join(include, "simde", "x86", "avx512.h"))
+
+
+@pytest.mark.parametrize("variant", native.BUILDS, ids=lambda b: b.name)
+def test_every_source_compiles_as_every_build(variant, tmp_path):
+    """The real compiler checks each source as each build (syntax and types, -fsyntax-only:
+    seconds, where the optimizing build takes 20-90): the build a CPU cannot run still
+    compiles, so a change to its code is checked on any machine."""
+    cc = native._compiler()
+    if cc is None:
+        pytest.skip("no C compiler on PATH")
+    gen = tmp_path / "packed.c"
+    gen.write_text(native.packed.source(native.SIGNATURES))
+    flags = [f for f in native._flags(variant) if f != "-shared"]
+    for src in [*native.SOURCES, gen]:
+        res = subprocess.run([cc, *flags, "-fsyntax-only", str(src)], capture_output=True,
+                             text=True, timeout=300)  # fmt: skip
+        assert res.returncode == 0, f"{src.name} as the {variant.name} build: {res.stderr[-2000:]}"
