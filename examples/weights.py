@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from schemas.fileio import atomic_save
+from schemas.fileio import atomic_save, atomic_writer
 
 log = logging.getLogger(__name__)
 SHIPPED = Path(__file__).resolve().parent / "weights"
@@ -165,7 +165,6 @@ def example_caches() -> dict[str, tuple[Callable[..., Path], Callable[..., nn.Mo
 def ship(folder: Path = SHIPPED) -> list[Path]:
     """Train every example whose current file ``folder`` lacks (into a scratch cache), copy
     it into ``folder`` and remove the files no example names any more. Returns the files."""
-    import shutil
     import tempfile
 
     keep = []
@@ -173,9 +172,12 @@ def ship(folder: Path = SHIPPED) -> list[Path]:
         for cache_path, build in example_caches().values():
             target = folder / cache_path(scratch).name
             if not target.exists():
-                build(scratch)
+                build(scratch)  # trains, unless SHIPPED (another folder) has the file
+                made = cache_path(scratch)
+                data = (made if made.exists() else SHIPPED / made.name).read_bytes()
                 folder.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(cache_path(scratch), target)
+                with atomic_writer(target) as fh:
+                    fh.write(data)
             keep.append(target)
     for stale in set(folder.glob("*.safetensors")) - set(keep):
         stale.unlink()

@@ -383,3 +383,19 @@ class MaskedMeanNet(TokensNet):
 def masked_mean() -> nn.Module:
     torch.manual_seed(0)
     return MaskedMeanNet().eval()
+
+
+def shallow_swin_t() -> nn.Module:
+    """torchvision's own SwinTransformer as ``swin_t`` configures it (patch 4, dim 96, heads
+    3-24, window 7, stochastic depth 0.2), 2-1-1-1 blocks deep instead of 2-2-6-2: at 32 x 32
+    the shifted-window block with its in-place-built mask (stage 1, the only stage wider
+    than a window) and every patch merging stay, at about half of the tracing time."""
+    from examples.zoo import libs
+    from examples.zoo.models import CLASSES
+
+    swin = libs.torchvision().models.swin_transformer
+    torch.manual_seed(0)
+    return swin.SwinTransformer(
+        patch_size=[4, 4], embed_dim=96, depths=[2, 1, 1, 1], num_heads=[3, 6, 12, 24],
+        window_size=[7, 7], stochastic_depth_prob=0.2, num_classes=CLASSES,
+    ).eval()  # fmt: skip

@@ -61,6 +61,9 @@ def test_ship_keeps_current_files_and_drops_stale_ones(tmp_path) -> None:
     kept = weights.ship(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in kept)
     assert len(kept) == len(weights.example_caches())
+    empty = tmp_path / "empty"  # a new folder: the shipped files copied, nothing trained
+    for copied in weights.ship(empty):
+        assert copied.read_bytes() == (weights.SHIPPED / copied.name).read_bytes()
 
 
 def _tiny() -> torch.nn.Module:
