@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 
 from schemas.errors import SpecError
+from stages.libs import import_module
 
 
 def import_object(ref: str, *, field: str) -> Callable:
@@ -18,7 +18,7 @@ def import_object(ref: str, *, field: str) -> Callable:
             hint="write e.g. examples.digits.model:build",
         )
     try:
-        module = importlib.import_module(module_name)
+        module = import_module(module_name)  # torchvision's compiled-ops trap tolerated
     except Exception as e:  # user code: any import-time failure is the user's to fix
         raise SpecError(
             f"cannot import module '{module_name}' ({type(e).__name__}: {e})",

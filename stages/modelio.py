@@ -18,7 +18,6 @@ from pathlib import Path
 import safetensors.torch
 import torch
 import torch.fx
-from torchao.quantization.pt2e import move_exported_model_to_eval
 from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
 from schemas.errors import ArtifactError, SpecError, StageError
@@ -36,6 +35,7 @@ from stages.functionalize import (
 )
 from stages.layers import ID_KEY, OpInfo, assign_layer_ids, classify, is_tensor_node
 from stages.loader import import_object
+from stages.modes import to_eval
 from stages.quantizer import NashQuantizer, QuantPolicy
 
 
@@ -161,7 +161,7 @@ def prepare_qat(
     removed = gm.meta.get(TRAINING_ONLY_KEY, [])
     gm = prepare_pt2e(gm, NashQuantizer(policy))
     gm.meta[TRAINING_ONLY_KEY] = removed
-    _keep_ids(gm, move_exported_model_to_eval)
+    _keep_ids(gm, to_eval)
     return gm, infos, name_quantizers(gm)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torchao.quantization.pt2e import move_exported_model_to_eval, move_exported_model_to_train
 
 from schemas.artifacts import QatModelArtifact, QatTunedModel
 from stages.calibrate import save_qat
@@ -19,6 +18,7 @@ from stages.context import RunContext
 from stages.evaluate import stage_metrics
 from stages.fake_quant import QuantState, freeze_model, set_model_state
 from stages.modelio import load_qat
+from stages.modes import to_eval, to_train
 from stages.outputs import flat_outputs, judged_output
 from stages.registry_types import StageCall
 
@@ -33,7 +33,7 @@ def qat(upstream: QatModelArtifact, ctx: RunContext, call: StageCall) -> QatTune
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     set_model_state(gm, QuantState.QAT)
-    move_exported_model_to_train(gm)
+    to_train(gm)
     opt = torch.optim.Adam([p for p in gm.parameters() if p.requires_grad], lr=cfg.lr)
     for _ in range(cfg.steps):
         idx = rng.choice(len(train), size=min(cfg.batch_size, len(train)), replace=False)
@@ -41,7 +41,7 @@ def qat(upstream: QatModelArtifact, ctx: RunContext, call: StageCall) -> QatTune
         opt.zero_grad()
         loss.backward()
         opt.step()
-    move_exported_model_to_eval(gm)
+    to_eval(gm)
     freeze_model(gm)
     set_model_state(gm, QuantState.VALIDATION)
     return save_qat(gm, ctx, call, QatTunedModel, upstream, stage_metrics(ctx, "qat", gm))

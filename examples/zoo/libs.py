@@ -1,40 +1,6 @@
-"""Import torchvision and timm as they are, beside whichever torch build is installed.
+"""torchvision and timm beside whichever torch build is installed: stages.libs (the spec
+loader uses it too)."""
 
-The registry's ``torchvision==0.28.0`` (the release pinned to ``torch==2.13.0``) is built
-against CUDA torch. Beside a CPU-only torch its compiled ops (``_C.so``: nms, roi_align...)
-fail to load, and then ``import torchvision`` fails in ``torchvision/_meta_registrations.py``
-with ``RuntimeError: operator torchvision::nms does not exist`` while it registers fake
-kernels for those missing ops. The model definitions (``torchvision.models``) are pure
-Python and need none of them. So when, and only when, that exact failure happens,
-:func:`torchvision` imports the package with an empty ``_meta_registrations`` module: the
-models work, the detection post-processing ops (nms, roi_align) stay unavailable, as they
-already were. timm imports ``torchvision.ops.misc`` from its layers, so it goes through the
-same function.
-"""
+from stages.libs import timm, torchvision
 
-from __future__ import annotations
-
-import importlib
-import sys
-import types
-
-_META = "torchvision._meta_registrations"
-
-
-def torchvision() -> types.ModuleType:
-    """``import torchvision``, tolerating a compiled-ops library built for another torch."""
-    try:
-        return importlib.import_module("torchvision")
-    except RuntimeError as e:
-        if "torchvision::" not in str(e) or "does not exist" not in str(e):
-            raise
-    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-        del sys.modules[name]
-    sys.modules[_META] = types.ModuleType(_META)  # fake kernels of ops that were never loaded
-    return importlib.import_module("torchvision")
-
-
-def timm() -> types.ModuleType:
-    """``import timm`` (after :func:`torchvision`, which its layers import)."""
-    torchvision()
-    return importlib.import_module("timm")
+__all__ = ["timm", "torchvision"]
