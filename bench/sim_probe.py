@@ -195,21 +195,22 @@ def _median_time(fn, repeats: int) -> float:
 
 def kernel_variants(sim_exec, x) -> str:
     """Which kernel each instruction ran on, counted by op, from one instruction-by-instruction
-    run with every compiled call traced: AMX-INT8 tiles (``qp_linear_amx``), the AVX-512
-    (VNNI) kernels (any other ``qp_*`` call), or torch (no compiled call: the fallback, and
-    the layout views)."""
+    run with every compiled call traced: AMX-INT8 tiles (``qp_linear_amx``), the loaded
+    build's kernels (any other ``qp_*`` call: "AVX-512 VNNI" or "AVX2", native.build_name()),
+    or torch (no compiled call: the fallback, and the layout views)."""
     from simulator.runtime import native
     from simulator.runtime.executor import KERNELS
 
     ex, in_name = sim_exec
     bufs = ex._load({in_name: x})
-    ran: dict[str, dict[str, int]] = {"AMX": {}, "VNNI": {}, "torch": {}}
+    build = native.build_name() or "compiled"
+    ran: dict[str, dict[str, int]] = {"AMX": {}, build: {}, "torch": {}}
     for ins in ex.program.instructions:
         with native.tracing() as trace:
             ys = KERNELS[ins.op](ins, bufs, ex.consts)
         bufs.update(zip(ins.outputs, ys, strict=True))
         names = {getattr(fn, "__name__", "") for fn, _, _ in trace.calls}
-        kind = "AMX" if "qp_linear_amx" in names else "VNNI" if names else "torch"
+        kind = "AMX" if "qp_linear_amx" in names else build if names else "torch"
         ran[kind][ins.op.value] = ran[kind].get(ins.op.value, 0) + 1
     return "; ".join(
         f"{kind}: " + (", ".join(f"{op} x{n}" for op, n in sorted(ops.items())) or "none")
