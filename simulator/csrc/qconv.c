@@ -71,14 +71,17 @@ void qp_pad(const void *x, int64_t wide, int64_t n, int64_t h, int64_t w, int64_
         char *d = dst + pl * cs * e;
         if (cs == cx && c == cx) copy_run(d, src, w * c, wide);
         else if (!wide && c < 4 && cs == c && cx >= 4 && w > 0) { /* an RGB stem's row runs: 4-byte */
-            for (int64_t j = 0; j + 1 < w; j++) { /* moves, each overwriting the last's 4th byte */
+            int64_t j = 0; /* moves, each overwriting the last's extra bytes, while they end inside
+                            * the row (another thread may be writing the next row; 1 channel: all
+                            * but the last 3 pixels, 3 channels: all but the last) */
+            for (; j * c + 4 <= w * c; j++) {
                 uint32_t v;
                 memcpy(&v, src + j * cx, 4);
                 v ^= 0x80808080u;
                 memcpy(d + j * c, &v, 4);
             }
-            for (int64_t t = 0; t < c; t++) /* the last pixel's bytes alone: its 4th is padding */
-                d[(w - 1) * c + t] = (char)((uint8_t)src[(w - 1) * cx + t] ^ 0x80);
+            for (; j < w; j++) /* the rest byte by byte */
+                for (int64_t t = 0; t < c; t++) d[j * c + t] = (char)((uint8_t)src[j * cx + t] ^ 0x80);
         } else if (!wide && c < 16) /* a few channels of each pixel: one strided loop */
             for (int64_t j = 0; j < w; j++)
                 for (int64_t t = 0; t < c; t++) d[j * cs + t] = (char)((uint8_t)src[j * cx + t] ^ 0x80);

@@ -310,3 +310,21 @@ def test_build_failure_names_the_command(tmp_path, monkeypatch):
         native.build(tmp_path / "out")
     assert "install a C compiler" in str(err.value)  # says what to do
     assert not list((tmp_path / "out").glob("*"))  # no half-written library left behind
+
+
+@pytest.mark.parametrize("channels", [1, 2, 3])
+def test_the_stems_pad_copy_writes_inside_its_rows_only(channels):
+    """qp_pad's 4-byte moves of a 1-3 channel stem (stored 4 channels a pixel) end inside
+    each row: the 4 slack bytes after the buffer keep what they held. (1 channel used to
+    write 2 bytes past the row, over the next row's first pixels when another thread had
+    written it first: the digits ViT's patch conv at batch 100 differed from quantized.onnx
+    at the first pixel of sample 50, the threads' seam.)"""
+    n, h, w, cx = 3, 5, 7, 4
+    x = torch.randint(-128, 128, (n, h, w, cx), dtype=torch.int8)
+    size = n * h * w * channels
+    xs = torch.full((size + 4,), 0x55, dtype=torch.uint8)
+    native.library().qp_pad(native.ptr(x), 0, n, h, w, cx, channels, 0, 0, 0, 0, channels,
+                            native.ptr(xs))  # fmt: skip
+    want = (x[..., :channels].view(torch.uint8) ^ 0x80).reshape(-1)
+    assert torch.equal(xs[:size], want)
+    assert xs[size:].tolist() == [0x55] * 4  # nothing written past the last row
