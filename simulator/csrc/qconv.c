@@ -99,6 +99,7 @@ typedef struct {
     char *out;
     int64_t ostride; /* elements */
     int64_t tile;    /* pixel blocks per task, at most TILE */
+    int ub;          /* the AVX2 build's non-negative form (window_ub): corr then holds bias */
 } conv_t;
 
 #ifdef QPARITY_SIMDE
@@ -166,11 +167,58 @@ AI void window2(const uint8_t *x0, const uint8_t *x1, const int8_t *wb, const co
     }
 }
 
+/* The non-negative form (conv_t.ub: every input value in [0, 127], found per call by
+ * qp_conv): VPMADDUBSW multiplies the input bytes x (unsigned) by the weights (signed) and
+ * adds each pair into int16, exact as |x0 w0 + x1 w1| <= 2 * 127 * 128 = 32512 < 2**15;
+ * VPMADDWD by ones adds a channel's two pairs into int32. The block's weights [16][4] int8
+ * are 2 ymm of 8 channels as they lie, so one broadcast 4-byte group serves 16 channels in
+ * 4 instructions (window2: 12, widening to int16). x itself, not xu: the sums start from
+ * bias (corr + 128 * sum of the weights). NPX pixels (2 or 4) at px. */
+AI void window_ub(const uint8_t *const *px, int NPX, const int8_t *wb, const conv_t *c,
+                  int FLIP, __m256i s[4][2]) {
+    int64_t kstep = c->ob * 64, rstep = c->dh * c->wp * c->pix, cstep = c->dw * c->pix;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int32_t unflip = FLIP ? 0 : (int32_t)0x80808080; /* stored xu = x ^ 0x80, or raw x */
+    __m256i a[4][2];
+    for (int p = 0; p < 4; p++) a[p][0] = a[p][1] = _mm256_setzero_si256();
+    for (int64_t i = 0; i < c->kh; i++)
+        for (int64_t j = 0; j < c->kw; j++) {
+            int64_t off = i * rstep + j * cstep;
+            const int8_t *wj = wb + (i * c->kw + j) * c->c4 * kstep;
+            for (int64_t k = 0; k < c->c4; k++) {
+                const int8_t *w = wj + k * kstep;
+                __m256i w0 = _mm256_loadu_si256((const __m256i *)w);
+                __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + 32));
+                for (int p = 0; p < NPX; p++) {
+                    int32_t four;
+                    memcpy(&four, px[p] + off + 4 * k, 4);
+                    __m256i bx = _mm256_set1_epi32(four ^ unflip);
+                    a[p][0] = _mm256_add_epi32(a[p][0], _mm256_madd_epi16(_mm256_maddubs_epi16(bx, w0), ones));
+                    a[p][1] = _mm256_add_epi32(a[p][1], _mm256_madd_epi16(_mm256_maddubs_epi16(bx, w1), ones));
+                }
+            }
+        }
+    for (int p = 0; p < NPX; p++) s[p][0] = a[p][0], s[p][1] = a[p][1];
+}
+
 TGT AI void micro(const uint8_t *const *xs, const int8_t *wb, const int32_t *corr,
                   const conv_t *c, int NB, int NP, int WIDE, int FLIP, __m512i *acc) {
     for (int b = 0; b < NB; b++) {
         __m256i c0 = _mm256_loadu_si256((const __m256i *)(corr + b * 16));
         __m256i c1 = _mm256_loadu_si256((const __m256i *)(corr + b * 16 + 8));
+        if (!WIDE && c->ub) { /* NP is 6, 8, 10 or 16: blocks of 4 pixels, then one of 2 */
+            for (int p = 0; p < NP; p += 4) {
+                __m256i s[4][2];
+                int n = NP - p >= 4 ? 4 : 2;
+                if (n == 4) window_ub(xs + p, 4, wb + b * 64, c, FLIP, s);
+                else window_ub(xs + p, 2, wb + b * 64, c, FLIP, s);
+                for (int q = 0; q < n; q++) {
+                    __m256i both[2] = {_mm256_add_epi32(s[q][0], c0), _mm256_add_epi32(s[q][1], c1)};
+                    memcpy(&acc[b * NP + p + q], both, sizeof both);
+                }
+            }
+            continue;
+        }
         for (int p = 0; p < NP; p += 2) {
             __m256i s[2][2];
             window2(xs[p], xs[p + 1 < NP ? p + 1 : p], wb + b * 64, c, WIDE, FLIP, s);
@@ -333,6 +381,33 @@ static int64_t block_chunk(int64_t tiles, int64_t ob, int np) {
     return nb * ((units + groups - 1) / groups);
 }
 
+#ifdef QPARITY_SIMDE
+/* Whether every int8 input value is in [0, 127] (sign bits clear; stored offset, set), in
+ * chunks so that a signed input stops early. */
+static int nonneg(const void *x, int64_t size, int offset) {
+    const uint8_t *v = (const uint8_t *)x, want = offset ? 0x80 : 0;
+    for (int64_t i0 = 0; i0 < size; i0 += 4096) {
+        uint8_t any = 0;
+        int64_t i1 = i0 + 4096 < size ? i0 + 4096 : size;
+        for (int64_t i = i0; i < i1; i++) any |= v[i] ^ want;
+        if (any & 0x80) return 0;
+    }
+    return 1;
+}
+
+/* out[o] = corr[o] + 128 * sum_k w[k, o] = bias[o] (corr removes the uint8 offset's 128 x
+ * the weights), modulo 2**32 like the sums; `groups` 4-byte groups of [Ob][16][4] each. */
+static void plus_weight_sums(const int8_t *wk, int64_t groups, int64_t ob, const int32_t *corr,
+                             int32_t *out) {
+    for (int64_t o = 0; o < ob * 16; o++) out[o] = corr[o];
+    for (int64_t g = 0; g < groups; g++)
+        for (int64_t o = 0; o < ob * 16; o++) {
+            const int8_t *w = wk + (g * ob * 16 + o) * 4;
+            out[o] = (int32_t)((uint32_t)out[o] + 128u * (uint32_t)(w[0] + w[1] + w[2] + w[3]));
+        }
+}
+#endif
+
 /* xs: the padded input (uint8, or int16 when wide; wide 2: raw int8, offset in the kernel,
  * for inputs that need no padding), cs channels per pixel; groups: 4-byte
  * groups read per kernel tap from the tap's first byte (cs * bytes / 4, or, for row runs,
@@ -354,7 +429,15 @@ TGT void qp_conv(const void *xs, int64_t wide, int64_t n, int64_t hp, int64_t wp
     int64_t tiles = (blocks + TILE - 1) / TILE, tile = tiles ? (blocks + tiles - 1) / tiles : 1;
     tiles = (blocks + tile - 1) / tile;
     conv_t c = {(const uint8_t *)xs, hp, wp, pix, groups, wk, kh, kw, ob, o, sh, sw, dh, dw,
-                oh, ow, (const char *)b, bstride, (char *)out, ostride, tile};
+                oh, ow, (const char *)b, bstride, (char *)out, ostride, tile, 0};
+#ifdef QPARITY_SIMDE
+    int32_t bias[ob * 16 <= 4096 ? ob * 16 : 1]; /* the non-negative form's sums start here */
+    if (wide != 1 && ob * 16 <= 4096 && nonneg(xs, n * hp * wp * cs, wide == 0)) {
+        plus_weight_sums(wk, kh * kw * groups, ob, corr, bias);
+        e.corr = bias;
+        c.ub = 1;
+    }
+#endif
     int64_t chunk = block_chunk(tiles, ob, np), parts = (ob + chunk - 1) / chunk;
     /* tasks channel chunk major, so the static split gives each thread whole chunks of
      * every tile (tile major, a 7 x 7 map at batch 1 went as its first tile, 48 pixels, to

@@ -49,6 +49,10 @@ def conv_cases(draw):
     x = rng.integers(lo, hi + 1, (draw(st.integers(1, 3)), c, h, w)).astype(dt)
     x.reshape(-1)[rng.random(x.size) < 0.1] = lo  # the extreme (the uint8 offset's edge)
     wt = rng.integers(-128, 128, (o, c, *k), dtype=np.int8)
+    if dt == np.int8 and draw(st.booleans()):  # after a ReLU (the AVX2 build's vpmaddubsw form)
+        x = np.abs(x.astype(np.int16)).clip(0, 127).astype(np.int8)
+        x.reshape(-1)[rng.random(x.size) < 0.1] = 127  # 127 x -128, twice: 32512 per int16 pair
+        wt.reshape(-1)[rng.random(wt.size) < 0.2] = -128
     attrs = {"rounding": draw(st.sampled_from(MODES)), "relu": draw(st.integers(0, 1)),
              "strides": strides, "pads": pads, "dilations": dil, "group": 1,
              "out_dtype": draw(st.sampled_from(["int8", "int16", "int32"]))}  # fmt: skip
@@ -328,3 +332,27 @@ def test_the_stems_pad_copy_writes_inside_its_rows_only(channels):
     want = (x[..., :channels].view(torch.uint8) ^ 0x80).reshape(-1)
     assert torch.equal(xs[:size], want)
     assert xs[size:].tolist() == [0x55] * 4  # nothing written past the last row
+
+
+@pytest.mark.parametrize(
+    "c, k, pads",
+    [(1, (3, 3), [1, 1, 1, 1]), (3, (7, 7), [3, 3, 3, 3]), (8, (1, 1), [0, 0, 0, 0]),
+     (8, (3, 3), [1, 1, 1, 1])],
+)  # fmt: skip
+def test_a_non_negative_input_at_the_int16_pair_bound_is_exact(c, k, pads):
+    """Inputs in [0, 127] (after a ReLU) run the AVX2 build's vpmaddubsw form: 127 against
+    -128 everywhere puts every int16 pair sum at -32512, the bound that keeps it exact; a
+    stem's row runs (1 and 3 channels, padded copy), a padded 3x3 and an unpadded 1x1 (read
+    in place), int32 output (no requantize: the sums themselves) against QConv."""
+    rng = np.random.default_rng(c)
+    x = np.full((2, c, 9, 9), 127, np.int8)
+    x[:, :, ::3] = rng.integers(0, 128, x[:, :, ::3].shape)  # some rows below the bound
+    w = np.full((20, c, *k), -128, np.int8)
+    bias = rng.integers(-(2**15), 2**15, 20)
+    attrs = {"rounding": "half_even", "relu": 0, "strides": [1, 1], "pads": pads,
+             "dilations": [1, 1], "group": 1, "out_dtype": "int32"}  # fmt: skip
+    want = CUSTOM_OPS["QConv"].evaluate([x, w, bias, EMPTY, EMPTY], attrs)
+    prog = _nhwc_program(x, w, [bias, EMPTY, EMPTY], attrs, c_pad=_o_pad(c), o_pad=32)
+    got, plans = _native_plans(prog, {"x": x})
+    assert len(plans) == 1
+    np.testing.assert_array_equal(got, want)
