@@ -14,6 +14,9 @@
  * padding (a QLinear's rows, an unpadded 1x1 conv) is read in place and offset as each
  * 4-byte group is broadcast (tile_s8), saving the copy.
  * int16 input: VPDPWSSD (int16 x int16 pairs, weights widened), corr[o] = bias[o].
+ * The AVX2 build (QPARITY_SIMDE) has no VNNI: window2 widens to int16 pairs (VPMADDWD), and
+ * an input whose values all lie in [0, 127] (checked per call) runs window_ub, VPMADDUBSW on
+ * x itself from corr + 128 * sum_k w[k, o] = bias[o].
  *
  * Epilogue (exec_epilogue.Epilogue in one pass, float32 or float64 as proven exact):
  *   y = clamp(round(acc * scale[o] + b * scale_b[o]), lo, hi) -> int8 or int16
