@@ -296,25 +296,23 @@ QA __m256i qa_dpbusd256(__m256i s, __m256i a, __m256i b) {
     return _mm256_add_epi32(s, p);
 }
 
-QA __m512i qa_mm512_dpbusd_epi32(__m512i s, __m512i a, __m512i b) {
-    __m256i sv[2], av[2], bv[2];
-    memcpy(sv, &s, sizeof sv), memcpy(av, &a, sizeof av), memcpy(bv, &b, sizeof bv);
-    sv[0] = qa_dpbusd256(sv[0], av[0], bv[0]);
-    sv[1] = qa_dpbusd256(sv[1], av[1], bv[1]);
-    __m512i r;
-    memcpy(&r, sv, sizeof r);
-    return r;
+QA __m256i qa_dpwssd256(__m256i s, __m256i a, __m256i b) {
+    return _mm256_add_epi32(s, _mm256_madd_epi16(a, b));
 }
 
-QA __m512i qa_mm512_dpwssd_epi32(__m512i s, __m512i a, __m512i b) {
-    __m256i sv[2], av[2], bv[2];
-    memcpy(sv, &s, sizeof sv), memcpy(av, &a, sizeof av), memcpy(bv, &b, sizeof bv);
-    sv[0] = _mm256_add_epi32(sv[0], _mm256_madd_epi16(av[0], bv[0]));
-    sv[1] = _mm256_add_epi32(sv[1], _mm256_madd_epi16(av[1], bv[1]));
-    __m512i r;
-    memcpy(&r, sv, sizeof r);
-    return r;
-}
+/* The 512-bit form `name` of a 256-bit accumulate f(s, a, b): f on each half. */
+#define QA_HALVES(name, f)                                                                \
+    QA __m512i name(__m512i s, __m512i a, __m512i b) {                                    \
+        __m256i sv[2], av[2], bv[2];                                                      \
+        memcpy(sv, &s, sizeof sv), memcpy(av, &a, sizeof av), memcpy(bv, &b, sizeof bv); \
+        sv[0] = f(sv[0], av[0], bv[0]);                                                   \
+        sv[1] = f(sv[1], av[1], bv[1]);                                                   \
+        __m512i r;                                                                        \
+        memcpy(&r, sv, sizeof r);                                                         \
+        return r;                                                                         \
+    }
+QA_HALVES(qa_mm512_dpbusd_epi32, qa_dpbusd256)
+QA_HALVES(qa_mm512_dpwssd_epi32, qa_dpwssd256)
 #undef _mm512_dpbusd_epi32
 #undef _mm512_dpwssd_epi32
 #define _mm512_dpbusd_epi32 qa_mm512_dpbusd_epi32
