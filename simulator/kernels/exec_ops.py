@@ -227,15 +227,18 @@ def k_add(instr, bufs, consts):
     (:func:`exec_epilogue.add_epilogue`) when the dtype bounds prove it exact, in one pass
     of the compiled row kernel when it applies (:func:`exec_native_rows.add`)."""
     a, b, ma, mb, shift = operands(instr, bufs, consts, 5)
-    if a.shape != b.shape:  # a broadcast operand (either side): the sum has the full shape
-        shape = torch.broadcast_shapes(a.shape, b.shape)
-        a, b = a.expand(shape), b.expand(shape)
     ma, mb = _channel_const(ma, instr), _channel_const(mb, instr)
     key = ("add", instr.outputs[0], a.dtype, b.dtype)
     epi = consts.cached(key, lambda: add_epilogue(instr.attrs, a.dtype, b.dtype, ma, mb, shift))
+    # the compiled kernel reads a constant broadcast over leading axes as it is (expanded,
+    # it would be a copy per run, and a per-run copy is never replayed or frozen)
+    if epi is not None and (fast := exec_native_rows.add(a, b, epi, instr.attrs)) is not None:
+        return [fast]
+    if a.shape != b.shape:  # a broadcast operand (either side): the sum has the full shape
+        shape = torch.broadcast_shapes(a.shape, b.shape)
+        a, b = a.expand(shape), b.expand(shape)
     if epi is not None:
-        fast = exec_native_rows.add(a, b, epi, instr.attrs)
-        return [fast if fast is not None else epi.apply(a, b)]
+        return [epi.apply(a, b)]
     if max_abs(a) * max_abs(ma) + max_abs(b) * max_abs(mb) >= PRODUCT_LIMIT:
         raise SimulatorError("QAdd products may overflow int64")
     acc = a.long() * ma + b.long() * mb

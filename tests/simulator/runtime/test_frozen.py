@@ -142,6 +142,24 @@ def test_a_changed_return_value_abandons_the_plan_for_that_run():
     _assert_same(ex.run({"x": x})[0], _fresh(prog, x)[0])
 
 
+def test_an_add_of_a_constant_broadcast_over_rows_is_frozen():
+    """A ViT's ``x + pos``: QAdd of the rows and a ``[1, C]`` constant. The constant is
+    read as it is, so the add replays and the program freezes (expanded, it was a fresh
+    copy each run, and no plan was ever built)."""
+    instrs = [
+        Instruction(Op.QUANTIZE, ("x",), ("q",), (),
+                    {"scale": 0.05, "dtype": "int8", "rounding": "half_even"}, ("quant",)),
+        Instruction(Op.ADD, ("q",), ("a",), ("pos", "ma", "mb", "sh"), Q, ("add",)),
+    ]  # fmt: skip
+    consts = {"pos": np.arange(-4, 4, dtype=np.int8).reshape(1, 8) * 9,
+              "ma": np.array([3]), "mb": np.array([5]), "sh": np.array([3])}  # fmt: skip
+    prog = Program("nash-e", {"x": {"dtype": "float32"}}, {"a": {}}, instrs, consts)
+    ex = Executor(prog)
+    for x in _batches(6):
+        _assert_same(ex.run({"x": x})[0], _fresh(prog, x)[0])
+    assert isinstance(ex._frozen, Frozen)
+
+
 def test_an_instruction_without_a_replay_means_no_plan(monkeypatch):
     """A torch-only kernel (here ADD made to skip the compiled path) is never frozen."""
     kernel = KERNELS[Op.ADD]
