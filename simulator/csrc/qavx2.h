@@ -28,7 +28,11 @@
     static __attribute__((noinline)) vt qa_part_##name(mt k, const void *p) {  \
         et buf[n];                                                             \
         const et *s = (const et *)p;                                           \
-        for (int i = 0; i < (n); i++) buf[i] = ((k >> i) & 1) ? s[i] : (et)0;   \
+        if ((k & (mt)(k + 1)) == 0) { /* the first lanes (a row's tail): one copy */ \
+            memset(buf, 0, sizeof buf);                                        \
+            memcpy(buf, s, (size_t)__builtin_popcountll(k) * sizeof(et));      \
+        } else                                                                 \
+            for (int i = 0; i < (n); i++) buf[i] = ((k >> i) & 1) ? s[i] : (et)0; \
         vt r;                                                                  \
         memcpy(&r, buf, sizeof r);                                             \
         return r;                                                              \
@@ -75,10 +79,15 @@ QA_MASKZ_LOAD(mm512_maskz_loadu_ps, __m512, float, 16, __mmask16)
 #define QA_MASK_STORE(name, vt, et, wt, n, mt)                                   \
     static __attribute__((noinline)) void qa_part_##name(void *p, mt k, vt v) { \
         et buf[n];                                                               \
-        wt *d = (wt *)p;                                                         \
+        wt w[n], *d = (wt *)p;                                                   \
         memcpy(buf, &v, sizeof buf);                                             \
+        for (int i = 0; i < (n); i++) w[i] = (wt)buf[i];                         \
+        if ((k & (mt)(k + 1)) == 0) { /* the first lanes: one copy */           \
+            memcpy(d, w, (size_t)__builtin_popcountll(k) * sizeof(wt));          \
+            return;                                                              \
+        }                                                                        \
         for (int i = 0; i < (n); i++)                                            \
-            if ((k >> i) & 1) d[i] = (wt)buf[i];                                 \
+            if ((k >> i) & 1) d[i] = w[i];                                       \
     }                                                                            \
     QA void qa_##name(void *p, mt k, vt v) {                                     \
         if (sizeof(et) != sizeof(wt) || k != (mt)~(mt)0 >> (sizeof(mt) * 8 - (n))) { \
