@@ -66,6 +66,105 @@ TGT AI void epilogue16(__m512i acc, const epi_t *e, int64_t o0, const char *b,
     epilogue16_corr(_mm512_add_epi32(acc, _mm512_loadu_si512(e->corr + o0)), e, o0, b, out, m, ms);
 }
 
+#ifdef QPARITY_SIMDE
+/* The AVX2 build's epilogue16_corr: the same float operations, in the same order, on two
+ * halves of 8 lanes (SIMDe's generic lane permutes and narrowing loops cost more than the
+ * arithmetic). Each half: h = lanes 8h .. 8h+7, two float64 quarters of 4 lanes. */
+AI __m128i quarter_f64(__m128i a, __m128i b, const double *s, const double *sb, const epi_t *e,
+                       int has_b) {
+    const __m256d magic = _mm256_set1_pd(6755399441055744.0); /* 1.5 * 2**52 */
+    __m256d x = _mm256_cvtepi32_pd(a), y;
+    if (e->f64 == 2) { /* + 1.5 * 2**52 rounds once (magic_pd16); the low 32 bits */
+        y = has_b ? _mm256_add_pd(_mm256_fmadd_pd(_mm256_cvtepi32_pd(b), _mm256_loadu_pd(sb),
+                                                  _mm256_mul_pd(x, _mm256_loadu_pd(s))), magic)
+                  : _mm256_fmadd_pd(x, _mm256_loadu_pd(s), magic);
+        const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+        return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(_mm256_castpd_si256(y), even));
+    }
+    y = _mm256_mul_pd(x, _mm256_loadu_pd(s));
+    if (has_b) y = _mm256_fmadd_pd(_mm256_cvtepi32_pd(b), _mm256_loadu_pd(sb), y);
+    y = _mm256_min_pd(_mm256_max_pd(y, _mm256_set1_pd(e->lo)), _mm256_set1_pd(e->hi));
+    if (!e->half_even) { /* sign(y) * floor(|y| + 0.5) */
+        __m256d sign = _mm256_set1_pd(-0.0);
+        __m256d t = _mm256_floor_pd(_mm256_add_pd(_mm256_andnot_pd(sign, y), _mm256_set1_pd(0.5)));
+        y = _mm256_or_pd(t, _mm256_and_pd(y, sign));
+    }
+    return _mm256_cvtpd_epi32(y); /* round to nearest even (MXCSR), exact when rounded */
+}
+
+AI __m256i half_f32(__m256i a, __m256i b, const float *s, const float *sb, const epi_t *e,
+                    int has_b) {
+    __m256 y = _mm256_mul_ps(_mm256_cvtepi32_ps(a), _mm256_loadu_ps(s));
+    if (has_b) y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b), _mm256_loadu_ps(sb), y);
+    y = _mm256_min_ps(_mm256_max_ps(y, _mm256_set1_ps((float)e->lo)), _mm256_set1_ps((float)e->hi));
+    if (!e->half_even) {
+        __m256 sign = _mm256_set1_ps(-0.0f);
+        __m256 t = _mm256_floor_ps(_mm256_add_ps(_mm256_andnot_ps(sign, y), _mm256_set1_ps(0.5f)));
+        y = _mm256_or_ps(t, _mm256_and_ps(y, sign));
+    }
+    return _mm256_cvtps_epi32(y);
+}
+
+/* Lanes 8h .. 8h+7 requantized (int32, clamped to [lo, hi]). */
+AI __m256i half_requant(__m256i a, __m256i b, const epi_t *e, int64_t o, int has_b) {
+    if (!e->f64) return half_f32(a, b, (const float *)e->scale + o, (const float *)e->scale_b + o, e, has_b);
+    const double *s = (const double *)e->scale + o, *sb = (const double *)e->scale_b + o;
+    __m128i lo = quarter_f64(_mm256_castsi256_si128(a), _mm256_castsi256_si128(b), s, sb, e, has_b);
+    __m128i hi = quarter_f64(_mm256_extracti128_si256(a, 1), _mm256_extracti128_si256(b, 1), s + 4,
+                             sb + 4, e, has_b);
+    __m256i r = _mm256_set_m128i(hi, lo);
+    if (e->f64 != 2) return r; /* clamped as floats */
+    r = _mm256_max_epi32(r, _mm256_set1_epi32((int32_t)e->lo));
+    return _mm256_min_epi32(r, _mm256_set1_epi32((int32_t)e->hi));
+}
+
+/* 16 lanes of the add operand (int8, int16 or int32: bshift) as two int32 halves. */
+AI void load_b16(const char *b, int bshift, __mmask16 m, __m256i h[2]) {
+    if (bshift == 2) {
+        h[0] = _mm256_maskz_loadu_epi32((__mmask8)m, b);
+        h[1] = _mm256_maskz_loadu_epi32((__mmask8)(m >> 8), b + 32);
+    } else if (bshift == 1) {
+        __m256i v = _mm256_maskz_loadu_epi16(m, b);
+        h[0] = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(v));
+        h[1] = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(v, 1));
+    } else {
+        __m128i v = _mm_maskz_loadu_epi8(m, b);
+        h[0] = _mm256_cvtepi8_epi32(v);
+        h[1] = _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8));
+    }
+}
+
+/* Lanes in m requantized, lanes in ms but not m 0, the rest not stored. The int32 values
+ * lie in [lo, hi], inside the output dtype, so the saturating packs only narrow them. */
+TGT AI void epilogue16_corr(__m512i acc, const epi_t *e, int64_t o0, const char *b,
+                            void *out, __mmask16 m, __mmask16 ms) {
+    if (!e->scale) {
+        acc = _mm512_max_epi32(acc, _mm512_set1_epi32((int32_t)e->lo));
+        _mm512_mask_storeu_epi32(out, ms, _mm512_maskz_mov_epi32(m, acc));
+        return;
+    }
+    __m256i a[2], bh[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, r[2];
+    memcpy(a, &acc, sizeof a);
+    if (b) load_b16(b, e->bshift, m, bh);
+    for (int h = 0; h < 2; h++) r[h] = half_requant(a[h], bh[h], e, o0 + 8 * h, b != 0);
+    if (m != ms) { /* padding lanes: 0 */
+        const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+        for (int h = 0; h < 2; h++) {
+            __m256i k = _mm256_set1_epi32((m >> (8 * h)) & 0xFF);
+            r[h] = _mm256_and_si256(r[h], _mm256_cmpeq_epi32(_mm256_and_si256(k, bit), bit));
+        }
+    }
+    __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(r[0], r[1]), 0xD8); /* 16 x int16 */
+    if (e->out_shift == 1) {
+        if (ms == 0xFFFF) _mm256_storeu_si256((__m256i *)out, w);
+        else _mm256_mask_storeu_epi16(out, ms, w);
+        return;
+    }
+    __m128i v = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+    if (ms == 0xFFFF) _mm_storeu_si128((__m128i *)out, v);
+    else _mm_mask_storeu_epi8(out, ms, v);
+}
+#else
 /* epilogue16 of an acc that already holds corr (qconv.c starts its sums from it). */
 TGT AI void epilogue16_corr(__m512i acc, const epi_t *e, int64_t o0, const char *b,
                             void *out, __mmask16 m, __mmask16 ms) {
@@ -94,5 +193,6 @@ TGT AI void epilogue16_corr(__m512i acc, const epi_t *e, int64_t o0, const char 
     if (e->out_shift == 1) _mm256_mask_storeu_epi16(out, ms, _mm512_cvtepi32_epi16(r));
     else _mm_mask_storeu_epi8(out, ms, _mm512_cvtepi32_epi8(r));
 }
+#endif
 
 #endif
