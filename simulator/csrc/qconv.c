@@ -398,17 +398,6 @@ static int nonneg(const void *x, int64_t size, int offset) {
     return 1;
 }
 
-/* out[o] = corr[o] + 128 * sum_k w[k, o] = bias[o] (corr removes the uint8 offset's 128 x
- * the weights), modulo 2**32 like the sums; `groups` 4-byte groups of [Ob][16][4] each. */
-static void plus_weight_sums(const int8_t *wk, int64_t groups, int64_t ob, const int32_t *corr,
-                             int32_t *out) {
-    for (int64_t o = 0; o < ob * 16; o++) out[o] = corr[o];
-    for (int64_t g = 0; g < groups; g++)
-        for (int64_t o = 0; o < ob * 16; o++) {
-            const int8_t *w = wk + (g * ob * 16 + o) * 4;
-            out[o] = (int32_t)((uint32_t)out[o] + 128u * (uint32_t)(w[0] + w[1] + w[2] + w[3]));
-        }
-}
 #endif
 
 /* xs: the padded input (uint8, or int16 when wide; wide 2: raw int8, offset in the kernel,
@@ -416,11 +405,12 @@ static void plus_weight_sums(const int8_t *wk, int64_t groups, int64_t ob, const
  * groups read per kernel tap from the tap's first byte (cs * bytes / 4, or, for row runs,
  * the kernel row's kw * cs values as one tap of a (kh, 1) kernel; the bytes past the run
  * meet zero weights, and the caller leaves 4 bytes of slack after xs). scale NULL: int32
- * output acc + corr, relu by lo. */
+ * output acc + corr, relu by lo. bias: corr + 128 * sum_k w[k, o] (the bias itself), where
+ * the AVX2 build's non-negative form starts its sums. */
 TGT void qp_conv(const void *xs, int64_t wide, int64_t n, int64_t hp, int64_t wp, int64_t cs,
                  int64_t groups, const int8_t *wk, int64_t kh, int64_t kw, int64_t ob, int64_t o,
                  int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t oh, int64_t ow,
-                 const int32_t *corr, const void *scale, const void *scale_b, int64_t f64,
+                 const int32_t *corr, const int32_t *bias, const void *scale, const void *scale_b, int64_t f64,
                  const void *b, int64_t bstride, int64_t bshift, int64_t lo, int64_t hi,
                  int64_t half_even, void *out, int64_t out_shift, int64_t ostride) {
     epi_t e = {corr, scale, scale_b, (double)lo, (double)hi, (int)f64, (int)half_even,
@@ -434,9 +424,7 @@ TGT void qp_conv(const void *xs, int64_t wide, int64_t n, int64_t hp, int64_t wp
     conv_t c = {(const uint8_t *)xs, hp, wp, pix, groups, wk, kh, kw, ob, o, sh, sw, dh, dw,
                 oh, ow, (const char *)b, bstride, (char *)out, ostride, tile, 0};
 #ifdef QPARITY_SIMDE
-    int32_t bias[ob * 16 <= 4096 ? ob * 16 : 1]; /* the non-negative form's sums start here */
-    if (wide != 1 && ob * 16 <= 4096 && nonneg(xs, n * hp * wp * cs, wide == 0)) {
-        plus_weight_sums(wk, kh * kw * groups, ob, corr, bias);
+    if (wide != 1 && nonneg(xs, n * hp * wp * cs, wide == 0)) {
         e.corr = bias;
         c.ub = 1;
     }

@@ -51,6 +51,8 @@ class NativeConv:
 
     weights: torch.Tensor  # int8 [kh, kw, Cs/4, Ob, 16, 4]
     corr: torch.Tensor  # int32 [Ob*16]: bias - 128 * sum_k w[k, o]
+    bias: torch.Tensor  # int32 [Ob*16]: corr + 128 * sum_k w[k, o], where the AVX2 build's
+    # non-negative form (qconv.c window_ub) starts its sums
     scale: torch.Tensor | None  # float32/float64 [Ob*16]; None: int32 output, acc + bias
     scale_b: torch.Tensor | None  # same, for the fused add
     channels: int  # real input channels C
@@ -133,9 +135,9 @@ def plan(wmat, kernel, channels: int, in_dtype, epi, bias, b_dtype, bound: int, 
                           for v in (epi.scale, epi.scale_b))  # fmt: skip
     weights, cs, blocks, groups, taps = _layout(wmat, kernel, channels, in_dtype, unit_w_dilation)
     offset = 128 * wmat.long().sum(0) if in_dtype == torch.int8 else 0  # the uint8 offset
-    corr = lanes(b - offset, o, torch.int32)
+    corr, bias_lanes = lanes(b - offset, o, torch.int32), lanes(b, o, torch.int32)
     half_even = epi.rounding == "half_even"
-    return NativeConv(weights, corr, scale, scale_b, channels, cs, blocks, o, epi.lo, epi.hi,
+    return NativeConv(weights, corr, bias_lanes, scale, scale_b, channels, cs, blocks, o, epi.lo, epi.hi,
                       half_even, in_dtype, epi.dtype, groups, taps, taps != tuple(kernel),
                       epi_mode(scale, scale_b, bound, b_dtype, half_even))  # fmt: skip
 
@@ -169,7 +171,7 @@ def run(nc: NativeConv, geometry, x: torch.Tensor, b, out: torch.Tensor) -> None
         native.ptr(xs), mode, n, hp, wp, nc.cs, nc.groups,
         native.ptr(nc.weights), *nc.taps, nc.blocks, nc.out_channels, *strides,
         dil[0], 1 if nc.row_runs else dil[1], *out.shape[1:3], native.ptr(nc.corr),
-        native.ptr(nc.scale), native.ptr(nc.scale_b), nc.mode, native.ptr(b),
+        native.ptr(nc.bias), native.ptr(nc.scale), native.ptr(nc.scale_b), nc.mode, native.ptr(b),
         0 if b is None else b.shape[3], 0 if b is None else native.code(b),
         nc.lo, nc.hi, int(nc.half_even),
         native.ptr(out), native.code(out), out.shape[3])  # fmt: skip
