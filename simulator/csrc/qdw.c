@@ -149,6 +149,93 @@ TGT static void dw_row(const dw_t *dp, const epi_t *ep, int64_t ni, int64_t y, i
     }
 }
 
+#ifdef QPARITY_SIMDE
+/* The AVX2 build (no VPDPWSSD over 512 bits): taps in pairs (t, t + 1). Each channel's two
+ * inputs, widened to int16, are interleaved with VPUNPCKLWD / VPUNPCKHWD and multiplied by
+ * its two weights interleaved the same way, so one VPMADDWD gives 8 channels' two-tap sums
+ * in int32 (exact: |x w| <= 2**14, pair sums < 2**15 + 1, int32 sums proven by the caller).
+ * The unpacks work within 128-bit lanes: of 16 channels the lo sums hold 0-3 and 8-11, the
+ * hi sums 4-7 and 12-15, and two VPERM2I128 restore channel order for the epilogue. A tap
+ * outside the input reads as 0 (adds nothing, as the skipped taps of the AVX-512 form). */
+#define DW_PAIRS 25 /* kernels up to 49 taps (7 x 7); larger ones take the emulated form */
+
+typedef struct {
+    __m256i lo[2], hi[2]; /* per 16-channel half: the interleaved weights of a tap pair */
+} wpair_t;
+
+/* The block's weights (channel o0 + k at tap t: the even- plus the odd-lane vector of the
+ * packed layout) interleaved per tap pair; a missing last tap weighs 0. */
+static void dw_pairs(const dw_t *d, const int16_t *wb, wpair_t *wp) {
+    int64_t taps = d->kh * d->kw, tstep = ((d->c + 31) / 32) * 64;
+    for (int64_t p = 0; p < (taps + 1) / 2; p++)
+        for (int h = 0; h < 2; h++) {
+            __m256i w[2];
+            for (int q = 0; q < 2; q++) {
+                const int16_t *wt = wb + (2 * p + q) * tstep + 16 * h;
+                w[q] = 2 * p + q < taps ? _mm256_add_epi16(_mm256_loadu_si256((const __m256i *)wt),
+                                                           _mm256_loadu_si256((const __m256i *)(wt + 32)))
+                                        : _mm256_setzero_si256();
+            }
+            wp[p].lo[h] = _mm256_unpacklo_epi16(w[0], w[1]);
+            wp[p].hi[h] = _mm256_unpackhi_epi16(w[0], w[1]);
+        }
+}
+
+/* Tap t of the pixel whose tap (0, 0) is at x0: its 32 channels (m), or 0 outside rows
+ * i0..i1-1 / columns j0..j1-1 of the kernel. */
+AI __m256i dw_tap(const dw_t *d, int64_t x0, int64_t t, __mmask32 m, int64_t i0, int64_t i1,
+                  int64_t j0, int64_t j1) {
+    int64_t i = t / d->kw, j = t % d->kw;
+    if (t >= d->kh * d->kw || i < i0 || i >= i1 || j < j0 || j >= j1) return _mm256_setzero_si256();
+    return _mm256_maskz_loadu_epi8(m, d->x + x0 + i * d->dh * d->w * d->cx + j * d->dw * d->cx);
+}
+
+/* One pixel, 32 channels: the tap pairs' sums, channel order restored, then the epilogue
+ * of each 16-channel half (m: real channels, s: stored). */
+AI void dw_pixel(const dw_t *d, const epi_t *e, int64_t x0, const wpair_t *wp, int64_t o0,
+                 char *out, __mmask32 m, __mmask32 s, int64_t i0, int64_t i1, int64_t j0,
+                 int64_t j1) {
+    __m256i lo[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, hi[2] = {lo[0], lo[0]};
+    for (int64_t p = 0; p < (d->kh * d->kw + 1) / 2; p++) {
+        __m256i xa = dw_tap(d, x0, 2 * p, m, i0, i1, j0, j1);
+        __m256i xb = dw_tap(d, x0, 2 * p + 1, m, i0, i1, j0, j1);
+        for (int h = 0; h < 2; h++) {
+            __m256i a = _mm256_cvtepi8_epi16(h ? _mm256_extracti128_si256(xa, 1) : _mm256_castsi256_si128(xa));
+            __m256i b = _mm256_cvtepi8_epi16(h ? _mm256_extracti128_si256(xb, 1) : _mm256_castsi256_si128(xb));
+            lo[h] = _mm256_add_epi32(lo[h], _mm256_madd_epi16(_mm256_unpacklo_epi16(a, b), wp[p].lo[h]));
+            hi[h] = _mm256_add_epi32(hi[h], _mm256_madd_epi16(_mm256_unpackhi_epi16(a, b), wp[p].hi[h]));
+        }
+    }
+    for (int h = 0; h < 2 && (h == 0 || s >> 16); h++) {
+        __m256i ordered[2] = {_mm256_permute2x128_si256(lo[h], hi[h], 0x20),
+                              _mm256_permute2x128_si256(lo[h], hi[h], 0x31)};
+        __m512i acc;
+        memcpy(&acc, ordered, sizeof acc);
+        epilogue16(acc, e, o0 + 16 * h, 0, out + ((16 * h) << e->out_shift),
+                   (__mmask16)(m >> 16 * h), (__mmask16)(s >> 16 * h));
+    }
+}
+
+/* dw_row on the AVX2 build: every pixel by dw_pixel, the taps outside the input as 0. */
+static void dw_row_avx2(const dw_t *dp, const epi_t *ep, int64_t ni, int64_t y, int64_t b) {
+    const dw_t dl = *dp, *d = &dl; /* copies, as in dw_run3 */
+    const epi_t el = *ep, *e = &el;
+    wpair_t wp[DW_PAIRS];
+    int64_t o0 = b * 32, i0, i1;
+    dw_pairs(d, d->wk + b * 64, wp);
+    tap_range(y, d->sh, d->pt, d->dh, d->kh, d->h, &i0, &i1);
+    __mmask32 m = mask32(d->c - o0), s = mask32(d->ostride - o0);
+    int64_t xrow = (ni * d->h + y * d->sh - d->pt) * d->w * d->cx + o0;
+    char *out = d->out + ((((ni * d->oh + y) * d->ow) * d->ostride + o0) << e->out_shift);
+    for (int64_t xo = 0; xo < d->ow; xo++) {
+        int64_t j0, j1;
+        tap_range(xo, d->sw, d->pl, d->dw, d->kw, d->w, &j0, &j1);
+        dw_pixel(d, e, xrow + (xo * d->sw - d->pl) * d->cx, wp, o0,
+                 out + ((xo * d->ostride) << e->out_shift), m, s, i0, i1, j0, j1);
+    }
+}
+#endif
+
 /* The depthwise conv of the module comment; one OpenMP task per output row and channel
  * block (a 7 x 7 map of 960 channels: 210 tasks, not 7). corr and scale hold cb * 32 lanes. */
 TGT void qp_dwconv(const void *x, int64_t n, int64_t h, int64_t w, int64_t cx, int64_t c,
@@ -164,7 +251,11 @@ TGT void qp_dwconv(const void *x, int64_t n, int64_t h, int64_t w, int64_t cx, i
 #pragma omp parallel for schedule(static) if (n * oh * ow * c * kh * kw >= PAR_MIN)
     for (int64_t t = 0; t < n * oh * cb; t++) {
         int64_t r = t / cb, b = t % cb;
-        dw_row(&d, &e, r / oh, r % oh, b);
+#ifdef QPARITY_SIMDE
+        if (kh * kw <= 2 * DW_PAIRS) dw_row_avx2(&d, &e, r / oh, r % oh, b);
+        else
+#endif
+            dw_row(&d, &e, r / oh, r % oh, b);
         if (tail > 0 && b == cb - 1) /* padding channels past the last block */
             for (int64_t xo = 0; xo < ow; xo++)
                 memset((char *)out + (((r * ow + xo) * ostride + cb * 32) << out_shift), 0,

@@ -142,3 +142,20 @@ def test_depthwise_3x3_interior_runs_and_borders(strides, pads, dil):
     ex = Executor(_program(x, w, bias, mult, shift, attrs))
     for _ in range(2):
         np.testing.assert_array_equal(ex.run({"x": x})[0]["out"], want)
+
+
+def test_a_kernel_of_more_taps_than_the_avx2_pairs_equals_qconv():
+    """A 9x9 depthwise kernel (81 taps: past qdw.c's DW_PAIRS on the AVX2 build, which then
+    runs the general form) agrees with QConv, borders included."""
+    rng = np.random.default_rng(9)
+    c = 40
+    x = rand_ints(rng, (1, c, 12, 11), np.int8)
+    w = rand_ints(rng, (c, 1, 9, 9), np.int8)
+    bias = rng.integers(-5000, 5000, c).astype(np.int32)
+    mult, shift = rng.integers(1, 2**15, c), rng.choice([9, 17], c).astype(np.int64)
+    attrs = {"rounding": "bpu_round", "out_dtype": "int16", "relu": 0, "group": c,
+             "strides": [1, 1], "pads": [4, 4, 4, 4], "dilations": [1, 1]}  # fmt: skip
+    want = CUSTOM_OPS["QConv"].evaluate([x, w, bias, mult, shift], attrs)
+    ex = Executor(_program(x, w, bias, mult, shift, attrs))
+    for _ in range(2):
+        np.testing.assert_array_equal(ex.run({"x": x})[0]["out"], want)
