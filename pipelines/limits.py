@@ -8,12 +8,19 @@ C call such as one convolution finishes first), is marked failed by the run stor
 nothing it had not finished writing is kept (every write is atomic). Whatever the stage's
 own code turns the interruption into (torch.export wraps every exception), the error that
 leaves the guard is the limit's.
+
+The interruption is delivered only while the stage's innermost Python frame is outside
+torch: torch calls Python back from C++ (``__torch_dispatch__`` while torch.export traces),
+and an exception raised there can cross a C++ frame that may not throw, which aborts the
+whole process (seen once in CI: a 0.05 s limit landing inside prepare's export). The
+watchdog re-checks every ``SAFE_POLL_S`` until the stage is back in its own code.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +29,7 @@ from contextlib import contextmanager
 from schemas.errors import StageError
 
 POLL_S = 0.1
+SAFE_POLL_S = 0.005
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -72,10 +80,30 @@ def _watch(target: int, stop: threading.Event, found: list, seconds, memory_mb) 
         elif memory_mb is not None and grown > memory_mb:
             found.append(f"grew {grown:.0f} MB of memory (limit {memory_mb:g} MB)")
         if found:
+            _interrupt(target, stop)
+            return
+
+
+def _interrupt(target: int, stop: threading.Event) -> None:
+    """Raise :class:`LimitExceeded` in thread ``target`` once its innermost frame is not
+    torch's (module docstring); give up when the stage ends first (the guard then raises)."""
+    while not stop.is_set():
+        frame = sys._current_frames().get(target)
+        if frame is None:
+            return
+        if not in_torch(frame.f_code.co_filename):
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(target), ctypes.py_object(LimitExceeded)
             )
             return
+        stop.wait(SAFE_POLL_S)
+
+
+def in_torch(filename: str) -> bool:
+    """Whether ``filename`` is part of torch (or of a package under its folder)."""
+    torch = sys.modules.get("torch")
+    root = os.path.dirname(getattr(torch, "__file__", None) or "") if torch else ""
+    return bool(root) and filename.startswith(root + os.sep)
 
 
 def _error(stage: str, what: str, seconds, memory_mb) -> LimitExceeded:

@@ -52,3 +52,26 @@ def test_a_run_past_its_limit_marks_the_stage_failed(tmp_path):
     (m,) = RunStore(tmp_path).list_runs()
     assert m.status == "failed" and m.stages["prepare"].status == "failed"
     assert "limit 0.05 s" in m.stages["prepare"].error
+
+
+def test_the_interruption_waits_until_the_stage_is_out_of_torch(monkeypatch):
+    """Past its limit while inside torch (here: while a flag says so), the stage is not
+    interrupted; it is as soon as it is back in its own code."""
+    inside = {"torch": True}
+    monkeypatch.setattr(limits, "in_torch", lambda filename: inside["torch"])
+    released = []
+    with pytest.raises(LimitExceeded, match="limit 0.1 s"), guard("export", 0.1, None):
+        end = time.monotonic() + 0.6
+        while time.monotonic() < end:  # "in torch" well past the limit: not interrupted
+            pass
+        inside["torch"], released = False, [time.monotonic()]
+        while time.monotonic() < end + 10:
+            pass
+    assert released, "interrupted while still in torch"
+
+
+def test_torch_files_are_told_apart():
+    import torch
+
+    assert limits.in_torch(torch.nn.functional.__file__)
+    assert not limits.in_torch(limits.__file__)
