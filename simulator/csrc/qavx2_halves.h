@@ -77,8 +77,6 @@ QA_MASK_GATHER(mm512_mask_i64gather_pd, __m512d, __m256d, qa_gather4_pd, qa_lane
 QA_BINARY_HALVES(mm512_madd_epi16, __m512i, __m256i, _mm256_madd_epi16)
 QA_BINARY_HALVES(mm512_unpacklo_epi32, __m512i, __m256i, _mm256_unpacklo_epi32)
 QA_BINARY_HALVES(mm512_unpackhi_epi32, __m512i, __m256i, _mm256_unpackhi_epi32)
-QA_BINARY_HALVES(mm512_add_ps_halves, __m512, __m256, _mm256_add_ps)
-QA_BINARY_HALVES(mm512_add_pd_halves, __m512d, __m256d, _mm256_add_pd)
 #undef _mm512_madd_epi16
 #undef _mm512_unpacklo_epi32
 #undef _mm512_unpackhi_epi32
@@ -99,11 +97,11 @@ QA __m512i qa_mm512_maskz_mov_epi32(__mmask16 k, __m512i a) {
 }
 QA __m512 qa_mm512_mask_add_ps(__m512 src, __mmask16 k, __m512 a, __m512 b) {
     return _mm512_castsi512_ps(qa_mm512_mask_mov_epi32(_mm512_castps_si512(src), k,
-                                                       _mm512_castps_si512(qa_mm512_add_ps_halves(a, b))));
+                                                       _mm512_castps_si512(_mm512_add_ps(a, b))));
 }
 QA __m512d qa_mm512_mask_add_pd(__m512d src, __mmask8 k, __m512d a, __m512d b) {
     __m256d s[2], y[2];
-    __m512d sum = qa_mm512_add_pd_halves(a, b);
+    __m512d sum = _mm512_add_pd(a, b);
     memcpy(s, &src, sizeof s), memcpy(y, &sum, sizeof y);
     for (int h = 0; h < 2; h++)
         s[h] = _mm256_blendv_pd(s[h], y[h], _mm256_castsi256_pd(qa_lanes64((unsigned)k >> 4 * h)));

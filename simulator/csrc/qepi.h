@@ -66,6 +66,13 @@ TGT AI void epilogue16(__m512i acc, const epi_t *e, int64_t o0, const char *b,
     epilogue16_corr(_mm512_add_epi32(acc, _mm512_loadu_si512(e->corr + o0)), e, o0, b, out, m, ms);
 }
 
+/* The int32 output without a requantize: max(acc, lo) in the lanes of m, 0 in the lanes of
+ * ms but not m (both builds' epilogue16_corr). */
+TGT AI void store_int32(__m512i acc, const epi_t *e, void *out, __mmask16 m, __mmask16 ms) {
+    acc = _mm512_max_epi32(acc, _mm512_set1_epi32((int32_t)e->lo));
+    _mm512_mask_storeu_epi32(out, ms, _mm512_maskz_mov_epi32(m, acc));
+}
+
 #ifdef QPARITY_SIMDE
 /* The AVX2 build's epilogue16_corr: the same float operations, in the same order, on two
  * halves of 8 lanes (SIMDe's generic lane permutes and narrowing loops cost more than the
@@ -107,11 +114,13 @@ AI __m256i half_f32(__m256i a, __m256i b, const float *s, const float *sb, const
 
 /* Lanes 8h .. 8h+7 requantized (int32, clamped to [lo, hi]). */
 AI __m256i half_requant(__m256i a, __m256i b, const epi_t *e, int64_t o, int has_b) {
-    if (!e->f64) return half_f32(a, b, (const float *)e->scale + o, (const float *)e->scale_b + o, e, has_b);
-    const double *s = (const double *)e->scale + o, *sb = (const double *)e->scale_b + o;
+    if (!e->f64)
+        return half_f32(a, b, (const float *)e->scale + o,
+                        has_b ? (const float *)e->scale_b + o : 0, e, has_b);
+    const double *s = (const double *)e->scale + o, *sb = has_b ? (const double *)e->scale_b + o : 0;
     __m128i lo = quarter_f64(_mm256_castsi256_si128(a), _mm256_castsi256_si128(b), s, sb, e, has_b);
     __m128i hi = quarter_f64(_mm256_extracti128_si256(a, 1), _mm256_extracti128_si256(b, 1), s + 4,
-                             sb + 4, e, has_b);
+                             has_b ? sb + 4 : 0, e, has_b);
     __m256i r = _mm256_set_m128i(hi, lo);
     if (e->f64 != 2) return r; /* clamped as floats */
     r = _mm256_max_epi32(r, _mm256_set1_epi32((int32_t)e->lo));
@@ -139,8 +148,7 @@ AI void load_b16(const char *b, int bshift, __mmask16 m, __m256i h[2]) {
 TGT AI void epilogue16_corr(__m512i acc, const epi_t *e, int64_t o0, const char *b,
                             void *out, __mmask16 m, __mmask16 ms) {
     if (!e->scale) {
-        acc = _mm512_max_epi32(acc, _mm512_set1_epi32((int32_t)e->lo));
-        _mm512_mask_storeu_epi32(out, ms, _mm512_maskz_mov_epi32(m, acc));
+        store_int32(acc, e, out, m, ms);
         return;
     }
     __m256i a[2], bh[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, r[2];
@@ -169,8 +177,7 @@ TGT AI void epilogue16_corr(__m512i acc, const epi_t *e, int64_t o0, const char 
 TGT AI void epilogue16_corr(__m512i acc, const epi_t *e, int64_t o0, const char *b,
                             void *out, __mmask16 m, __mmask16 ms) {
     if (!e->scale) {
-        acc = _mm512_max_epi32(acc, _mm512_set1_epi32((int32_t)e->lo));
-        _mm512_mask_storeu_epi32(out, ms, _mm512_maskz_mov_epi32(m, acc));
+        store_int32(acc, e, out, m, ms);
         return;
     }
     __m512i bi = b ? load16(b, 0, e->bshift, m) : _mm512_setzero_si512();
