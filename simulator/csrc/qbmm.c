@@ -30,17 +30,34 @@ TGT AI void bmm_rows(const void *a, int TA, int64_t r0, int64_t r1, int64_t r2, 
     acc[0] = c0, acc[1] = c1, acc[2] = c2, acc[3] = c3;
 }
 
+/* The arguments of qp_bmm, qp_bmm_strided and qp_bmm_pairs, for their loops' parts
+ * (BMM_ARGS unpacks them under their own names; qp_bmm's batch is nb1 * nb2 = batch * 1). */
+typedef struct {
+    const void *a, *b;
+    int64_t ta, tb;
+    const int64_t *sa, *sb;
+    int64_t nb2, rows, inner, cols, half_even, out_shift;
+    double scale, lo, hi;
+    void *out;
+} bmm_t;
+#define BMM_ARGS(t)                                                                          \
+    const void *a = (t)->a, *b = (t)->b;                                                     \
+    const int64_t *sa = (t)->sa, *sb = (t)->sb;                                              \
+    int64_t ta = (t)->ta, tb = (t)->tb, nb2 = (t)->nb2, rows = (t)->rows;                    \
+    int64_t inner = (t)->inner, cols = (t)->cols, half_even = (t)->half_even;                \
+    int64_t out_shift = (t)->out_shift;                                                      \
+    double scale = (t)->scale, lo = (t)->lo, hi = (t)->hi;                                   \
+    void *out = (t)->out
+
 /* QMatMul, batched: y[g, i, j] = sum_k a[g, i, k] * b[g, k, j] * scale, float64 sums of
  * exact products (the caller proves max|a| max|b| K |m| < the float64 limit). Each batch's
  * a and b are widened to float64 once when they fit the stack buffers (else on the fly). */
 #define BMM_BUF 4096
-TGT void qp_bmm(const void *a, int64_t ta, const void *b, int64_t tb, int64_t batch, int64_t rows,
-                int64_t inner, int64_t cols, double scale, double lo, double hi,
-                int64_t half_even, void *out, int64_t out_shift) {
+TGT static void bmm_part(void *p, int64_t g0, int64_t g1) {
+    BMM_ARGS((const bmm_t *)p);
     int64_t cp = (cols + 7) / 8 * 8;
     int widen = cp * inner <= BMM_BUF && rows * inner <= BMM_BUF;
-#pragma omp parallel for schedule(static) if (batch * rows * inner * cols >= PAR_MIN)
-    for (int64_t g = 0; g < batch; g++) {
+    for (int64_t g = g0; g < g1; g++) {
         __m512d vs = _mm512_set1_pd(scale), vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
         double buf[BMM_BUF], abuf[BMM_BUF];
         const double *wb = widen ? buf : 0;
@@ -66,18 +83,22 @@ TGT void qp_bmm(const void *a, int64_t ta, const void *b, int64_t tb, int64_t ba
     }
 }
 
+TGT void qp_bmm(const void *a, int64_t ta, const void *b, int64_t tb, int64_t batch, int64_t rows,
+                int64_t inner, int64_t cols, double scale, double lo, double hi,
+                int64_t half_even, void *out, int64_t out_shift) {
+    bmm_t t = {a, b, ta, tb, 0, 0, 1, rows, inner, cols, half_even, out_shift, scale, lo, hi, out};
+    qp_for(batch, rows * inner * cols, bmm_part, &t);
+}
+
 /* qp_bmm on strided operands (views such as a transposed k, read in place): batch index
  * g = (g1, g2) over [nb1, nb2]; a[g, i, k] at g1 sa[0] + g2 sa[1] + i sa[2] + k sa[3],
  * b[g, k, j] likewise with sb (int8 or int16, read by lda). Each batch is widened into
  * the float64 buffers (the caller checks that rows * inner and cp * inner fit BMM_BUF), then the same products and
  * epilogue as qp_bmm; out is contiguous [nb1, nb2, rows, cols]. */
-TGT void qp_bmm_strided(const void *a, int64_t ta, const int64_t *sa, const void *b, int64_t tb,
-                        const int64_t *sb, int64_t nb1, int64_t nb2, int64_t rows, int64_t inner,
-                        int64_t cols, double scale, double lo, double hi, int64_t half_even,
-                        void *out, int64_t out_shift) {
+TGT static void bmm_strided_part(void *p, int64_t g0, int64_t g1) {
+    BMM_ARGS((const bmm_t *)p);
     int64_t cp = (cols + 7) / 8 * 8;
-#pragma omp parallel for schedule(static) if (nb1 * nb2 * rows * inner * cols >= PAR_MIN)
-    for (int64_t g = 0; g < nb1 * nb2; g++) {
+    for (int64_t g = g0; g < g1; g++) {
         __m512d vs = _mm512_set1_pd(scale), vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
         double buf[BMM_BUF], abuf[BMM_BUF];
         int64_t oa = g / nb2 * sa[0] + g % nb2 * sa[1], ob = g / nb2 * sb[0] + g % nb2 * sb[1];
@@ -99,6 +120,14 @@ TGT void qp_bmm_strided(const void *a, int64_t ta, const int64_t *sa, const void
                             (g * rows + i0 + q) * cols + j0, (int)out_shift, n);
             }
     }
+}
+
+TGT void qp_bmm_strided(const void *a, int64_t ta, const int64_t *sa, const void *b, int64_t tb,
+                        const int64_t *sb, int64_t nb1, int64_t nb2, int64_t rows, int64_t inner,
+                        int64_t cols, double scale, double lo, double hi, int64_t half_even,
+                        void *out, int64_t out_shift) {
+    bmm_t t = {a, b, ta, tb, sa, sb, nb2, rows, inner, cols, half_even, out_shift, scale, lo, hi, out};
+    qp_for(nb1 * nb2, rows * inner * cols, bmm_strided_part, &t);
 }
 
 /* n (<= 32) int8 (t 0) or int16 (t 1) values from p as 32 int16 lanes, zero past n. */
@@ -143,13 +172,10 @@ TGT AI void pack_pairs(const char *b, int tb, int64_t sk, int64_t sj, int64_t in
  * proves inner max|a| max|b| < 2**31), then the float64 epilogue of qp_bmm on the same
  * exact sums. Operands as qp_bmm_strided, with a's k contiguous (sa[3] == 1), b's j or k
  * contiguous, inner <= 32, cols <= 16. Four rows per pass (independent chains). */
-TGT void qp_bmm_pairs(const void *a, int64_t ta, const int64_t *sa, const void *b, int64_t tb,
-                      const int64_t *sb, int64_t nb1, int64_t nb2, int64_t rows, int64_t inner,
-                      int64_t cols, double scale, double lo, double hi, int64_t half_even,
-                      void *out, int64_t out_shift) {
+TGT static void bmm_pairs_part(void *p, int64_t g0, int64_t g1) {
+    BMM_ARGS((const bmm_t *)p);
     int64_t kp = (inner + 1) / 2, ea = ta ? 2 : 1, eb = tb ? 2 : 1;
-#pragma omp parallel for schedule(static) if (nb1 * nb2 * rows * inner * cols >= PAR_MIN)
-    for (int64_t g = 0; g < nb1 * nb2; g++) {
+    for (int64_t g = g0; g < g1; g++) {
         __m512d vs = _mm512_set1_pd(scale), vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
         int32_t bp[16 * 16], ar[4][16];
         int64_t oa = g / nb2 * sa[0] + g % nb2 * sa[1], ob = g / nb2 * sb[0] + g % nb2 * sb[1];
@@ -176,4 +202,12 @@ TGT void qp_bmm_pairs(const void *a, int64_t ta, const int64_t *sa, const void *
                 }
         }
     }
+}
+
+TGT void qp_bmm_pairs(const void *a, int64_t ta, const int64_t *sa, const void *b, int64_t tb,
+                      const int64_t *sb, int64_t nb1, int64_t nb2, int64_t rows, int64_t inner,
+                      int64_t cols, double scale, double lo, double hi, int64_t half_even,
+                      void *out, int64_t out_shift) {
+    bmm_t t = {a, b, ta, tb, sa, sb, nb2, rows, inner, cols, half_even, out_shift, scale, lo, hi, out};
+    qp_for(nb1 * nb2, rows * inner * cols, bmm_pairs_part, &t);
 }

@@ -56,16 +56,22 @@ static inline void copy_run(char *dst, const char *src, int64_t n, int64_t wide)
     for (int64_t i = 0; i < n; i++) dst[i] = (char)((uint8_t)src[i] ^ 0x80);
 }
 
-/* x [N, H, W, Cx] (first C channels real) -> xs [N, Hp, Wp, Cs] padded by (t, b, l, r)
- * with zeros (0x80 for the offset int8, 0 for int16) and channels C..Cs zero. */
-void qp_pad(const void *x, int64_t wide, int64_t n, int64_t h, int64_t w, int64_t cx,
-            int64_t c, int64_t pt, int64_t pb, int64_t pl, int64_t pr, int64_t cs, void *xs) {
-    int64_t hp = h + pt + pb, wp = w + pl + pr, e = wide ? 2 : 1;
+typedef struct {
+    const void *x;
+    int64_t wide, h, w, cx, c, pt, pl, pr, cs, hp, wp;
+    void *xs;
+} pad_t;
+
+/* Padded rows r0 .. r1 (of all images) of qp_pad. */
+static void pad_part(void *p, int64_t r0, int64_t r1) {
+    const pad_t *a = p;
+    const void *x = a->x;
+    int64_t wide = a->wide, h = a->h, w = a->w, cx = a->cx, c = a->c, pt = a->pt, pl = a->pl;
+    int64_t pr = a->pr, cs = a->cs, hp = a->hp, wp = a->wp, e = wide ? 2 : 1;
     int zero = wide ? 0 : 0x80;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < n * hp; r++) {
+    for (int64_t r = r0; r < r1; r++) {
         int64_t ni = r / hp, hi = r % hp - pt, inside = hi >= 0 && hi < h;
-        char *dst = (char *)xs + r * wp * cs * e;
+        char *dst = (char *)a->xs + r * wp * cs * e;
         if (!inside || cs != c) memset(dst, zero, wp * cs * e);
         if (!inside) continue;
         if (pl) memset(dst, zero, pl * cs * e);
@@ -90,6 +96,15 @@ void qp_pad(const void *x, int64_t wide, int64_t n, int64_t h, int64_t w, int64_
                 for (int64_t t = 0; t < c; t++) d[j * cs + t] = (char)((uint8_t)src[j * cx + t] ^ 0x80);
         else for (int64_t j = 0; j < w; j++) copy_run(d + j * cs * e, src + j * cx * e, c, wide);
     }
+}
+
+/* x [N, H, W, Cx] (first C channels real) -> xs [N, Hp, Wp, Cs] padded by (t, b, l, r)
+ * with zeros (0x80 for the offset int8, 0 for int16) and channels C..Cs zero. */
+void qp_pad(const void *x, int64_t wide, int64_t n, int64_t h, int64_t w, int64_t cx,
+            int64_t c, int64_t pt, int64_t pb, int64_t pl, int64_t pr, int64_t cs, void *xs) {
+    int64_t hp = h + pt + pb, wp = w + pl + pr;
+    pad_t a = {x, wide, h, w, cx, c, pt, pl, pr, cs, hp, wp, xs};
+    qp_for(n * hp, wp * cs, pad_part, &a);
 }
 
 typedef struct {
@@ -400,6 +415,27 @@ static int nonneg(const void *x, int64_t size, int offset) {
 
 #endif
 
+typedef struct {
+    const conv_t *c;
+    const epi_t *e;
+    int64_t tiles, total, chunk;
+    int np, wide;
+} conv_job_t;
+
+/* Tasks t0 .. t1, channel chunk major (tile major, a 7 x 7 map at batch 1 went as its first
+ * tile, 48 pixels, to one thread and its second, 1 pixel, to the other). */
+TGT static void conv_part(void *p, int64_t t0, int64_t t1) {
+    const conv_job_t *j = p;
+    const conv_t *c = j->c;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t first = t % j->tiles * c->tile, blo = t / j->tiles * j->chunk;
+        int64_t bhi = blo + j->chunk < c->ob ? blo + j->chunk : c->ob;
+        if (j->wide == 1) tile_i16(c, j->e, first, j->total, j->np, blo, bhi);
+        else if (j->wide == 2) tile_s8(c, j->e, first, j->total, j->np, blo, bhi);
+        else tile_u8(c, j->e, first, j->total, j->np, blo, bhi);
+    }
+}
+
 /* xs: the padded input (uint8, or int16 when wide; wide 2: raw int8, offset in the kernel,
  * for inputs that need no padding), cs channels per pixel; groups: 4-byte
  * groups read per kernel tap from the tap's first byte (cs * bytes / 4, or, for row runs,
@@ -430,15 +466,6 @@ TGT void qp_conv(const void *xs, int64_t wide, int64_t n, int64_t hp, int64_t wp
     }
 #endif
     int64_t chunk = block_chunk(tiles, ob, np), parts = (ob + chunk - 1) / chunk;
-    /* tasks channel chunk major, so the static split gives each thread whole chunks of
-     * every tile (tile major, a 7 x 7 map at batch 1 went as its first tile, 48 pixels, to
-     * one thread and its second, 1 pixel, to the other) */
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < tiles * parts; t++) {
-        int64_t t0 = t % tiles * tile, blo = t / tiles * chunk;
-        int64_t bhi = blo + chunk < ob ? blo + chunk : ob;
-        if (wide == 1) tile_i16(&c, &e, t0, total, np, blo, bhi);
-        else if (wide == 2) tile_s8(&c, &e, t0, total, np, blo, bhi);
-        else tile_u8(&c, &e, t0, total, np, blo, bhi);
-    }
+    conv_job_t j = {&c, &e, tiles, total, chunk, np, (int)wide};
+    qp_for(tiles * parts, QP_CHUNK_WORK, conv_part, &j); /* a task is a chunk */
 }

@@ -236,8 +236,33 @@ static void dw_row_avx2(const dw_t *dp, const epi_t *ep, int64_t ni, int64_t y, 
 }
 #endif
 
-/* The depthwise conv of the module comment; one OpenMP task per output row and channel
- * block (a 7 x 7 map of 960 channels: 210 tasks, not 7). corr and scale hold cb * 32 lanes. */
+typedef struct {
+    const dw_t *d;
+    const epi_t *e;
+    int64_t cb, tail;
+} dw_job_t;
+
+/* Tasks t0 .. t1: task t is channel block t % cb of output row t / cb (of all images). */
+TGT static void dw_part(void *p, int64_t t0, int64_t t1) {
+    const dw_job_t *j = p;
+    const dw_t *d = j->d;
+    int64_t oh = d->oh, ow = d->ow, cb = j->cb, shift = j->e->out_shift;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t r = t / cb, b = t % cb;
+#ifdef QPARITY_SIMDE
+        if (d->kh * d->kw <= 2 * DW_PAIRS) dw_row_avx2(d, j->e, r / oh, r % oh, b);
+        else
+#endif
+            dw_row(d, j->e, r / oh, r % oh, b);
+        if (j->tail > 0 && b == cb - 1) /* padding channels past the last block */
+            for (int64_t xo = 0; xo < ow; xo++)
+                memset(d->out + (((r * ow + xo) * d->ostride + cb * 32) << shift), 0,
+                       j->tail << shift);
+    }
+}
+
+/* The depthwise conv of the module comment; one task per output row and channel block (a
+ * 7 x 7 map of 960 channels: 210 tasks, not 7). corr and scale hold cb * 32 lanes. */
 TGT void qp_dwconv(const void *x, int64_t n, int64_t h, int64_t w, int64_t cx, int64_t c,
                    const int16_t *wk, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
                    int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow,
@@ -247,18 +272,7 @@ TGT void qp_dwconv(const void *x, int64_t n, int64_t h, int64_t w, int64_t cx, i
                (int)out_shift, 0};
     dw_t d = {(const int8_t *)x, h, w, cx, c, wk, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow,
               (char *)out, ostride};
-    int64_t cb = (c + 31) / 32, tail = ostride - cb * 32;
-#pragma omp parallel for schedule(static) if (n * oh * ow * c * kh * kw >= PAR_MIN)
-    for (int64_t t = 0; t < n * oh * cb; t++) {
-        int64_t r = t / cb, b = t % cb;
-#ifdef QPARITY_SIMDE
-        if (kh * kw <= 2 * DW_PAIRS) dw_row_avx2(&d, &e, r / oh, r % oh, b);
-        else
-#endif
-            dw_row(&d, &e, r / oh, r % oh, b);
-        if (tail > 0 && b == cb - 1) /* padding channels past the last block */
-            for (int64_t xo = 0; xo < ow; xo++)
-                memset((char *)out + (((r * ow + xo) * ostride + cb * 32) << out_shift), 0,
-                       tail << out_shift);
-    }
+    int64_t cb = (c + 31) / 32;
+    dw_job_t j = {&d, &e, cb, ostride - cb * 32};
+    qp_for(n * oh * cb, ow * 32 * kh * kw, dw_part, &j);
 }

@@ -38,18 +38,31 @@ TGT AI void pool_pixel(const char *x, int64_t h, int64_t w, int64_t row, int64_t
     }
 }
 
+typedef struct {
+    const void *x;
+    int wide;
+    int64_t h, w, row, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow;
+    void *out;
+} pool_t;
+
+/* Output rows r0 .. r1 (of all images). */
+TGT static void pool_part(void *p, int64_t r0, int64_t r1) {
+    const pool_t *t = p;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t ni = r / t->oh, oy = r % t->oh;
+        const char *img = (const char *)t->x + ni * t->h * t->w * t->row;
+        for (int64_t ox = 0; ox < t->ow; ox++)
+            pool_pixel(img, t->h, t->w, t->row, oy * t->sh - t->pt, ox * t->sw - t->pl, t->kh,
+                       t->kw, t->dh, t->dw, t->row, t->wide, (char *)t->out + (r * t->ow + ox) * t->row);
+    }
+}
+
 TGT void qp_maxpool(const void *x, int64_t wide, int64_t n, int64_t h, int64_t w, int64_t c,
                     int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
                     int64_t pt, int64_t pl, int64_t oh, int64_t ow, void *out) {
-    int64_t row = c << wide; /* bytes per pixel */
-#pragma omp parallel for schedule(static) if (n * oh * ow * c >= 65536)
-    for (int64_t r = 0; r < n * oh; r++) {
-        int64_t ni = r / oh, oy = r % oh;
-        const char *img = (const char *)x + ni * h * w * row;
-        for (int64_t ox = 0; ox < ow; ox++)
-            pool_pixel(img, h, w, row, oy * sh - pt, ox * sw - pl, kh, kw, dh, dw, row, (int)wide,
-                       (char *)out + (r * ow + ox) * row);
-    }
+    pool_t t = {x, (int)wide, h, w, c << wide /* bytes per pixel */, kh, kw, sh, sw, dh, dw, pt,
+                pl, oh, ow, out};
+    qp_for(n * oh, ow * c, pool_part, &t);
 }
 
 /* Pixels p0 .. p0+15 (those below hw) of one int8 image x [C <= 4, HW] as 16-byte pixels of
@@ -76,41 +89,65 @@ TGT static void nhwc16_narrow(const int8_t *x, int64_t c, int64_t hw, int8_t *ou
 /* LAYOUT ToNHWC of a narrow input: x [N, C, HW] -> y [N, HW, Cp], channels C..Cp zero
  * (int8, or int16 when wide): per image one memset, then each channel scattered; int8 with
  * C <= 4 into 16 channels (an RGB stem) 16 pixels at a time (nhwc16_narrow). */
-TGT void qp_to_nhwc(const void *x, int64_t wide, int64_t n, int64_t c, int64_t hw, int64_t cp,
-                    void *out) {
-    if (!wide && c <= 4 && cp == 16) {
-        int64_t chunks = (hw + 15) / 16;
-#pragma omp parallel for schedule(static) if (n * hw * cp >= 65536)
-        for (int64_t t = 0; t < n * chunks; t++) {
-            int64_t ni = t / chunks;
-            nhwc16_narrow((const int8_t *)x + ni * c * hw, c, hw, (int8_t *)out + ni * hw * 16,
-                          t % chunks * 16);
-        }
-        return;
+typedef struct {
+    const void *x;
+    int wide;
+    int64_t c, hw, cp, chunks;
+    void *out;
+} nhwc_t;
+
+/* Tasks t0 .. t1 of 16 pixels (task t: chunk t % chunks of image t / chunks). */
+TGT static void nhwc16_part(void *p, int64_t t0, int64_t t1) {
+    const nhwc_t *a = p;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t ni = t / a->chunks;
+        nhwc16_narrow((const int8_t *)a->x + ni * a->c * a->hw, a->c, a->hw,
+                      (int8_t *)a->out + ni * a->hw * 16, t % a->chunks * 16);
     }
-#pragma omp parallel for schedule(static) if (n * hw * cp >= 65536)
-    for (int64_t ni = 0; ni < n; ni++) {
-        memset((char *)out + (ni * hw * cp << wide), 0, hw * cp << wide);
+}
+
+/* Images n0 .. n1. */
+TGT static void nhwc_part(void *p, int64_t n0, int64_t n1) {
+    const nhwc_t *a = p;
+    int64_t c = a->c, hw = a->hw, cp = a->cp;
+    for (int64_t ni = n0; ni < n1; ni++) {
+        memset((char *)a->out + (ni * hw * cp << a->wide), 0, hw * cp << a->wide);
         for (int64_t ch = 0; ch < c; ch++)
             for (int64_t p = 0; p < hw; p++) {
                 int64_t src = (ni * c + ch) * hw + p, dst = (ni * hw + p) * cp + ch;
-                if (wide) ((int16_t *)out)[dst] = ((const int16_t *)x)[src];
-                else ((int8_t *)out)[dst] = ((const int8_t *)x)[src];
+                if (a->wide) ((int16_t *)a->out)[dst] = ((const int16_t *)a->x)[src];
+                else ((int8_t *)a->out)[dst] = ((const int8_t *)a->x)[src];
             }
     }
+}
+
+TGT void qp_to_nhwc(const void *x, int64_t wide, int64_t n, int64_t c, int64_t hw, int64_t cp,
+                    void *out) {
+    nhwc_t t = {x, (int)wide, c, hw, cp, (hw + 15) / 16, out};
+    if (!wide && c <= 4 && cp == 16) qp_for(n * t.chunks, 16 * cp, nhwc16_part, &t);
+    else qp_for(n, hw * cp, nhwc_part, &t);
 }
 
 /* A strided tensor copied contiguous: shape and element strides of up to 6 axes (leading
  * axes of size 1 pad the front), elements of `size` bytes; the last axis is one memcpy when
  * its stride is 1 (one masked move up to 64 bytes). The two outer axes split across threads. */
-TGT void qp_copy(const void *x, int64_t size, const int64_t *shape, const int64_t *stride,
-                 void *out) {
-    int64_t inner = shape[2] * shape[3] * shape[4] * shape[5], run = shape[5] * size;
+typedef struct {
+    const void *x;
+    int64_t size;
+    const int64_t *shape, *stride;
+    void *out;
+} copy_t;
+
+/* Rows r0 .. r1 of the two outer axes. */
+TGT static void copy_part(void *p, int64_t r0, int64_t r1) {
+    const copy_t *t = p;
+    const void *x = t->x;
+    const int64_t *shape = t->shape, *stride = t->stride;
+    int64_t size = t->size, inner = shape[2] * shape[3] * shape[4] * shape[5], run = shape[5] * size;
     __mmask64 m = run >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << run) - 1);
-#pragma omp parallel for schedule(static) if (shape[0] * shape[1] * inner * size >= 65536)
-    for (int64_t r = 0; r < shape[0] * shape[1]; r++) {
+    for (int64_t r = r0; r < r1; r++) {
         const char *src01 = (const char *)x + (r / shape[1] * stride[0] + r % shape[1] * stride[1]) * size;
-        char *dst = (char *)out + r * inner * size;
+        char *dst = (char *)t->out + r * inner * size;
         for (int64_t i = 0; i < shape[2]; i++)
             for (int64_t j = 0; j < shape[3]; j++)
                 for (int64_t k = 0; k < shape[4]; k++) {
@@ -126,12 +163,27 @@ TGT void qp_copy(const void *x, int64_t size, const int64_t *shape, const int64_
     }
 }
 
+TGT void qp_copy(const void *x, int64_t size, const int64_t *shape, const int64_t *stride,
+                 void *out) {
+    copy_t t = {x, size, shape, stride, out};
+    qp_for(shape[0] * shape[1], shape[2] * shape[3] * shape[4] * shape[5] * size, copy_part, &t);
+}
+
 /* CLIP: out[i] = min(max(x[i], lo), hi) over n int8 (wide 0) or int16 (wide 1) values, lo
  * and hi already cut to the dtype's range (a result is always an input value or a bound). */
-TGT void qp_clip(const void *x, int64_t wide, int64_t n, int64_t lo, int64_t hi, void *out) {
-    int64_t step = wide ? 32 : 64, blocks = (n + step - 1) / step;
-#pragma omp parallel for schedule(static) if (n >= 262144)
-    for (int64_t b = 0; b < blocks; b++) {
+typedef struct {
+    const void *x;
+    int64_t wide, n, lo, hi;
+    void *out;
+} clip_t;
+
+/* Blocks b0 .. b1 of 64 bytes. */
+TGT static void clip_part(void *p, int64_t b0, int64_t b1) {
+    const clip_t *t = p;
+    const void *x = t->x;
+    void *out = t->out;
+    int64_t wide = t->wide, n = t->n, lo = t->lo, hi = t->hi, step = wide ? 32 : 64;
+    for (int64_t b = b0; b < b1; b++) {
         int64_t i = b * step, left = n - i < step ? n - i : step;
         __mmask64 m = left >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << left) - 1);
         if (wide) {
@@ -146,4 +198,12 @@ TGT void qp_clip(const void *x, int64_t wide, int64_t n, int64_t lo, int64_t hi,
             _mm512_mask_storeu_epi8((int8_t *)out + i, m, v);
         }
     }
+}
+
+/* A move per 64 bytes: a block counts as 8 elements of work, so the caller runs alone below
+ * 256 KB (as OpenMP's `if` had it). */
+TGT void qp_clip(const void *x, int64_t wide, int64_t n, int64_t lo, int64_t hi, void *out) {
+    clip_t t = {x, wide, n, lo, hi, out};
+    int64_t step = wide ? 32 : 64;
+    qp_for((n + step - 1) / step, 8, clip_part, &t);
 }

@@ -171,6 +171,21 @@ TGT static int ln_block_case(const ln_t *t, int64_t r0, int nr) {
     return ln_block(t, r0, nr, t->wide, t->half_even, t->out_shift);
 }
 
+typedef struct {
+    const ln_t *t;
+    int64_t rows;
+    _Atomic int bad;
+} ln_job_t;
+
+/* Blocks g0 .. g1 of 16 rows. */
+TGT static void ln_part(void *p, int64_t g0, int64_t g1) {
+    ln_job_t *j = p;
+    int bad = 0;
+    for (int64_t r0 = 16 * g0; r0 < j->rows && r0 < 16 * g1; r0 += 16)
+        bad |= ln_block_case(j->t, r0, j->rows - r0 < 16 ? (int)(j->rows - r0) : 16);
+    if (bad) atomic_store(&j->bad, 1);
+}
+
 TGT int qp_layernorm(const void *q, int64_t wide, int64_t rows, int64_t n, int64_t in_shift,
                  int64_t guard, double eps, int64_t half_even, const double *rsqrt,
                  int64_t rsqrt_qmin, int64_t frac, const double *w, const double *b,
@@ -178,11 +193,9 @@ TGT int qp_layernorm(const void *q, int64_t wide, int64_t rows, int64_t n, int64
     ln_t t = {q, (int)wide, (int)half_even, (int)frac, (int)out_shift, n, rsqrt_qmin,
               pow2i((int)in_shift), pow2i(2 * (int)in_shift), pow2i((int)guard), eps, y_top,
               rsqrt, w, b, _mm512_set1_pd(lo), _mm512_set1_pd(hi), out};
-    int bad = 0;
-#pragma omp parallel for schedule(static) reduction(| : bad) if (rows * n >= 32768)
-    for (int64_t r0 = 0; r0 < rows; r0 += 16)
-        bad |= ln_block_case(&t, r0, rows - r0 < 16 ? (int)(rows - r0) : 16);
-    return bad;
+    ln_job_t j = {&t, rows, 0};
+    qp_for((rows + 15) / 16, 16 * n, ln_part, &j);
+    return atomic_load(&j.bad);
 }
 
 /* SOFTMAX along the last axis: exec_dense.int_softmax row by row, in the same float ops.
@@ -264,19 +277,40 @@ TGT AI void softmax16(const void *q, int wide, int64_t r0, int nr, int64_t n, co
     }
 }
 
+typedef struct {
+    const void *q;
+    int wide, half_even, out_shift;
+    int64_t rows, n, recip_qmin;
+    const float *exp;
+    const double *recip;
+    double sum_scale, mult, lo, hi;
+    void *out;
+} sm_t;
+
+/* Blocks g0 .. g1 of 16 rows of n <= 16 values. */
+TGT static void softmax16_part(void *p, int64_t g0, int64_t g1) {
+    const sm_t *t = p;
+    __m512d vlo = _mm512_set1_pd(t->lo), vhi = _mm512_set1_pd(t->hi);
+    for (int64_t r0 = 16 * g0; r0 < t->rows && r0 < 16 * g1; r0 += 16)
+        softmax16(t->q, t->wide, r0, t->rows - r0 < 16 ? (int)(t->rows - r0) : 16, t->n, t->exp,
+                  t->recip, t->recip_qmin, t->sum_scale, t->mult, t->half_even, vlo, vhi, t->out,
+                  t->out_shift);
+}
+
+/* Rows r0 .. r1. */
+TGT static void softmax_part(void *p, int64_t r0, int64_t r1) {
+    const sm_t *t = p;
+    __m512d vlo = _mm512_set1_pd(t->lo), vhi = _mm512_set1_pd(t->hi);
+    for (int64_t r = r0; r < r1; r++)
+        softmax_row(t->q, t->wide, r, t->n, t->exp, t->recip, t->recip_qmin, t->sum_scale,
+                    t->mult, t->half_even, vlo, vhi, t->out, t->out_shift);
+}
+
 TGT void qp_softmax(const void *q, int64_t wide, int64_t rows, int64_t n, const float *exp,
                     const double *recip, int64_t recip_qmin, double sum_scale, double mult,
                     int64_t half_even, double lo, double hi, void *out, int64_t out_shift) {
-    __m512d vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
-    if (n <= 16) {
-#pragma omp parallel for schedule(static) if (rows * n >= 32768)
-        for (int64_t r0 = 0; r0 < rows; r0 += 16)
-            softmax16(q, (int)wide, r0, rows - r0 < 16 ? (int)(rows - r0) : 16, n, exp, recip,
-                      recip_qmin, sum_scale, mult, (int)half_even, vlo, vhi, out, (int)out_shift);
-        return;
-    }
-#pragma omp parallel for schedule(static) if (rows * n >= 32768)
-    for (int64_t r = 0; r < rows; r++)
-        softmax_row(q, (int)wide, r, n, exp, recip, recip_qmin, sum_scale, mult, (int)half_even,
-                    vlo, vhi, out, (int)out_shift);
+    sm_t t = {q, (int)wide, (int)half_even, (int)out_shift, rows, n, recip_qmin, exp, recip,
+              sum_scale, mult, lo, hi, out};
+    if (n <= 16) qp_for((rows + 15) / 16, 16 * n, softmax16_part, &t);
+    else qp_for(rows, n, softmax_part, &t);
 }

@@ -29,18 +29,34 @@ TGT AI int64_t row_sum(const void *x, int64_t start, int64_t inner, int wide) {
     return total;
 }
 
+/* The arguments of qp_mean / qp_mean_cl / qp_mul / qp_mul_cl, for their loops' parts. */
+typedef struct {
+    const void *x, *b;
+    int wx, wb, per_row, half_even, out_shift;
+    int64_t rows, inner, c, pix, img;
+    double m, d, lo, hi;
+    void *out;
+} rows_t;
+
+/* Rows 8 * g0 .. 8 * g1 of qp_mean. */
+TGT static void mean_part(void *p, int64_t g0, int64_t g1) {
+    const rows_t *t = p;
+    __m512d vm = _mm512_set1_pd(t->m), vd = _mm512_set1_pd(t->d);
+    __m512d vlo = _mm512_set1_pd(t->lo), vhi = _mm512_set1_pd(t->hi);
+    for (int64_t r0 = 8 * g0; r0 < t->rows && r0 < 8 * g1; r0 += 8) {
+        int n = t->rows - r0 < 8 ? (int)(t->rows - r0) : 8;
+        double s[8] = {0};
+        for (int k = 0; k < n; k++) s[k] = (double)row_sum(t->x, (r0 + k) * t->inner, t->inner, t->wx);
+        __m512d y = _mm512_div_pd(_mm512_mul_pd(_mm512_loadu_pd(s), vm), vd);
+        finish8(y, t->half_even, vlo, vhi, t->out, r0, t->out_shift, n);
+    }
+}
+
 TGT void qp_mean(const void *x, int64_t wide, int64_t rows, int64_t inner, double m, double d,
                  double lo, double hi, int64_t half_even, void *out, int64_t out_shift) {
-    __m512d vm = _mm512_set1_pd(m), vd = _mm512_set1_pd(d);
-    __m512d vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
-#pragma omp parallel for schedule(static) if (rows * inner >= PAR_MIN)
-    for (int64_t r0 = 0; r0 < rows; r0 += 8) {
-        int n = rows - r0 < 8 ? (int)(rows - r0) : 8;
-        double s[8] = {0};
-        for (int k = 0; k < n; k++) s[k] = (double)row_sum(x, (r0 + k) * inner, inner, (int)wide);
-        __m512d y = _mm512_div_pd(_mm512_mul_pd(_mm512_loadu_pd(s), vm), vd);
-        finish8(y, (int)half_even, vlo, vhi, out, r0, (int)out_shift, n);
-    }
+    rows_t t = {.x = x, .wx = (int)wide, .rows = rows, .inner = inner, .m = m, .d = d, .lo = lo,
+                .hi = hi, .half_even = (int)half_even, .out = out, .out_shift = (int)out_shift};
+    qp_for((rows + 7) / 8, 8 * inner, mean_part, &t);
 }
 
 /* Elements [i0, i1) of a row; b one value for the row (per_row) or elementwise. */
@@ -55,58 +71,83 @@ TGT AI void mul_span(const void *a, int wa, const void *b, int wb, int64_t i0, i
     }
 }
 
+/* Rows r0 .. r1 of qp_mul (m: the scale). */
+TGT static void mul_part(void *p, int64_t r0, int64_t r1) {
+    const rows_t *t = p;
+    __m512d vs = _mm512_set1_pd(t->m), vlo = _mm512_set1_pd(t->lo), vhi = _mm512_set1_pd(t->hi);
+    const void *a = t->x, *b = t->b;
+    for (int64_t r = r0; r < r1; r++) {
+        double bv = !t->per_row ? 0.0 : t->wb ? ((const int16_t *)b)[r] : ((const int8_t *)b)[r];
+        __m512d br = _mm512_set1_pd(bv * t->m); /* b * m * 2**-s: exact */
+        int64_t i0 = r * t->inner, i1 = i0 + t->inner;
+        if (!t->wx && !t->out_shift && t->per_row && t->half_even)
+            mul_span(a, 0, b, 0, i0, i1, 1, br, vs, 1, vlo, vhi, t->out, 0);
+        else
+            mul_span(a, t->wx, b, t->wb, i0, i1, t->per_row, br, vs, t->half_even, vlo, vhi,
+                     t->out, t->out_shift);
+    }
+}
+
 TGT void qp_mul(const void *a, int64_t wa, const void *b, int64_t wb, int64_t rows,
                 int64_t inner, int64_t per_row, double scale, double lo, double hi,
                 int64_t half_even, void *out, int64_t out_shift) {
-    __m512d vs = _mm512_set1_pd(scale), vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
-#pragma omp parallel for schedule(static) if (rows * inner >= PAR_MIN)
-    for (int64_t r = 0; r < rows; r++) {
-        double bv = !per_row ? 0.0 : wb ? ((const int16_t *)b)[r] : ((const int8_t *)b)[r];
-        __m512d br = _mm512_set1_pd(bv * scale); /* b * m * 2**-s: exact */
-        int64_t i0 = r * inner, i1 = i0 + inner;
-        if (!wa && !out_shift && per_row && half_even)
-            mul_span(a, 0, b, 0, i0, i1, 1, br, vs, 1, vlo, vhi, out, 0);
-        else
-            mul_span(a, (int)wa, b, (int)wb, i0, i1, (int)per_row, br, vs, (int)half_even, vlo,
-                     vhi, out, (int)out_shift);
-    }
+    rows_t t = {.x = a, .wx = (int)wa, .b = b, .wb = (int)wb, .rows = rows, .inner = inner,
+                .per_row = (int)per_row, .m = scale, .lo = lo, .hi = hi,
+                .half_even = (int)half_even, .out = out, .out_shift = (int)out_shift};
+    qp_for(rows, inner, mul_part, &t);
 }
 
 /* Channels-last forms: x[n, i, c] at n * img + i * pix + c (c contiguous), C channels.
  * mean: out[n, c] = the row formula over i; mul: out[n, i, c] (contiguous) = a[n, i, c] *
  * b[n, c] * scale. Sums stay exact in float64 (integers below 2**53). */
-TGT void qp_mean_cl(const void *x, int64_t wide, int64_t n, int64_t inner, int64_t c,
-                    int64_t pix, int64_t img, double m, double d, double lo, double hi,
-                    int64_t half_even, void *out, int64_t out_shift) {
-    __m512d vm = _mm512_set1_pd(m), vd = _mm512_set1_pd(d);
-    __m512d vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
-#pragma omp parallel for schedule(static) if (n * inner * c >= PAR_MIN)
-    for (int64_t r = 0; r < n; r++)
+TGT static void mean_cl_part(void *p, int64_t r0, int64_t r1) {
+    const rows_t *t = p;
+    __m512d vm = _mm512_set1_pd(t->m), vd = _mm512_set1_pd(t->d);
+    __m512d vlo = _mm512_set1_pd(t->lo), vhi = _mm512_set1_pd(t->hi);
+    int64_t c = t->c;
+    for (int64_t r = r0; r < r1; r++)
         for (int64_t c0 = 0; c0 < c; c0 += 8) {
             int k = c - c0 < 8 ? (int)(c - c0) : 8;
             __m512d sum = _mm512_setzero_pd();
-            for (int64_t i = 0; i < inner; i++)
-                sum = _mm512_add_pd(sum, load8(x, r * img + i * pix + c0, (int)wide, k));
+            for (int64_t i = 0; i < t->inner; i++)
+                sum = _mm512_add_pd(sum, load8(t->x, r * t->img + i * t->pix + c0, t->wx, k));
             __m512d y = _mm512_div_pd(_mm512_mul_pd(sum, vm), vd);
-            finish8(y, (int)half_even, vlo, vhi, out, r * c + c0, (int)out_shift, k);
+            finish8(y, t->half_even, vlo, vhi, t->out, r * c + c0, t->out_shift, k);
+        }
+}
+
+TGT void qp_mean_cl(const void *x, int64_t wide, int64_t n, int64_t inner, int64_t c,
+                    int64_t pix, int64_t img, double m, double d, double lo, double hi,
+                    int64_t half_even, void *out, int64_t out_shift) {
+    rows_t t = {.x = x, .wx = (int)wide, .inner = inner, .c = c, .pix = pix, .img = img, .m = m,
+                .d = d, .lo = lo, .hi = hi, .half_even = (int)half_even, .out = out,
+                .out_shift = (int)out_shift};
+    qp_for(n, inner * c, mean_cl_part, &t);
+}
+
+TGT static void mul_cl_part(void *p, int64_t r0, int64_t r1) {
+    const rows_t *t = p;
+    __m512d vs = _mm512_set1_pd(t->m), vlo = _mm512_set1_pd(t->lo), vhi = _mm512_set1_pd(t->hi);
+    int64_t c = t->c;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t c0 = 0; c0 < c; c0 += 8) {
+            int k = c - c0 < 8 ? (int)(c - c0) : 8;
+            __m512d br = _mm512_mul_pd(load8(t->b, r * c + c0, t->wb, k), vs);
+            for (int64_t i = 0; i < t->inner; i++) {
+                __m512d y = _mm512_mul_pd(load8(t->x, r * t->img + i * t->pix + c0, t->wx, k), br);
+                finish8(y, t->half_even, vlo, vhi, t->out, (r * t->inner + i) * c + c0,
+                        t->out_shift, k);
+            }
         }
 }
 
 TGT void qp_mul_cl(const void *a, int64_t wa, const void *b, int64_t wb, int64_t n,
                    int64_t inner, int64_t c, int64_t pix, int64_t img, double scale, double lo,
                    double hi, int64_t half_even, void *out, int64_t out_shift) {
-    __m512d vs = _mm512_set1_pd(scale), vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
-#pragma omp parallel for schedule(static) if (n * inner * c >= PAR_MIN)
-    for (int64_t r = 0; r < n; r++)
-        for (int64_t c0 = 0; c0 < c; c0 += 8) {
-            int k = c - c0 < 8 ? (int)(c - c0) : 8;
-            __m512d br = _mm512_mul_pd(load8(b, r * c + c0, (int)wb, k), vs);
-            for (int64_t i = 0; i < inner; i++) {
-                __m512d y = _mm512_mul_pd(load8(a, r * img + i * pix + c0, (int)wa, k), br);
-                finish8(y, (int)half_even, vlo, vhi, out, (r * inner + i) * c + c0,
-                        (int)out_shift, k);
-            }
-        }
+    rows_t t = {.x = a, .wx = (int)wa, .b = b, .wb = (int)wb, .inner = inner, .c = c,
+                .pix = pix, .img = img, .m = scale, .lo = lo, .hi = hi,
+                .half_even = (int)half_even, .out = out, .out_shift = (int)out_shift};
+    qp_for(n, inner * c, mul_cl_part, &t);
 }
 
 /* QAdd: y[r, c] = a[r, c] * sa[c] + b[(r * C + c) % period] * sb[c] (b repeats every
@@ -122,6 +163,7 @@ typedef struct {
     const void *sa, *sb;
     double lo, hi;
     void *out;
+    int64_t n, step;
 } add_t;
 
 /* Elements i0 .. i1 (multiples of the lanes L, or one whole row) of the flat range. */
@@ -154,19 +196,24 @@ TGT AI void add_ps(const add_t *t, int64_t i0, int64_t i1) {
     }
 }
 
+/* Blocks g0 .. g1 of the flat range. */
+TGT static void add_part(void *p, int64_t g0, int64_t g1) {
+    const add_t *t = p;
+    for (int64_t i0 = g0 * t->step; i0 < t->n && i0 < g1 * t->step; i0 += t->step) {
+        int64_t i1 = i0 + t->step < t->n ? i0 + t->step : t->n;
+        if (t->single) add_ps(t, i0, i1);
+        else add_pd(t, i0, i1);
+    }
+}
+
 TGT void qp_add(const void *a, int64_t ta, const void *b, int64_t tb, int64_t rows, int64_t c,
                 int64_t period, const void *sa, const void *sb, int64_t single, double lo,
                 double hi, int64_t half_even, void *out, int64_t out_shift) {
     add_t t = {a, b, (int)ta, (int)tb, (int)single, (int)half_even, (int)out_shift, c, period,
-               sa, sb, lo, hi, out};
-    int64_t lanes = single ? 16 : 8, n = rows * c;
-    int64_t step = c % lanes == 0 && period % lanes == 0 ? 4096 : c; /* a block: 4096 or a row */
-#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
-    for (int64_t i0 = 0; i0 < n; i0 += step) {
-        int64_t i1 = i0 + step < n ? i0 + step : n;
-        if (single) add_ps(&t, i0, i1);
-        else add_pd(&t, i0, i1);
-    }
+               sa, sb, lo, hi, out, rows * c, 0};
+    int64_t lanes = single ? 16 : 8;
+    t.step = c % lanes == 0 && period % lanes == 0 ? 4096 : c; /* a block: 4096 or a row */
+    qp_for((t.n + t.step - 1) / t.step, t.step, add_part, &t);
 }
 
 /* Table lookup: y[i] = values[clamp(x[i], qmin, qmax) - qmin], x of dtype code tx (int8,
@@ -185,19 +232,32 @@ TGT AI __m512i lut16(const void *x, int64_t i, int tx, __mmask16 m, __m512i lo, 
     return _mm512_srlv_epi32(word, _mm512_slli_epi32(_mm512_and_si512(byte, _mm512_set1_epi32(3)), 3));
 }
 
-TGT void qp_gather(const void *x, int64_t tx, int64_t n, int64_t qmin, int64_t qmax,
-                   const void *values, int64_t vshift, void *out) {
-    __m512i lo = _mm512_set1_epi32((int32_t)qmin), hi = _mm512_set1_epi32((int32_t)qmax);
-    const void *base = (const void *)((uintptr_t)values & ~(uintptr_t)3);
-    __m512i lead = _mm512_set1_epi32((int32_t)((uintptr_t)values & 3));
-#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
-    for (int64_t i0 = 0; i0 < n; i0 += 4096) {
-        int64_t i1 = i0 + 4096 < n ? i0 + 4096 : n;
+typedef struct {
+    const void *x, *values;
+    int tx, vshift;
+    int64_t n, qmin, qmax;
+    void *out;
+} gather_t;
+
+/* Blocks of 4096 elements g0 .. g1. */
+TGT static void gather_part(void *p, int64_t g0, int64_t g1) {
+    const gather_t *t = p;
+    __m512i lo = _mm512_set1_epi32((int32_t)t->qmin), hi = _mm512_set1_epi32((int32_t)t->qmax);
+    const void *base = (const void *)((uintptr_t)t->values & ~(uintptr_t)3);
+    __m512i lead = _mm512_set1_epi32((int32_t)((uintptr_t)t->values & 3));
+    for (int64_t i0 = g0 * 4096; i0 < t->n && i0 < g1 * 4096; i0 += 4096) {
+        int64_t i1 = i0 + 4096 < t->n ? i0 + 4096 : t->n;
         for (int64_t i = i0; i < i1; i += 16) {
             __mmask16 m = mask16(i1 - i);
-            store16(lut16(x, i, (int)tx, m, lo, hi, base, lead, (int)vshift), out, i, (int)vshift, m);
+            store16(lut16(t->x, i, t->tx, m, lo, hi, base, lead, t->vshift), t->out, i, t->vshift, m);
         }
     }
+}
+
+TGT void qp_gather(const void *x, int64_t tx, int64_t n, int64_t qmin, int64_t qmax,
+                   const void *values, int64_t vshift, void *out) {
+    gather_t t = {x, values, (int)tx, (int)vshift, n, qmin, qmax, out};
+    qp_for((n + 4095) / 4096, 4096, gather_part, &t);
 }
 
 /* QUANTIZE of float input: y = clamp(round(x / s), lo, hi) in x's float type (float32, or
@@ -255,36 +315,68 @@ TGT AI int quant_pd(const double *x, int64_t i0, int64_t i1, double s, int half_
     return bad != 0;
 }
 
+typedef struct {
+    const void *x;
+    const double *scale;
+    int f64, half_even, out_shift;
+    int64_t c, inner, per, len;
+    double lo, hi;
+    void *out;
+    _Atomic int bad;
+} quant_t;
+
+/* Tasks t0 .. t1: task t is part t % per of row t / per. */
+TGT static void quant_part(void *p, int64_t t0, int64_t t1) {
+    quant_t *q = p;
+    int bad = 0;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t r = t / q->per, k = r % q->c, s0 = t % q->per * q->len, inner = q->inner;
+        int64_t i0 = r * inner + s0, i1 = r * inner + (s0 + q->len < inner ? s0 + q->len : inner);
+        bad |= q->f64 ? quant_pd((const double *)q->x, i0, i1, q->scale[k], q->half_even, q->lo,
+                                 q->hi, q->out, q->out_shift)
+                      : quant_ps((const float *)q->x, i0, i1, (float)q->scale[k], q->half_even,
+                                 (float)q->lo, (float)q->hi, q->out, q->out_shift);
+    }
+    if (bad) atomic_store(&q->bad, 1);
+}
+
 TGT int qp_quantize(const void *x, int64_t f64, int64_t outer, int64_t c, int64_t inner,
                     const double *scale, int64_t half_even, double lo, double hi, void *out,
                     int64_t out_shift) {
-    int bad = 0;
     /* tasks of up to 8192 values of one channel: a batch-1 image splits across threads too */
     int64_t per = inner > 8192 ? (inner + 8191) / 8192 : 1, len = (inner + per - 1) / per;
-#pragma omp parallel for schedule(static) reduction(| : bad) if (outer * c * inner >= PAR_MIN)
-    for (int64_t t = 0; t < outer * c * per; t++) {
-        int64_t r = t / per, k = r % c, s0 = t % per * len;
-        int64_t i0 = r * inner + s0, i1 = r * inner + (s0 + len < inner ? s0 + len : inner);
-        bad |= f64 ? quant_pd((const double *)x, i0, i1, scale[k], (int)half_even, lo, hi, out,
-                              (int)out_shift)
-                   : quant_ps((const float *)x, i0, i1, (float)scale[k], (int)half_even,
-                              (float)lo, (float)hi, out, (int)out_shift);
-    }
-    return bad;
+    quant_t q = {x, scale, (int)f64, (int)half_even, (int)out_shift, c, inner, per, len, lo, hi,
+                 out, 0};
+    qp_for(outer * c * per, len, quant_part, &q);
+    return atomic_load(&q.bad);
 }
 
 /* DEQUANTIZE: y = float32(q) * s[c] in float32 (ONNX DequantizeLinear, as torch computes
  * it: both factors exact floats, one rounding), q int8 / int16 / int32 of shape
  * [outer, c, inner]. */
-TGT void qp_dequantize(const void *q, int64_t tq, int64_t outer, int64_t c, int64_t inner,
-                       const float *s, float *out) {
-#pragma omp parallel for schedule(static) if (outer * c * inner >= PAR_MIN)
-    for (int64_t r = 0; r < outer * c; r++) {
-        __m512 vs = _mm512_set1_ps(s[r % c]);
+typedef struct {
+    const void *q;
+    int tq;
+    int64_t c, inner;
+    const float *s;
+    float *out;
+} deq_t;
+
+TGT static void deq_part(void *p, int64_t r0, int64_t r1) {
+    const deq_t *t = p;
+    int64_t inner = t->inner;
+    for (int64_t r = r0; r < r1; r++) {
+        __m512 vs = _mm512_set1_ps(t->s[r % t->c]);
         for (int64_t i = 0; i < inner; i += 16) {
             __mmask16 m = mask16(inner - i);
-            __m512i v = load16(q, r * inner + i, (int)tq, m);
-            _mm512_mask_storeu_ps(out + r * inner + i, m, _mm512_mul_ps(_mm512_cvtepi32_ps(v), vs));
+            __m512i v = load16(t->q, r * inner + i, t->tq, m);
+            _mm512_mask_storeu_ps(t->out + r * inner + i, m, _mm512_mul_ps(_mm512_cvtepi32_ps(v), vs));
         }
     }
+}
+
+TGT void qp_dequantize(const void *q, int64_t tq, int64_t outer, int64_t c, int64_t inner,
+                       const float *s, float *out) {
+    deq_t t = {q, (int)tq, c, inner, s, out};
+    qp_for(outer * c, inner, deq_part, &t);
 }

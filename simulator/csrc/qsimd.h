@@ -1,7 +1,10 @@
 /* Shared AVX-512 helpers of the compiled kernels (qconv.c, qrows.c). */
 #ifndef QPARITY_QSIMD_H
 #define QPARITY_QSIMD_H
+#include <stdatomic.h>
 #include <stdint.h>
+
+#include "qpool.h"
 
 #ifdef QPARITY_SIMDE
 /* The AVX2 build (qavx2.h): the same kernels, the whole library compiled for AVX2 + FMA. */

@@ -47,7 +47,7 @@ HINT = (
 )
 SOURCES = tuple(Path(__file__).parents[1] / "csrc" / n
                 for n in ("qconv.c", "qdw.c", "qamx.c", "qrows.c", "qbmm.c", "qnorm.c", "qmove.c",
-                          "qplan.c"))  # fmt: skip
+                          "qplan.c", "qpool.c"))  # fmt: skip
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-fno-strict-aliasing")
 AVX2_FLAGS = ("-mavx2", "-mfma", "-DQPARITY_SIMDE", "-Wno-psabi")
 
@@ -74,6 +74,7 @@ SIGNATURES = {
     "qp_cpu_ok": ([], ctypes.c_int),
     "qp_amx_ok": ([], ctypes.c_int),
     "qp_threads": ([I64], ctypes.c_int),
+    "qp_pool_sizes": ([I64, I64], None),
     "qp_linear_amx": ([P, *[I64] * 4, P, I64, I64, P, P, P, I64, P, *[I64] * 4, P, I64],
                       ctypes.c_int),
     "qp_pad": ([P, *[I64] * 11, P], None),

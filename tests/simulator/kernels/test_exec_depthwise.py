@@ -13,7 +13,8 @@ from simulator.runtime import native
 from simulator.runtime.executor import Executor
 from tests.simulator.arith.test_kernels import rand_ints
 
-pytestmark = pytest.mark.skipif(native.library() is None, reason=f"kernels {native.status()}")
+pytestmark = [pytest.mark.skipif(native.library() is None, reason=f"kernels {native.status()}"),
+              pytest.mark.usefixtures("pool_threads")]  # conftest.py: 1 and 3 threads
 
 
 def _program(x, w, bias, mult, shift, attrs, plain: bool = False) -> Program:

@@ -19,7 +19,8 @@ from simulator.runtime import native
 from simulator.runtime.executor import Executor
 from tests.simulator.kernels.test_exec_conv import EMPTY, MODES, _nhwc_program
 
-pytestmark = pytest.mark.skipif(native.library() is None, reason=native.status())
+pytestmark = [pytest.mark.skipif(native.library() is None, reason=native.status()),
+              pytest.mark.usefixtures("pool_threads")]  # conftest.py: 1 and 3 threads
 
 
 def _native_plans(prog, feeds) -> tuple[np.ndarray, list]:

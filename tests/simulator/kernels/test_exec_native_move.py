@@ -16,7 +16,8 @@ from simulator.kernels import exec_native_move
 from simulator.runtime import native
 from tests.simulator.kernels.test_exec_native_rows import DTYPES, _ints
 
-pytestmark = pytest.mark.skipif(native.library() is None, reason=native.status())
+pytestmark = [pytest.mark.skipif(native.library() is None, reason=native.status()),
+              pytest.mark.usefixtures("pool_threads")]  # conftest.py: 1 and 3 threads
 
 
 @settings(max_examples=80, deadline=None)

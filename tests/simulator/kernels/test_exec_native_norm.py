@@ -14,7 +14,8 @@ from simulator.runtime import native
 from tests.simulator.arith.test_kernels import rand_ints
 from tests.simulator.kernels.test_exec_dense import MODES, _extreme_rows
 
-pytestmark = pytest.mark.skipif(native.library() is None, reason=native.status())
+pytestmark = [pytest.mark.skipif(native.library() is None, reason=native.status()),
+              pytest.mark.usefixtures("pool_threads")]  # conftest.py: 1 and 3 threads
 
 
 def _native(q: np.ndarray, t):

@@ -19,7 +19,8 @@ from simulator.program.isa import Op
 from simulator.runtime import native
 from tests.simulator.runtime.test_executor import MODES, check, req_consts
 
-pytestmark = pytest.mark.skipif(native.library() is None, reason=native.status())
+pytestmark = [pytest.mark.skipif(native.library() is None, reason=native.status()),
+              pytest.mark.usefixtures("pool_threads")]  # conftest.py: 1 and 3 threads
 DTYPES = (np.int8, np.int16)
 
 
@@ -238,6 +239,15 @@ def test_gather_equals_clamped_indexing(data, qmin, width, shape, seed):
     got = exec_native_rows.gather(torch.from_numpy(values), qmin, qmax, torch.from_numpy(q))
     assert got is not None and got.dtype == torch.from_numpy(values).dtype
     np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_gather_of_more_than_a_block():
+    """A lookup of several 4096-value blocks (the kernel's tasks) fills every block."""
+    rng = np.random.default_rng(7)
+    values = rng.integers(-128, 128, 256).astype(np.int8)
+    q = rng.integers(-300, 300, (3, 4101)).astype(np.int16)
+    got = exec_native_rows.gather(torch.from_numpy(values), -128, 127, torch.from_numpy(q))
+    np.testing.assert_array_equal(got.numpy(), values[np.clip(q, -128, 127) + 128])
 
 
 def _torch_quantize(x: torch.Tensor, s: torch.Tensor, axis, dtype: str, mode: str):

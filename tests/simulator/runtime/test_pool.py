@@ -1,0 +1,80 @@
+"""simulator/csrc/qpool.c, the compiled kernels' thread pool, through a kernel: calls from
+several threads at once, and a forked child, get whole and correct results. (Every kernel
+on 1 and 3 threads: tests/simulator/kernels/conftest.py.)"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from simulator.kernels import exec_native_rows
+from simulator.runtime import native, threads
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason=native.status())
+SCALE = torch.tensor([0.05], dtype=torch.float64)
+
+
+def _case(seed: int) -> tuple[torch.Tensor, np.ndarray]:
+    """A float input of 64 K values and its QUANTIZE by the formula (round half to even)."""
+    x = torch.from_numpy(np.random.default_rng(seed).normal(0, 3, (4, 16384)))
+    return x, np.clip(np.round(x.numpy() / 0.05), -128, 127).astype(np.int8)
+
+
+def _quantize(x: torch.Tensor, n_threads: int) -> np.ndarray:
+    with threads.kernel_threads(native.library(), n_threads):
+        return exec_native_rows.quantize(x, SCALE, None, "int8", "half_even").numpy()
+
+
+@pytest.fixture
+def small_chunks():
+    """Loops split into chunks of about 64 values, so every call uses the pool."""
+    native.library().qp_pool_sizes(1, 64)
+    yield
+    native.library().qp_pool_sizes(0, 0)
+
+
+def test_calls_from_several_threads_at_once_are_each_whole(small_chunks):
+    """One call holds the pool, the others run alone meanwhile: each gets its own result."""
+    cases = [_case(s) for s in range(4)]
+    bad = []
+
+    def work(i: int) -> None:
+        for _ in range(30):
+            x, want = cases[i]
+            if not np.array_equal(_quantize(x, 3), want):
+                bad.append(i)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not bad
+
+
+def _child(out) -> None:
+    x, want = _case(1)
+    got = _quantize(x, 2)
+    names = [Path(f"/proc/self/task/{t}/comm").read_text().strip()
+             for t in os.listdir("/proc/self/task")]  # fmt: skip
+    out.put((bool(np.array_equal(got, want)), names.count("qparity-pool")))
+
+
+def test_a_forked_child_starts_its_own_workers(small_chunks):
+    """fork copies the calling thread only: the child must not count on the parent's
+    workers (it would run every chunk alone) but start its own."""
+    x, want = _case(0)
+    assert np.array_equal(_quantize(x, 2), want)  # the parent's worker is started
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    p = ctx.Process(target=_child, args=(out,))
+    p.start()
+    equal, workers = out.get(timeout=60)
+    p.join(timeout=60)
+    assert equal and workers == 1
