@@ -1,11 +1,13 @@
 """How many threads the compiled kernels use for one run: the cores other processes leave.
 
-The kernels' OpenMP regions split their work statically across the threads and end in a
-barrier, so a region lasts as long as its slowest thread. When another process holds one
-of this host's 2 cores, the second thread gets a share of a busy core (or sleeps until the
-scheduler wakes it), and every region, one or more per instruction, waits for it: measured
-on ResNet-18 at 224, batch 8, while others used about one core: 316 ms a run on 2 threads
-against 44 ms on 1 (bench/README.md, "Under load"). A run therefore takes
+When the kernels' OpenMP regions split their work statically and ended in a barrier,
+another process on one of this host's 2 cores made every region wait for the thread on
+the busy core: ResNet-18 at 224, batch 8, 316 ms a run on 2 threads against 44 ms on 1
+(bench/README.md, "Under load"). Their thread pool (simulator/csrc/qpool.c) now waits
+only for chunks a worker has claimed, but a worker preempted inside a chunk still holds
+the caller until its next time slice: with a busy loop on one core, ResNet-18 at batch 1
+took 56.7 ms on 2 threads against 31.7 ms on 1 (bench/README.md, "A thread pool in place
+of OpenMP's barrier"). A run therefore takes
 :func:`run_threads` threads, from the CPU time other processes used over the last
 :data:`WINDOW` seconds (``/proc/stat`` busy time minus this process's own), and sets them
 only around its own calls (:func:`kernel_threads`), restoring torch's count after.
