@@ -1,5 +1,5 @@
 """REDUCE_MEAN, QMul, QAdd, REQUANT, batched QMatMul, the LUT gather, QUANTIZE and
-DEQUANTIZE through the compiled row kernels (simulator/csrc/qrows.c, qbmm.c).
+DEQUANTIZE through the compiled row kernels (simulator/csrc/qrows.c, qbmm.c, qquant.c).
 
 Each function returns None when its kernel does not apply (no compiled library, a layout
 or dtype it does not take, a bound not met); the caller then keeps its torch path. The

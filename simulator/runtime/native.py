@@ -47,7 +47,7 @@ HINT = (
 )
 SOURCES = tuple(Path(__file__).parents[1] / "csrc" / n
                 for n in ("qconv.c", "qdw.c", "qamx.c", "qrows.c", "qbmm.c", "qnorm.c", "qmove.c",
-                          "qplan.c", "qpool.c"))  # fmt: skip
+                          "qplan.c", "qpool.c", "qquant.c"))  # fmt: skip
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-fno-strict-aliasing")
 AVX2_FLAGS = ("-mavx2", "-mfma", "-DQPARITY_SIMDE", "-Wno-psabi")
 
