@@ -3,7 +3,9 @@ timed from an idle process."""
 
 from __future__ import annotations
 
-from bench.sim_probe import measure, settle
+import threading
+
+from bench.sim_probe import measure, runnable_threads, settle
 
 
 class _Sim:
@@ -33,31 +35,51 @@ def test_instructions_absent_from_most_rounds_get_their_median_as_zero():
 
 
 class _Clock:
-    """Fake clocks for settle: ``sleep`` advances the wall clock, and the process's CPU
-    time by a whole poll while ``spinning`` sleeps are left (another engine's threads)."""
+    """Fake clocks for settle: ``sleep`` advances the wall clock; another engine's thread
+    stays runnable for the first ``spinning`` sleeps."""
 
     def __init__(self, spinning: int):
-        self.now, self.used, self.spinning, self.sleeps = 0.0, 0.0, spinning, 0
+        self.now, self.spinning, self.sleeps = 0.0, spinning, 0
 
     def sleep(self, s: float) -> None:
         self.now, self.sleeps = self.now + s, self.sleeps + 1
-        if self.spinning:
-            self.used, self.spinning = self.used + s, self.spinning - 1
+        self.spinning = max(self.spinning - 1, 0)
 
     def kw(self) -> dict:
-        return {"cpu": lambda: self.used, "sleep": self.sleep, "clock": lambda: self.now}
+        return {"runnable": lambda: int(self.spinning > 0), "sleep": self.sleep,
+                "clock": lambda: self.now}  # fmt: skip
 
 
-def test_settle_waits_while_threads_spin_and_stops_at_the_first_idle_poll():
+def test_settle_waits_while_threads_spin_and_stops_once_none_runs():
     c = _Clock(spinning=3)
-    assert settle(limit=1.0, poll=0.0625, **c.kw()) == 0.25
-    assert c.sleeps == 4
+    assert settle(limit=1.0, poll=0.0625, **c.kw()) == 0.1875
+    assert c.sleeps == 3
 
 
 def test_settle_gives_up_at_its_limit():
     c = _Clock(spinning=10**6)
     assert settle(limit=0.5, poll=0.0625, **c.kw()) == 0.5  # powers of two: exact sums
     assert c.sleeps == 8
+
+
+def test_a_spinning_thread_is_runnable_and_a_waiting_one_is_not():
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        assert runnable_threads() >= 1
+    finally:
+        stop.set()
+        spinner.join()
+    waiter = threading.Thread(target=threading.Event().wait, args=(1.0,))
+    waiter.start()
+    assert settle(limit=0.5) < 0.5 and runnable_threads() == 0
+    waiter.join()
 
 
 def test_every_timed_call_follows_a_settle():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -78,3 +79,24 @@ def test_a_forked_child_starts_its_own_workers(small_chunks):
     equal, workers = out.get(timeout=60)
     p.join(timeout=60)
     assert equal and workers == 1
+
+
+def _workers() -> list[int]:
+    return [int(t) for t in os.listdir("/proc/self/task")
+            if Path(f"/proc/self/task/{t}/comm").read_text().strip() == "qparity-pool"]  # fmt: skip
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="steering needs 2 cores")
+def test_a_woken_worker_gets_back_the_core_it_was_kept_off(small_chunks):
+    """A job that wakes a sleeping worker keeps it off the caller's core for the wake-up
+    (qpool.c, steer_workers); awake, the worker may run anywhere again."""
+    x, want = _case(2)
+    allowed = os.sched_getaffinity(0)
+    assert np.array_equal(_quantize(x, 2), want)  # the worker exists
+    time.sleep(0.05)  # past its 5 ms spin: it sleeps, so the next job steers it
+    assert np.array_equal(_quantize(x, 2), want)
+    deadline = time.monotonic() + 5.0
+    while any(os.sched_getaffinity(t) != allowed for t in _workers()):
+        assert time.monotonic() < deadline, "a worker kept a narrowed core set"
+        assert np.array_equal(_quantize(x, 2), want)  # a job wakes it if it went back to sleep
+        time.sleep(0.001)
