@@ -207,12 +207,13 @@ AI void dw_pixel(const dw_t *d, const epi_t *e, int64_t x0, const wpair_t *wp, i
         }
     }
     for (int h = 0; h < 2 && (h == 0 || s >> 16); h++) {
-        __m256i ordered[2] = {_mm256_permute2x128_si256(lo[h], hi[h], 0x20),
-                              _mm256_permute2x128_si256(lo[h], hi[h], 0x31)};
-        __m512i acc;
-        memcpy(&acc, ordered, sizeof acc);
-        epilogue16(acc, e, o0 + 16 * h, 0, out + ((16 * h) << e->out_shift),
-                   (__mmask16)(m >> 16 * h), (__mmask16)(s >> 16 * h));
+        const int32_t *corr = e->corr + o0 + 16 * h;
+        __m256i a0 = _mm256_permute2x128_si256(lo[h], hi[h], 0x20);
+        __m256i a1 = _mm256_permute2x128_si256(lo[h], hi[h], 0x31);
+        epilogue16_halves(_mm256_add_epi32(a0, _mm256_loadu_si256((const __m256i *)corr)),
+                          _mm256_add_epi32(a1, _mm256_loadu_si256((const __m256i *)(corr + 8))),
+                          e, o0 + 16 * h, 0, out + ((16 * h) << e->out_shift),
+                          (__mmask16)(m >> 16 * h), (__mmask16)(s >> 16 * h));
     }
 }
 

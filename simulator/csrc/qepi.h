@@ -143,16 +143,21 @@ AI void load_b16(const char *b, int bshift, __mmask16 m, __m256i h[2]) {
     }
 }
 
-/* Lanes in m requantized, lanes in ms but not m 0, the rest not stored. The int32 values
- * lie in [lo, hi], inside the output dtype, so the saturating packs only narrow them. */
-TGT AI void epilogue16_corr(__m512i acc, const epi_t *e, int64_t o0, const char *b,
-                            void *out, __mmask16 m, __mmask16 ms) {
+/* epilogue16_corr of the two halves a0 (lanes 0-7) and a1 (8-15) of an acc that holds corr:
+ * the AVX2 kernels' entry. Lanes in m requantized, lanes in ms but not m 0, the rest not
+ * stored. The int32 values lie in [lo, hi], inside the output dtype, so the saturating
+ * packs only narrow them. A kernel that builds a (SIMDe) __m512i from two halves for
+ * epilogue16 has the compiler write it to the stack in pieces and read it back whole: a
+ * store-forwarding stall that was 14% of the AVX2 depthwise conv's time. */
+TGT AI void epilogue16_halves(__m256i a0, __m256i a1, const epi_t *e, int64_t o0, const char *b,
+                              void *out, __mmask16 m, __mmask16 ms) {
+    __m256i a[2] = {a0, a1}, bh[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, r[2];
     if (!e->scale) {
+        __m512i acc;
+        memcpy(&acc, a, sizeof acc);
         store_int32(acc, e, out, m, ms);
         return;
     }
-    __m256i a[2], bh[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, r[2];
-    memcpy(a, &acc, sizeof a);
     if (b) load_b16(b, e->bshift, m, bh);
     for (int h = 0; h < 2; h++) r[h] = half_requant(a[h], bh[h], e, o0 + 8 * h, b != 0);
     if (m != ms) { /* padding lanes: 0 */
@@ -171,6 +176,13 @@ TGT AI void epilogue16_corr(__m512i acc, const epi_t *e, int64_t o0, const char 
     __m128i v = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
     if (ms == 0xFFFF) _mm_storeu_si128((__m128i *)out, v);
     else _mm_mask_storeu_epi8(out, ms, v);
+}
+
+TGT AI void epilogue16_corr(__m512i acc, const epi_t *e, int64_t o0, const char *b,
+                            void *out, __mmask16 m, __mmask16 ms) {
+    __m256i a[2];
+    memcpy(a, &acc, sizeof a);
+    epilogue16_halves(a[0], a[1], e, o0, b, out, m, ms);
 }
 #else
 /* epilogue16 of an acc that already holds corr (qconv.c starts its sums from it). */
