@@ -140,7 +140,7 @@ def conv_anatomy(sim_exec, x, repeats: int = 3) -> dict[str, float] | None:
     ex, in_name = sim_exec
     parts: dict[str, float] = {}
     try:  # on the threads a run would take now (simulator.runtime.threads)
-        with threads.kernel_threads(native.untraced(), threads.run_threads()):
+        with threads.kernel_threads(native.untraced(), threads.kernel_count()):
             bufs = ex._load({in_name: x})
             ex._run(bufs)
             for ins in ex.program.instructions:
@@ -242,7 +242,7 @@ BUSY_LOOP = "import os\nos.sched_setaffinity(0, {%d})\nwhile True:\n    pass\n"
 def under_load(fns: dict, sim, rounds: int, core: int = 1) -> tuple[dict[str, float], float]:
     """Median seconds per engine while a busy loop holds core ``core`` (a child process,
     ended after), the simulator once per thread policy (``QPARITY_THREADS`` 2 and 1, fixed,
-    and auto: the cores left free, :mod:`simulator.runtime.threads`); and the cores other
+    and auto, :func:`simulator.runtime.threads.kernel_count`); and the cores other
     processes (the loop included) used meanwhile."""
     import subprocess
     import sys

@@ -284,7 +284,7 @@ def main() -> None:
                     help="seconds to wait for other processes to go idle before timing")  # fmt: skip
     ap.add_argument("--load", action="store_true",
                     help="also time each batch while a busy loop holds one core: the simulator "
-                    "on 2 threads, 1 thread and the free cores (auto), side by side")  # fmt: skip
+                    "on 2 threads, 1 thread and auto (QPARITY_THREADS unset), side by side")  # fmt: skip
     ap.add_argument("--store", default=None, help="run store (default: a temporary folder)")
     ap.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -106,7 +106,7 @@ class Executor:
         instruction. A large batch may run as chunks of samples (:mod:`simulator.runtime.split`),
         never with ``capture``. :attr:`last_path` then says which path ran.
         """
-        n = threads.run_threads()  # first: a bad QPARITY_THREADS is named before anything runs
+        n = threads.kernel_count()  # first: a bad QPARITY_THREADS is named before anything runs
         if not capture:
             outputs = self.split.run(inputs, n)
             if outputs is not None:

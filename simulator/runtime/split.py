@@ -2,16 +2,14 @@
 
 Why: at batch 8 a 224x224 model's activations (MobileNetV2's 112x112x96 int8 maps, 1.2 MB
 a sample) no longer fit in a core's 2 MB L2, so every instruction streams them from
-memory, and the kernels' two threads meet at a barrier after every instruction: the
+memory, and the kernels' two threads (then OpenMP's) met at a barrier after every instruction: the
 simulator ran *fewer* frames a second at batch 8 than at batch 1 (MobileNetV2 335 -> 201,
 ResNet-50 65.7 -> 51.0; bench/README.md, "Against onnxruntime's int8 path, third round").
 Run as chunks of one or two samples, each chunk's activations stay in cache, and each of
-:func:`simulator.runtime.threads.split_workers` threads (a core each) runs whole chunks
+:func:`simulator.runtime.threads.kernel_count` threads (a core each) runs whole chunks
 through its own executor's frozen plan on one OpenMP thread, taking the next chunk when
-done: no barrier per instruction (data parallel). Without barriers a worker on a core
-another process holds still adds its share, so the split keeps two workers where
-:func:`~simulator.runtime.threads.run_threads` would give a whole batch one thread;
-``QPARITY_THREADS=1`` runs the chunks in turn.
+done: nothing shared per instruction (data parallel). A worker on a core another process
+holds still adds its share; ``QPARITY_THREADS=1`` runs the chunks in turn.
 
 The integers cannot change where every instruction computes each sample from that sample
 alone, as the convolutions, requantizes and tables of a model with a free batch axis do
@@ -130,10 +128,10 @@ class BatchSplit:
 
     def _chunks(self, parts: list[dict], n_threads: int, workers: int = 0) -> dict:
         """Every chunk's outputs, concatenated in order: on ``workers`` (default
-        :func:`~simulator.runtime.threads.split_workers`, at most one a chunk) workers of one
+        :func:`~simulator.runtime.threads.kernel_count`, at most one a chunk) workers of one
         OpenMP thread each, every worker taking the next chunk; one worker runs them in
         turn on ``n_threads``."""
-        workers = workers or min(threads.split_workers(), len(parts))
+        workers = workers or min(threads.kernel_count(), len(parts))
         while len(self.twins) < workers - 1:
             self.twins.append(self.owner.twin())
         runs: list = [None] * len(parts)  # (outputs, executor's path, owner's timings)

@@ -1,19 +1,23 @@
-"""How many threads the compiled kernels use for one run: the cores other processes leave.
+"""How many threads a run uses: the compiled kernels every core, torch the cores others leave.
 
-When the kernels' OpenMP regions split their work statically and ended in a barrier,
-another process on one of this host's 2 cores made every region wait for the thread on
-the busy core: ResNet-18 at 224, batch 8, 316 ms a run on 2 threads against 44 ms on 1
-(bench/README.md, "Under load"). Their thread pool (simulator/csrc/qpool.c) now waits
-only for chunks a worker has claimed, but a worker preempted inside a chunk still holds
-the caller until its next time slice: with a busy loop on one core, ResNet-18 at batch 1
-took 56.7 ms on 2 threads against 31.7 ms on 1 (bench/README.md, "A thread pool in place
-of OpenMP's barrier"). A run therefore takes
-:func:`run_threads` threads, from the CPU time other processes used over the last
-:data:`WINDOW` seconds (``/proc/stat`` busy time minus this process's own), and sets them
-only around its own calls (:func:`kernel_threads`), restoring torch's count after.
+The compiled kernels' thread pool (simulator/csrc/qpool.c) waits only for chunks a worker
+has claimed and wakes its workers off the calling thread's core, so a worker on a core
+another process holds adds its share of that core and stalls nothing: with a busy loop on
+one of 2 cores, ResNet-18 at 224, batch 1, took 27.2 ms a run on 2 threads against 30.9
+ms on 1, digits at batch 256 2.6 ms against 4.1 (bench/README.md, "Timing after a real
+settle"). A run's kernels therefore take :func:`kernel_count` threads, every core this
+process may run on, and set them only around its own calls (:func:`kernel_threads`),
+restoring torch's count after.
 
-``QPARITY_THREADS=<n>`` fixes the count (tests, bench comparisons); unset or ``auto``,
-it follows the free cores.
+torch's own OpenMP regions still end in a barrier that waits for the thread on a busy
+core (ResNet-18 at 224, batch 8, when the kernels used OpenMP the same way: 316 ms a run
+on 2 threads against 44 ms on 1; bench/README.md, "Under load"). Float evaluation in
+torch (stages/evaluate.py) takes :func:`run_threads`, from the CPU time other processes
+used over the last :data:`WINDOW` seconds (``/proc/stat`` busy time minus this process's
+own).
+
+``QPARITY_THREADS=<n>`` fixes both counts (tests, bench comparisons); unset or ``auto``,
+they follow the cores.
 """
 
 from __future__ import annotations
@@ -90,8 +94,8 @@ _MACHINE = os.cpu_count()  # once: each call reads sysfs (about 6 us)
 
 
 def run_threads(cores: FreeCores | None = None) -> int:
-    """Threads for the next run: ``$QPARITY_THREADS`` when set to a number, else one per
-    core the other processes leave free (:func:`threads_for`)."""
+    """Threads for torch's float evaluation: ``$QPARITY_THREADS`` when set to a number, else
+    one per core the other processes leave free (:func:`threads_for`)."""
     env = os.environ.get("QPARITY_THREADS", "auto")
     allowed = len(os.sched_getaffinity(0))
     if env != "auto":
@@ -103,13 +107,10 @@ def run_threads(cores: FreeCores | None = None) -> int:
     return threads_for(busy, allowed, _MACHINE or allowed)
 
 
-def split_workers() -> int:
-    """Workers for a batch split (:mod:`simulator.runtime.split`): ``$QPARITY_THREADS``
-    when set to a number, else every core this process may run on. Each worker runs whole
-    chunks on one OpenMP thread and none waits for another between chunks, so the reason
-    for :func:`run_threads`' count (a barrier per region) does not hold: a worker on a
-    busy core still adds its share of that core. ResNet-50 at batch 8 with a busy loop on
-    one core: 289 ms on two workers, 335 ms on one (bench/README.md, fourth round)."""
+def kernel_count() -> int:
+    """Threads for a run's compiled kernels, and workers for its batch split
+    (:mod:`simulator.runtime.split`): ``$QPARITY_THREADS`` when set to a number, else
+    every core this process may run on (module docstring)."""
     env = os.environ.get("QPARITY_THREADS", "auto")
     return run_threads() if env != "auto" else len(os.sched_getaffinity(0))
 
