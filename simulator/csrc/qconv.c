@@ -195,8 +195,7 @@ AI void window2(const uint8_t *x0, const uint8_t *x1, const int8_t *wb, const co
 AI void window_ub(const uint8_t *const *px, int NPX, const int8_t *wb, const conv_t *c,
                   int FLIP, __m256i s[4][2]) {
     int64_t kstep = c->ob * 64, rstep = c->dh * c->wp * c->pix, cstep = c->dw * c->pix;
-    const __m256i ones = _mm256_set1_epi16(1);
-    const int32_t unflip = FLIP ? 0 : (int32_t)0x80808080; /* stored xu = x ^ 0x80, or raw x */
+    const __m256i ones = _mm256_set1_epi16(1), unflip = _mm256_set1_epi8((char)0x80);
     __m256i a[4][2];
     for (int p = 0; p < 4; p++) a[p][0] = a[p][1] = _mm256_setzero_si256();
     for (int64_t i = 0; i < c->kh; i++)
@@ -207,10 +206,9 @@ AI void window_ub(const uint8_t *const *px, int NPX, const int8_t *wb, const con
                 const int8_t *w = wj + k * kstep;
                 __m256i w0 = _mm256_loadu_si256((const __m256i *)w);
                 __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + 32));
-                for (int p = 0; p < NPX; p++) {
-                    int32_t four;
-                    memcpy(&four, px[p] + off + 4 * k, 4);
-                    __m256i bx = _mm256_set1_epi32(four ^ unflip);
+                for (int p = 0; p < NPX; p++) { /* stored xu = x ^ 0x80, or raw x (FLIP) */
+                    __m256i bx = bcast_i32(px[p] + off + 4 * k); /* from memory: a load */
+                    if (!FLIP) bx = _mm256_xor_si256(bx, unflip);
                     a[p][0] = _mm256_add_epi32(a[p][0], _mm256_madd_epi16(_mm256_maddubs_epi16(bx, w0), ones));
                     a[p][1] = _mm256_add_epi32(a[p][1], _mm256_madd_epi16(_mm256_maddubs_epi16(bx, w1), ones));
                 }
