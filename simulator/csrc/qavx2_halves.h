@@ -7,14 +7,7 @@
 
 /* ---- masked gathers: AVX2's own, a half at a time; lanes outside k keep src and their
  * index is never dereferenced (as VPGATHER guarantees) ---- */
-QA __m256i qa_lanes32(unsigned k) { /* bit i of k as lane i all ones */
-    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-    return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)(k & 0xFF)), bit), bit);
-}
-QA __m256i qa_lanes64(unsigned k) {
-    const __m256i bit = _mm256_setr_epi64x(1, 2, 4, 8);
-    return _mm256_cmpeq_epi64(_mm256_and_si256(_mm256_set1_epi64x(k & 0xF), bit), bit);
-}
+/* (qa_lanes32 / qa_lanes64, the masks as lanes: qavx2.h) */
 /* VPGATHER takes its scale as an immediate: one call per scale. */
 #define QA_SCALED(call, scale)                          \
     switch (scale) {                                    \
