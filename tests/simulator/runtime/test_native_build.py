@@ -72,6 +72,18 @@ def test_the_avx2_build_needs_simdes_headers(monkeypatch):
     assert os.path.exists(os.path.join(include, "simde", "x86", "avx512.h"))
 
 
+@pytest.mark.parametrize(("version", "gcc"), [
+    ("cc (Debian 12.2.0-14) 12.2.0\nCopyright (C) 2022 Free Software Foundation, Inc.", True),
+    ("Debian clang version 14.0.6\nTarget: x86_64-pc-linux-gnu", False),
+])  # fmt: skip
+def test_gcc_only_flags_go_to_gcc_alone(monkeypatch, version, gcc):
+    """-mtune-ctrl is GCC's: clang would reject the flag and the whole build with it."""
+    monkeypatch.setattr(native, "_version", lambda cc: version)
+    flags = native._flags(native.BUILDS[1], "/usr/bin/cc")
+    assert all((f in flags) == gcc for f in native.AVX2_GCC_FLAGS)
+    assert "-mavx2" in flags
+
+
 @pytest.mark.parametrize("variant", native.BUILDS, ids=lambda b: b.name)
 def test_every_source_compiles_as_every_build(variant, tmp_path):
     """The real compiler checks each source as each build (syntax and types, -fsyntax-only:
