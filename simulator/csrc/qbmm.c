@@ -31,7 +31,7 @@ TGT AI void bmm_rows(const void *a, int TA, int64_t r0, int64_t r1, int64_t r2, 
 }
 
 /* The arguments of qp_bmm, qp_bmm_strided and qp_bmm_pairs, for their loops' parts
- * (BMM_ARGS unpacks them under their own names; qp_bmm's batch is nb1 * nb2 = batch * 1). */
+ * (each part function reads a copy of it; qp_bmm's batch is nb1 * nb2 = batch * 1). */
 typedef struct {
     const void *a, *b;
     int64_t ta, tb;
@@ -40,45 +40,50 @@ typedef struct {
     double scale, lo, hi;
     void *out;
 } bmm_t;
-#define BMM_ARGS(t)                                                                          \
-    const void *a = (t)->a, *b = (t)->b;                                                     \
-    const int64_t *sa = (t)->sa, *sb = (t)->sb;                                              \
-    int64_t ta = (t)->ta, tb = (t)->tb, nb2 = (t)->nb2, rows = (t)->rows;                    \
-    int64_t inner = (t)->inner, cols = (t)->cols, half_even = (t)->half_even;                \
-    int64_t out_shift = (t)->out_shift;                                                      \
-    double scale = (t)->scale, lo = (t)->lo, hi = (t)->hi;                                   \
-    void *out = (t)->out
+
+/* Where batch g = (g / nb2, g % nb2) starts in an operand of strides s (elements). */
+static inline int64_t batch_at(const bmm_t *t, const int64_t *s, int64_t g) {
+    return g / t->nb2 * s[0] + g % t->nb2 * s[1];
+}
 
 /* QMatMul, batched: y[g, i, j] = sum_k a[g, i, k] * b[g, k, j] * scale, float64 sums of
  * exact products (the caller proves max|a| max|b| K |m| < the float64 limit). Each batch's
  * a and b are widened to float64 once when they fit the stack buffers (else on the fly). */
 #define BMM_BUF 4096
 TGT static void bmm_part(void *p, int64_t g0, int64_t g1) {
-    BMM_ARGS((const bmm_t *)p);
-    int64_t cp = (cols + 7) / 8 * 8;
-    int widen = cp * inner <= BMM_BUF && rows * inner <= BMM_BUF;
+    const bmm_t t = *(const bmm_t *)p; /* a copy: the stores through out cannot alias it */
+    int64_t cp = (t.cols + 7) / 8 * 8;
+    int widen = cp * t.inner <= BMM_BUF && t.rows * t.inner <= BMM_BUF;
     for (int64_t g = g0; g < g1; g++) {
-        __m512d vs = _mm512_set1_pd(scale), vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
+        __m512d vs = _mm512_set1_pd(t.scale), vlo = _mm512_set1_pd(t.lo), vhi = _mm512_set1_pd(t.hi);
         double buf[BMM_BUF], abuf[BMM_BUF];
         const double *wb = widen ? buf : 0;
-        for (int64_t k = 0; widen && k < inner; k++)
-            for (int64_t j0 = 0; j0 < cols; j0 += 8)
-                _mm512_storeu_pd(buf + k * cp + j0, load8(b, (g * inner + k) * cols + j0, (int)tb,
-                                                          cols - j0 < 8 ? (int)(cols - j0) : 8));
-        for (int64_t i = 0; widen && i < rows * inner; i++) abuf[i] = lda(a, g * rows * inner + i, (int)ta);
-        int64_t abase = widen ? g * rows * inner : 0; /* a's rows, as indexed below */
-        for (int64_t i0 = 0; i0 < rows; i0 += 4)
-            for (int64_t j0 = 0; j0 < cols; j0 += 8) {
-                int n = cols - j0 < 8 ? (int)(cols - j0) : 8, nr = rows - i0 < 4 ? (int)(rows - i0) : 4;
+        for (int64_t k = 0; widen && k < t.inner; k++)
+            for (int64_t j0 = 0; j0 < t.cols; j0 += 8)
+                _mm512_storeu_pd(buf + k * cp + j0, load8(t.b, (g * t.inner + k) * t.cols + j0, (int)t.tb,
+                                                          t.cols - j0 < 8 ? (int)(t.cols - j0) : 8));
+        for (int64_t i = 0; widen && i < t.rows * t.inner; i++)
+            abuf[i] = lda(t.a, g * t.rows * t.inner + i, (int)t.ta);
+        int64_t abase = widen ? g * t.rows * t.inner : 0; /* a's rows, as indexed below */
+        for (int64_t i0 = 0; i0 < t.rows; i0 += 4)
+            for (int64_t j0 = 0; j0 < t.cols; j0 += 8) {
+                int n = t.cols - j0 < 8 ? (int)(t.cols - j0) : 8, nr = t.rows - i0 < 4 ? (int)(t.rows - i0) : 4;
                 int64_t r[4];
-                for (int q = 0; q < 4; q++) r[q] = (g * rows + i0 + (q < nr ? q : 0)) * inner - abase;
+                for (int q = 0; q < 4; q++) r[q] = (g * t.rows + i0 + (q < nr ? q : 0)) * t.inner - abase;
                 __m512d acc[4];
-                if (widen) bmm_rows(abuf, 2, r[0], r[1], r[2], r[3], wb, cp, b, (int)tb, g * inner * cols, cols, inner, j0, n, acc);
-                else if (ta) bmm_rows(a, 1, r[0], r[1], r[2], r[3], wb, cp, b, (int)tb, g * inner * cols, cols, inner, j0, n, acc);
-                else bmm_rows(a, 0, r[0], r[1], r[2], r[3], wb, cp, b, (int)tb, g * inner * cols, cols, inner, j0, n, acc);
+                int64_t ob = g * t.inner * t.cols; /* b's batch */
+                if (widen)
+                    bmm_rows(abuf, 2, r[0], r[1], r[2], r[3], wb, cp, t.b, (int)t.tb, ob, t.cols,
+                             t.inner, j0, n, acc);
+                else if (t.ta)
+                    bmm_rows(t.a, 1, r[0], r[1], r[2], r[3], wb, cp, t.b, (int)t.tb, ob, t.cols,
+                             t.inner, j0, n, acc);
+                else
+                    bmm_rows(t.a, 0, r[0], r[1], r[2], r[3], wb, cp, t.b, (int)t.tb, ob, t.cols,
+                             t.inner, j0, n, acc);
                 for (int q = 0; q < nr; q++)
-                    finish8(_mm512_mul_pd(acc[q], vs), (int)half_even, vlo, vhi, out,
-                            (g * rows + i0 + q) * cols + j0, (int)out_shift, n);
+                    finish8(_mm512_mul_pd(acc[q], vs), (int)t.half_even, vlo, vhi, t.out,
+                            (g * t.rows + i0 + q) * t.cols + j0, (int)t.out_shift, n);
             }
     }
 }
@@ -96,28 +101,29 @@ TGT void qp_bmm(const void *a, int64_t ta, const void *b, int64_t tb, int64_t ba
  * the float64 buffers (the caller checks that rows * inner and cp * inner fit BMM_BUF), then the same products and
  * epilogue as qp_bmm; out is contiguous [nb1, nb2, rows, cols]. */
 TGT static void bmm_strided_part(void *p, int64_t g0, int64_t g1) {
-    BMM_ARGS((const bmm_t *)p);
-    int64_t cp = (cols + 7) / 8 * 8;
+    const bmm_t t = *(const bmm_t *)p; /* a copy: the stores through out cannot alias it */
+    int64_t cp = (t.cols + 7) / 8 * 8;
     for (int64_t g = g0; g < g1; g++) {
-        __m512d vs = _mm512_set1_pd(scale), vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
+        __m512d vs = _mm512_set1_pd(t.scale), vlo = _mm512_set1_pd(t.lo), vhi = _mm512_set1_pd(t.hi);
         double buf[BMM_BUF], abuf[BMM_BUF];
-        int64_t oa = g / nb2 * sa[0] + g % nb2 * sa[1], ob = g / nb2 * sb[0] + g % nb2 * sb[1];
-        for (int64_t k = 0; k < inner; k++)
+        int64_t oa = batch_at(&t, t.sa, g), ob = batch_at(&t, t.sb, g);
+        for (int64_t k = 0; k < t.inner; k++)
             for (int64_t j = 0; j < cp; j++)
-                buf[k * cp + j] = j < cols ? lda(b, ob + k * sb[2] + j * sb[3], (int)tb) : 0;
-        for (int64_t i = 0; i < rows; i++)
-            for (int64_t k = 0; k < inner; k++)
-                abuf[i * inner + k] = lda(a, oa + i * sa[2] + k * sa[3], (int)ta);
-        for (int64_t i0 = 0; i0 < rows; i0 += 4)
-            for (int64_t j0 = 0; j0 < cols; j0 += 8) {
-                int n = cols - j0 < 8 ? (int)(cols - j0) : 8, nr = rows - i0 < 4 ? (int)(rows - i0) : 4;
+                buf[k * cp + j] = j < t.cols ? lda(t.b, ob + k * t.sb[2] + j * t.sb[3], (int)t.tb) : 0;
+        for (int64_t i = 0; i < t.rows; i++)
+            for (int64_t k = 0; k < t.inner; k++)
+                abuf[i * t.inner + k] = lda(t.a, oa + i * t.sa[2] + k * t.sa[3], (int)t.ta);
+        for (int64_t i0 = 0; i0 < t.rows; i0 += 4)
+            for (int64_t j0 = 0; j0 < t.cols; j0 += 8) {
+                int n = t.cols - j0 < 8 ? (int)(t.cols - j0) : 8, nr = t.rows - i0 < 4 ? (int)(t.rows - i0) : 4;
                 int64_t r[4];
-                for (int q = 0; q < 4; q++) r[q] = (i0 + (q < nr ? q : 0)) * inner;
+                for (int q = 0; q < 4; q++) r[q] = (i0 + (q < nr ? q : 0)) * t.inner;
                 __m512d acc[4];
-                bmm_rows(abuf, 2, r[0], r[1], r[2], r[3], buf, cp, b, (int)tb, 0, cols, inner, j0, n, acc);
+                bmm_rows(abuf, 2, r[0], r[1], r[2], r[3], buf, cp, t.b, (int)t.tb, 0, t.cols, t.inner,
+                         j0, n, acc);
                 for (int q = 0; q < nr; q++)
-                    finish8(_mm512_mul_pd(acc[q], vs), (int)half_even, vlo, vhi, out,
-                            (g * rows + i0 + q) * cols + j0, (int)out_shift, n);
+                    finish8(_mm512_mul_pd(acc[q], vs), (int)t.half_even, vlo, vhi, t.out,
+                            (g * t.rows + i0 + q) * t.cols + j0, (int)t.out_shift, n);
             }
     }
 }
@@ -173,19 +179,20 @@ TGT AI void pack_pairs(const char *b, int tb, int64_t sk, int64_t sj, int64_t in
  * exact sums. Operands as qp_bmm_strided, with a's k contiguous (sa[3] == 1), b's j or k
  * contiguous, inner <= 32, cols <= 16. Four rows per pass (independent chains). */
 TGT static void bmm_pairs_part(void *p, int64_t g0, int64_t g1) {
-    BMM_ARGS((const bmm_t *)p);
-    int64_t kp = (inner + 1) / 2, ea = ta ? 2 : 1, eb = tb ? 2 : 1;
+    const bmm_t t = *(const bmm_t *)p; /* a copy: the stores through out cannot alias it */
+    int64_t kp = (t.inner + 1) / 2, ea = t.ta ? 2 : 1, eb = t.tb ? 2 : 1;
     for (int64_t g = g0; g < g1; g++) {
-        __m512d vs = _mm512_set1_pd(scale), vlo = _mm512_set1_pd(lo), vhi = _mm512_set1_pd(hi);
+        __m512d vs = _mm512_set1_pd(t.scale), vlo = _mm512_set1_pd(t.lo), vhi = _mm512_set1_pd(t.hi);
         int32_t bp[16 * 16], ar[4][16];
-        int64_t oa = g / nb2 * sa[0] + g % nb2 * sa[1], ob = g / nb2 * sb[0] + g % nb2 * sb[1];
-        pack_pairs((const char *)b + ob * eb, (int)tb, sb[2], sb[3], inner, cols, bp);
-        for (int64_t i0 = 0; i0 < rows; i0 += 4) {
-            int nr = rows - i0 < 4 ? (int)(rows - i0) : 4;
+        int64_t oa = batch_at(&t, t.sa, g), ob = batch_at(&t, t.sb, g);
+        pack_pairs((const char *)t.b + ob * eb, (int)t.tb, t.sb[2], t.sb[3], t.inner, t.cols, bp);
+        for (int64_t i0 = 0; i0 < t.rows; i0 += 4) {
+            int nr = t.rows - i0 < 4 ? (int)(t.rows - i0) : 4;
             __m512i acc[4];
             for (int q = 0; q < 4; q++) {
                 int64_t i = i0 + (q < nr ? q : 0);
-                _mm512_storeu_si512(ar[q], row16((const char *)a + (oa + i * sa[2]) * ea, (int)ta, inner));
+                const char *row = (const char *)t.a + (oa + i * t.sa[2]) * ea;
+                _mm512_storeu_si512(ar[q], row16(row, (int)t.ta, t.inner));
                 acc[q] = _mm512_setzero_si512();
             }
             for (int64_t m = 0; m < kp; m++) {
@@ -194,11 +201,11 @@ TGT static void bmm_pairs_part(void *p, int64_t g0, int64_t g1) {
                     acc[q] = _mm512_dpwssd_epi32(acc[q], _mm512_set1_epi32(ar[q][m]), bv);
             }
             for (int q = 0; q < nr; q++)
-                for (int64_t j0 = 0; j0 < cols; j0 += 8) {
+                for (int64_t j0 = 0; j0 < t.cols; j0 += 8) {
                     __m256i h = j0 ? _mm512_extracti64x4_epi64(acc[q], 1) : _mm512_castsi512_si256(acc[q]);
-                    finish8(_mm512_mul_pd(_mm512_cvtepi32_pd(h), vs), (int)half_even, vlo, vhi, out,
-                            (g * rows + i0 + q) * cols + j0, (int)out_shift,
-                            cols - j0 < 8 ? (int)(cols - j0) : 8);
+                    finish8(_mm512_mul_pd(_mm512_cvtepi32_pd(h), vs), (int)t.half_even, vlo, vhi, t.out,
+                            (g * t.rows + i0 + q) * t.cols + j0, (int)t.out_shift,
+                            t.cols - j0 < 8 ? (int)(t.cols - j0) : 8);
                 }
         }
     }
