@@ -64,6 +64,24 @@ static inline void tap_range(int64_t o, int64_t s, int64_t p, int64_t dil, int64
     *t0 = a, *t1 = b;
 }
 
+/* Where output row (ni, y), channel block b, starts: its channels o0.., its kernel rows
+ * i0..i1-1 inside the input, the real (m) and stored (s) lanes, the offset in x of its
+ * first pixel's tap (0, 0) (as taps' x0 before the column), and its first output byte. */
+typedef struct {
+    int64_t o0, i0, i1, xrow;
+    __mmask32 m, s;
+    char *out;
+} dw_pos_t;
+
+TGT AI dw_pos_t row_at(const dw_t *d, const epi_t *e, int64_t ni, int64_t y, int64_t b) {
+    dw_pos_t p = {.o0 = b * 32};
+    tap_range(y, d->sh, d->pt, d->dh, d->kh, d->h, &p.i0, &p.i1);
+    p.m = mask32(d->c - p.o0), p.s = mask32(d->ostride - p.o0);
+    p.xrow = (ni * d->h + y * d->sh - d->pt) * d->w * d->cx + p.o0;
+    p.out = d->out + ((((ni * d->oh + y) * d->ow) * d->ostride + p.o0) << e->out_shift);
+    return p;
+}
+
 /* One pixel's even and odd sums (started from corr's even and odd lanes) interleaved into
  * channel order, then the epilogue of each 16-channel half (m: real channels, s: stored). */
 TGT AI void dw_store(const epi_t *e, __m512i ae, __m512i ao, int64_t o0, char *out, __mmask32 m,
@@ -119,12 +137,11 @@ TGT static void dw_run3(const dw_t *dp, const epi_t *ep, int64_t x0, const int16
 TGT static void dw_row(const dw_t *dp, const epi_t *ep, int64_t ni, int64_t y, int64_t b) {
     const dw_t dl = *dp, *d = &dl; /* copies, as in dw_run3 */
     const epi_t el = *ep, *e = &el;
-    int64_t o0 = b * 32, i0, i1;
-    tap_range(y, d->sh, d->pt, d->dh, d->kh, d->h, &i0, &i1);
-    __mmask32 m = mask32(d->c - o0), s = mask32(d->ostride - o0);
-    int64_t xrow = (ni * d->h + y * d->sh - d->pt) * d->w * d->cx + o0;
+    const dw_pos_t p = row_at(d, e, ni, y, b);
+    int64_t o0 = p.o0, i0 = p.i0, i1 = p.i1, xrow = p.xrow;
+    __mmask32 m = p.m, s = p.s;
     const int16_t *wb = d->wk + b * 64;
-    char *out = d->out + ((((ni * d->oh + y) * d->ow) * d->ostride + o0) << e->out_shift);
+    char *out = p.out;
     int64_t xa = d->ow, xb = d->ow; /* the run of whole windows, if any */
     __m512i ce, co;
     corr_pairs(e, o0, &ce, &co);
@@ -222,17 +239,13 @@ static void dw_row_avx2(const dw_t *dp, const epi_t *ep, int64_t ni, int64_t y, 
     const dw_t dl = *dp, *d = &dl; /* copies, as in dw_run3 */
     const epi_t el = *ep, *e = &el;
     wpair_t wp[DW_PAIRS];
-    int64_t o0 = b * 32, i0, i1;
+    const dw_pos_t p = row_at(d, e, ni, y, b);
     dw_pairs(d, d->wk + b * 64, wp);
-    tap_range(y, d->sh, d->pt, d->dh, d->kh, d->h, &i0, &i1);
-    __mmask32 m = mask32(d->c - o0), s = mask32(d->ostride - o0);
-    int64_t xrow = (ni * d->h + y * d->sh - d->pt) * d->w * d->cx + o0;
-    char *out = d->out + ((((ni * d->oh + y) * d->ow) * d->ostride + o0) << e->out_shift);
     for (int64_t xo = 0; xo < d->ow; xo++) {
         int64_t j0, j1;
         tap_range(xo, d->sw, d->pl, d->dw, d->kw, d->w, &j0, &j1);
-        dw_pixel(d, e, xrow + (xo * d->sw - d->pl) * d->cx, wp, o0,
-                 out + ((xo * d->ostride) << e->out_shift), m, s, i0, i1, j0, j1);
+        dw_pixel(d, e, p.xrow + (xo * d->sw - d->pl) * d->cx, wp, p.o0,
+                 p.out + ((xo * d->ostride) << e->out_shift), p.m, p.s, p.i0, p.i1, j0, j1);
     }
 }
 #endif
