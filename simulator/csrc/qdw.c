@@ -82,6 +82,14 @@ TGT AI dw_pos_t row_at(const dw_t *d, const epi_t *e, int64_t ni, int64_t y, int
     return p;
 }
 
+/* The output columns xa .. xb-1 whose 3 x 3 windows lie wholly inside the input's width. */
+static inline void whole_windows3(const dw_t *d, int64_t *xa, int64_t *xb) {
+    int64_t a = (d->pl + d->sw - 1) / d->sw;
+    int64_t last = d->w - 1 - 2 * d->dw + d->pl; /* xo * sw <= last */
+    int64_t b = last < 0 ? 0 : last / d->sw + 1;
+    *xa = a < d->ow ? a : d->ow, *xb = b < *xa ? *xa : b < d->ow ? b : d->ow;
+}
+
 /* One pixel's even and odd sums (started from corr's even and odd lanes) interleaved into
  * channel order, then the epilogue of each 16-channel half (m: real channels, s: stored). */
 TGT AI void dw_store(const epi_t *e, __m512i ae, __m512i ao, int64_t o0, char *out, __mmask32 m,
@@ -145,12 +153,7 @@ TGT static void dw_row(const dw_t *dp, const epi_t *ep, int64_t ni, int64_t y, i
     int64_t xa = d->ow, xb = d->ow; /* the run of whole windows, if any */
     __m512i ce, co;
     corr_pairs(e, o0, &ce, &co);
-    if (i0 == 0 && i1 == d->kh && d->kh == 3 && d->kw == 3) {
-        xa = (d->pl + d->sw - 1) / d->sw;
-        int64_t last = d->w - 1 - 2 * d->dw + d->pl; /* xo * sw <= last */
-        xb = last < 0 ? 0 : last / d->sw + 1;
-        xa = xa < d->ow ? xa : d->ow, xb = xb < xa ? xa : xb < d->ow ? xb : d->ow;
-    }
+    if (i0 == 0 && i1 == d->kh && d->kh == 3 && d->kw == 3) whole_windows3(d, &xa, &xb);
     for (int64_t xo = 0; xo < d->ow; xo++) {
         if (xo == xa && xb > xa) {
             dw_run3(d, e, xrow + (xo * d->sw - d->pl) * d->cx, wb, o0,
@@ -201,9 +204,9 @@ static void dw_pairs(const dw_t *d, const int16_t *wb, wpair_t *wp) {
 /* Tap t of the pixel whose tap (0, 0) is at x0: its 32 channels (m), or 0 outside rows
  * i0..i1-1 / columns j0..j1-1 of the kernel. */
 AI __m256i dw_tap(const dw_t *d, int64_t x0, int64_t t, __mmask32 m, int64_t i0, int64_t i1,
-                  int64_t j0, int64_t j1) {
-    int64_t i = t / d->kw, j = t % d->kw;
-    if (t >= d->kh * d->kw || i < i0 || i >= i1 || j < j0 || j >= j1) return _mm256_setzero_si256();
+                  int64_t j0, int64_t j1, int64_t kh, int64_t kw) {
+    int64_t i = t / kw, j = t % kw;
+    if (t >= kh * kw || i < i0 || i >= i1 || j < j0 || j >= j1) return _mm256_setzero_si256();
     return _mm256_maskz_loadu_epi8(m, d->x + x0 + i * d->dh * d->w * d->cx + j * d->dw * d->cx);
 }
 
@@ -211,11 +214,11 @@ AI __m256i dw_tap(const dw_t *d, int64_t x0, int64_t t, __mmask32 m, int64_t i0,
  * of each 16-channel half (m: real channels, s: stored). */
 AI void dw_pixel(const dw_t *d, const epi_t *e, int64_t x0, const wpair_t *wp, int64_t o0,
                  char *out, __mmask32 m, __mmask32 s, int64_t i0, int64_t i1, int64_t j0,
-                 int64_t j1) {
+                 int64_t j1, int64_t kh, int64_t kw) {
     __m256i lo[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, hi[2] = {lo[0], lo[0]};
-    for (int64_t p = 0; p < (d->kh * d->kw + 1) / 2; p++) {
-        __m256i xa = dw_tap(d, x0, 2 * p, m, i0, i1, j0, j1);
-        __m256i xb = dw_tap(d, x0, 2 * p + 1, m, i0, i1, j0, j1);
+    for (int64_t p = 0; p < (kh * kw + 1) / 2; p++) {
+        __m256i xa = dw_tap(d, x0, 2 * p, m, i0, i1, j0, j1, kh, kw);
+        __m256i xb = dw_tap(d, x0, 2 * p + 1, m, i0, i1, j0, j1, kh, kw);
         for (int h = 0; h < 2; h++) {
             __m256i a = _mm256_cvtepi8_epi16(h ? _mm256_extracti128_si256(xa, 1) : _mm256_castsi256_si128(xa));
             __m256i b = _mm256_cvtepi8_epi16(h ? _mm256_extracti128_si256(xb, 1) : _mm256_castsi256_si128(xb));
@@ -234,18 +237,27 @@ AI void dw_pixel(const dw_t *d, const epi_t *e, int64_t x0, const wpair_t *wp, i
     }
 }
 
-/* dw_row on the AVX2 build: every pixel by dw_pixel, the taps outside the input as 0. */
+/* dw_row on the AVX2 build: every pixel by dw_pixel, the taps outside the input as 0; a
+ * 3 x 3 kernel's pixels whose windows lie wholly inside the input with the kernel size and
+ * tap ranges as constants (no range test per tap, the pair loop unrolled). */
 static void dw_row_avx2(const dw_t *dp, const epi_t *ep, int64_t ni, int64_t y, int64_t b) {
     const dw_t dl = *dp, *d = &dl; /* copies, as in dw_run3 */
     const epi_t el = *ep, *e = &el;
     wpair_t wp[DW_PAIRS];
     const dw_pos_t p = row_at(d, e, ni, y, b);
+    int64_t xa = d->ow, xb = d->ow;
+    if (d->kh == 3 && d->kw == 3 && p.i0 == 0 && p.i1 == 3) whole_windows3(d, &xa, &xb);
     dw_pairs(d, d->wk + b * 64, wp);
     for (int64_t xo = 0; xo < d->ow; xo++) {
+        int64_t x0 = p.xrow + (xo * d->sw - d->pl) * d->cx;
+        char *out = p.out + ((xo * d->ostride) << e->out_shift);
+        if (xo >= xa && xo < xb) {
+            dw_pixel(d, e, x0, wp, p.o0, out, p.m, p.s, 0, 3, 0, 3, 3, 3);
+            continue;
+        }
         int64_t j0, j1;
         tap_range(xo, d->sw, d->pl, d->dw, d->kw, d->w, &j0, &j1);
-        dw_pixel(d, e, p.xrow + (xo * d->sw - d->pl) * d->cx, wp, p.o0,
-                 p.out + ((xo * d->ostride) << e->out_shift), p.m, p.s, p.i0, p.i1, j0, j1);
+        dw_pixel(d, e, x0, wp, p.o0, out, p.m, p.s, p.i0, p.i1, j0, j1, d->kh, d->kw);
     }
 }
 #endif
