@@ -129,17 +129,17 @@ typedef struct {
  *          vpmaddwd gives each channel (x0 w0 + x1 w1, x2 w2 + x3 w3), summed at the end;
  *   int16: (x0, x1) broadcast per 32 bits, weights [16][2] int16 (8 channels a ymm):
  *          vpmaddwd gives x0 w0 + x1 w1 per channel (VPDPWSSD's products). */
-AI __m256i bcast_u16x4(const uint8_t *p, int FLIP) {
-    int32_t four;
-    memcpy(&four, p, 4);
-    if (FLIP) four ^= (int32_t)0x80808080;
-    return _mm256_broadcastq_epi64(_mm_cvtepu8_epi16(_mm_cvtsi32_si128(four)));
-}
-
 AI __m256i bcast_i32(const uint8_t *p) {
     int32_t two;
     memcpy(&two, p, 4);
     return _mm256_set1_epi32(two);
+}
+
+AI __m256i bcast_u16x4(const uint8_t *p, int FLIP) {
+    __m256i d = bcast_i32(p); /* a broadcast load; the low 8 bytes of each 128-bit lane,
+                               * interleaved with zeros, are the group as 4 uint16 twice */
+    if (FLIP) d = _mm256_xor_si256(d, _mm256_set1_epi8((char)0x80));
+    return _mm256_unpacklo_epi8(d, _mm256_setzero_si256());
 }
 
 /* Channels 0-7 of four accumulators of 4 channels x 2 partial sums: lanes (2i, 2i + 1). */
