@@ -58,10 +58,14 @@ def test_a_file_backed_array_keeps_its_values_and_writes_across_drops(tmp_path):
 
 def test_dropping_gives_back_the_pages_a_read_touched(tmp_path):
     m = resident.file_backed(np.ones((128, 2**18), np.float32), tmp_path)  # 128 MB
+    for _ in range(3):  # the host may reclaim page cache meanwhile (a clean-clone CI saw
+        resident.drop_mapped()  # +62 MB once, under the full suite's load): up to 3 reads
+        before = _rss_mb()
+        assert float(m.sum()) == 128 * 2**18  # touches every page
+        touched = _rss_mb()
+        if touched - before > 100:
+            break
+    else:
+        pytest.fail("reading the mapped array did not count as resident (3 reads)")
     resident.drop_mapped()
-    before = _rss_mb()
-    assert float(m.sum()) == 128 * 2**18  # touches every page
-    touched = _rss_mb()
-    resident.drop_mapped()
-    assert touched - before > 100, "reading the mapped array did not count as resident"
     assert _rss_mb() < touched - 100, "the touched pages stayed resident after drop_mapped"
