@@ -34,21 +34,24 @@ QA __m128i qa_low___m128i(const void *p) { return _mm_loadl_epi64((const __m128i
 QA __m256i qa_low___m256i(const void *p) {
     return _mm256_inserti128_si256(_mm256_setzero_si256(), _mm_loadu_si128((const __m128i *)p), 0);
 }
+/* A SIMDe 512-bit value from its two 256-bit halves h[0], h[1] (64 bytes at h). */
+#define QA_JOIN(vt) \
+    QA vt qa_join_##vt(const void *h) { vt r; memcpy(&r, h, sizeof r); return r; }
+QA_JOIN(__m512i)
+QA_JOIN(__m512d)
+QA_JOIN(__m512)
+#undef QA_JOIN
 QA __m128i qa_full___m128i(const void *p) { return _mm_loadu_si128((const __m128i *)p); }
 QA __m256i qa_full___m256i(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 #define QA_WIDE_LOADS(vt)                                                          \
     QA vt qa_full_##vt(const void *p) {                                            \
         __m256i h[2] = {_mm256_loadu_si256((const __m256i *)p),                    \
                         _mm256_loadu_si256((const __m256i *)p + 1)};               \
-        vt r;                                                                      \
-        memcpy(&r, h, sizeof r);                                                   \
-        return r;                                                                  \
+        return qa_join_##vt(h);                                                    \
     }                                                                              \
     QA vt qa_low_##vt(const void *p) {                                             \
         __m256i h[2] = {_mm256_loadu_si256((const __m256i *)p), _mm256_setzero_si256()}; \
-        vt r;                                                                      \
-        memcpy(&r, h, sizeof r);                                                   \
-        return r;                                                                  \
+        return qa_join_##vt(h);                                                    \
     }
 QA_WIDE_LOADS(__m512i)
 QA_WIDE_LOADS(__m512d)
@@ -91,9 +94,7 @@ QA __m256i qa_mask8_epi32(__mmask8 k, const void *p) {
 #define QA_MASK_HALVES(name, vt, ht, load, bits, per, mt)                         \
     QA vt qa_mask_##name(mt k, const void *p) {                                   \
         ht h[2] = {load(p, bits((unsigned)k)), load((const char *)p + 32, bits((unsigned)k >> (per)))}; \
-        vt r;                                                                     \
-        memcpy(&r, h, sizeof r);                                                  \
-        return r;                                                                 \
+        return qa_join_##vt(h);                                                   \
     }
 #define QA_LOAD_PD(p, m) _mm256_maskload_pd((const double *)(p), m)
 #define QA_LOAD_PS(p, m) _mm256_maskload_ps((const float *)(p), m)
@@ -270,9 +271,7 @@ QA_CVT(mm512_cvttpd_epi64, __m512d, double, 8, __m512i, int64_t)
 #define QA_WIDEN(name, vin, vout, ht, lo, hi)         \
     QA vout qa_##name(vin x) {                        \
         ht h[2] = {lo, hi};                           \
-        vout r;                                       \
-        memcpy(&r, h, sizeof r);                      \
-        return r;                                     \
+        return qa_join_##vout(h);                     \
     }
 QA_WIDEN(mm512_cvtepi32_pd, __m256i, __m512d, __m256d, _mm256_cvtepi32_pd(_mm256_castsi256_si128(x)),
          _mm256_cvtepi32_pd(_mm256_extracti128_si256(x, 1)))

@@ -39,9 +39,7 @@ QA __m256d qa_gather4_pd(__m256d src, const void *base, __m256i idx, __m256i m, 
         __m256i ix[2];                                                                     \
         memcpy(s, &src, sizeof s), memcpy(ix, &idx, sizeof ix);                            \
         for (int h = 0; h < 2; h++) s[h] = half(s[h], base, ix[h], lanes((unsigned)k >> (n) * h), scale); \
-        vt r;                                                                              \
-        memcpy(&r, s, sizeof r);                                                           \
-        return r;                                                                          \
+        return qa_join_##vt(s);                                                            \
     }
 QA_MASK_GATHER(mm512_mask_i32gather_ps, __m512, __m256, qa_gather8_ps, qa_lanes32, 8, __mmask16)
 QA_MASK_GATHER(mm512_mask_i32gather_epi32, __m512i, __m256i, qa_gather8_epi32, qa_lanes32, 8, __mmask16)
