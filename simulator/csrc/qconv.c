@@ -16,7 +16,8 @@
  * int16 input: VPDPWSSD (int16 x int16 pairs, weights widened), corr[o] = bias[o].
  * The AVX2 build (QPARITY_SIMDE) has no VNNI: window2 widens to int16 pairs (VPMADDWD), and
  * an input whose values all lie in [0, 127] (checked per call) runs window_ub, VPMADDUBSW on
- * x itself from corr + 128 * sum_k w[k, o] = bias[o].
+ * x itself from corr + 128 * sum_k w[k, o] = bias[o]; it reads every int8 input raw (qp_pad
+ * copies without the offset: PAD_XOR) and holds one register block, 1 x 12 pixels.
  *
  * Epilogue (exec_epilogue.Epilogue in one pass, float32 or float64 as proven exact):
  *   y = clamp(round(acc * scale[o] + b * scale_b[o]), lo, hi) -> int8 or int16
@@ -47,13 +48,24 @@ int qp_cpu_ok(void) {
            __builtin_cpu_supports("avx512vnni");
 }
 
-/* n values from src to dst: int8 as uint8 x ^ 0x80, int16 (wide) as they are. */
+#ifdef QPARITY_SIMDE
+#define PAD_XOR 0 /* the AVX2 build pads raw int8 (a 0 input is 0) and offsets as it reads
+                   * (wide 2): its non-negative form multiplies x itself, and an offset copy
+                   * cost it an XOR per broadcast to undo (ResNet-18's 3x3 convs) */
+#else
+#define PAD_XOR 0x80
+#endif
+
+/* The byte qp_pad XORs into int8 values (and stores as a 0 input): 0x80, or 0 (AVX2). */
+int qp_pad_offset(void) { return PAD_XOR; }
+
+/* n values from src to dst: int8 as uint8 x ^ PAD_XOR, int16 (wide) as they are. */
 static inline void copy_run(char *dst, const char *src, int64_t n, int64_t wide) {
-    if (wide) {
-        memcpy(dst, src, n * 2);
+    if (wide || !PAD_XOR) {
+        memcpy(dst, src, n << wide);
         return;
     }
-    for (int64_t i = 0; i < n; i++) dst[i] = (char)((uint8_t)src[i] ^ 0x80);
+    for (int64_t i = 0; i < n; i++) dst[i] = (char)((uint8_t)src[i] ^ PAD_XOR);
 }
 
 typedef struct {
@@ -68,7 +80,7 @@ static void pad_part(void *p, int64_t r0, int64_t r1) {
     const void *x = a->x;
     int64_t wide = a->wide, h = a->h, w = a->w, cx = a->cx, c = a->c, pt = a->pt, pl = a->pl;
     int64_t pr = a->pr, cs = a->cs, hp = a->hp, wp = a->wp, e = wide ? 2 : 1;
-    int zero = wide ? 0 : 0x80;
+    int zero = wide ? 0 : PAD_XOR;
     for (int64_t r = r0; r < r1; r++) {
         int64_t ni = r / hp, hi = r % hp - pt, inside = hi >= 0 && hi < h;
         char *dst = (char *)a->xs + r * wp * cs * e;
@@ -86,20 +98,20 @@ static void pad_part(void *p, int64_t r0, int64_t r1) {
             for (; j * c + 4 <= w * c; j++) {
                 uint32_t v;
                 memcpy(&v, src + j * cx, 4);
-                v ^= 0x80808080u;
+                v ^= PAD_XOR * 0x01010101u;
                 memcpy(d + j * c, &v, 4);
             }
             for (; j < w; j++) /* the rest byte by byte */
-                for (int64_t t = 0; t < c; t++) d[j * c + t] = (char)((uint8_t)src[j * cx + t] ^ 0x80);
+                for (int64_t t = 0; t < c; t++) d[j * c + t] = (char)((uint8_t)src[j * cx + t] ^ PAD_XOR);
         } else if (!wide && c < 16) /* a few channels of each pixel: one strided loop */
             for (int64_t j = 0; j < w; j++)
-                for (int64_t t = 0; t < c; t++) d[j * cs + t] = (char)((uint8_t)src[j * cx + t] ^ 0x80);
+                for (int64_t t = 0; t < c; t++) d[j * cs + t] = (char)((uint8_t)src[j * cx + t] ^ PAD_XOR);
         else for (int64_t j = 0; j < w; j++) copy_run(d + j * cs * e, src + j * cx * e, c, wide);
     }
 }
 
 /* x [N, H, W, Cx] (first C channels real) -> xs [N, Hp, Wp, Cs] padded by (t, b, l, r)
- * with zeros (0x80 for the offset int8, 0 for int16) and channels C..Cs zero. */
+ * with zeros (PAD_XOR for int8, 0 for int16) and channels C..Cs zero. */
 void qp_pad(const void *x, int64_t wide, int64_t n, int64_t h, int64_t w, int64_t cx,
             int64_t c, int64_t pt, int64_t pb, int64_t pl, int64_t pr, int64_t cs, void *xs) {
     int64_t hp = h + pt + pb, wp = w + pl + pr;
@@ -190,12 +202,12 @@ AI void window2(const uint8_t *x0, const uint8_t *x1, const int8_t *wb, const co
  * adds each pair into int16, exact as |x0 w0 + x1 w1| <= 2 * 127 * 128 = 32512 < 2**15;
  * VPMADDWD by ones adds a channel's two pairs into int32. The block's weights [16][4] int8
  * are 2 ymm of 8 channels as they lie, so one broadcast 4-byte group serves 16 channels in
- * 4 instructions (window2: 12, widening to int16). x itself, not xu: the sums start from
- * bias (corr + 128 * sum of the weights). NPX pixels (2 or 4) at px. */
-AI void window_ub(const uint8_t *const *px, int NPX, const int8_t *wb, const conv_t *c,
-                  int FLIP, __m256i s[4][2]) {
+ * 4 instructions (window2: 12, widening to int16). x itself (this build's inputs are raw,
+ * PAD_XOR), not xu: the sums start from bias (corr + 128 * sum of the weights). 4 pixels
+ * at px. */
+AI void window_ub(const uint8_t *const *px, const int8_t *wb, const conv_t *c, __m256i s[4][2]) {
     int64_t kstep = c->ob * 64, rstep = c->dh * c->wp * c->pix, cstep = c->dw * c->pix;
-    const __m256i ones = _mm256_set1_epi16(1), unflip = _mm256_set1_epi8((char)0x80);
+    const __m256i ones = _mm256_set1_epi16(1);
     __m256i a[4][2];
     for (int p = 0; p < 4; p++) a[p][0] = a[p][1] = _mm256_setzero_si256();
     for (int64_t i = 0; i < c->kh; i++)
@@ -206,15 +218,14 @@ AI void window_ub(const uint8_t *const *px, int NPX, const int8_t *wb, const con
                 const int8_t *w = wj + k * kstep;
                 __m256i w0 = _mm256_loadu_si256((const __m256i *)w);
                 __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + 32));
-                for (int p = 0; p < NPX; p++) { /* stored xu = x ^ 0x80, or raw x (FLIP) */
+                for (int p = 0; p < 4; p++) {
                     __m256i bx = bcast_i32(px[p] + off + 4 * k); /* from memory: a load */
-                    if (!FLIP) bx = _mm256_xor_si256(bx, unflip);
                     a[p][0] = _mm256_add_epi32(a[p][0], _mm256_madd_epi16(_mm256_maddubs_epi16(bx, w0), ones));
                     a[p][1] = _mm256_add_epi32(a[p][1], _mm256_madd_epi16(_mm256_maddubs_epi16(bx, w1), ones));
                 }
             }
         }
-    for (int p = 0; p < NPX; p++) s[p][0] = a[p][0], s[p][1] = a[p][1];
+    for (int p = 0; p < 4; p++) s[p][0] = a[p][0], s[p][1] = a[p][1];
 }
 
 TGT AI void micro(const uint8_t *const *xs, const int8_t *wb, const int32_t *corr,
@@ -222,13 +233,11 @@ TGT AI void micro(const uint8_t *const *xs, const int8_t *wb, const int32_t *cor
     for (int b = 0; b < NB; b++) {
         __m256i c0 = _mm256_loadu_si256((const __m256i *)(corr + b * 16));
         __m256i c1 = _mm256_loadu_si256((const __m256i *)(corr + b * 16 + 8));
-        if (!WIDE && c->ub) { /* NP is 6, 8, 10 or 16: blocks of 4 pixels, then one of 2 */
+        if (!WIDE && c->ub) { /* NP 12: 3 blocks of 4 pixels */
             for (int p = 0; p < NP; p += 4) {
                 __m256i s[4][2];
-                int n = NP - p >= 4 ? 4 : 2;
-                if (n == 4) window_ub(xs + p, 4, wb + b * 64, c, FLIP, s);
-                else window_ub(xs + p, 2, wb + b * 64, c, FLIP, s);
-                for (int q = 0; q < n; q++) {
+                window_ub(xs + p, wb + b * 64, c, s);
+                for (int q = 0; q < 4; q++) {
                     __m256i both[2] = {_mm256_add_epi32(s[q][0], c0), _mm256_add_epi32(s[q][1], c1)};
                     memcpy(&acc[b * NP + p + q], both, sizeof both);
                 }
@@ -325,6 +334,9 @@ TGT AI void conv_block(const conv_t *c, const epi_t *e, const uint8_t *const *xs
 /* Register blocks for nb channel blocks (chosen per pixel count np, below) at b0. */
 TGT AI void block_at(const conv_t *c, const epi_t *e, const uint8_t *const *xs, int64_t q0,
                      int64_t nq, int64_t b0, int nb, int np, int WIDE, int FLIP) {
+#ifdef QPARITY_SIMDE /* 1 x 12: its micro kernel holds 4 pixels (window2: 2) at a time */
+    conv_block(c, e, xs, q0, nq, b0, 1, 12, WIDE, FLIP);
+#else
     if (nb == 4) conv_block(c, e, xs, q0, nq, b0, 4, 6, WIDE, FLIP);
     else if (nb == 3) conv_block(c, e, xs, q0, nq, b0, 3, 8, WIDE, FLIP);
     else if (nb == 2 && np == 6) conv_block(c, e, xs, q0, nq, b0, 2, 6, WIDE, FLIP);
@@ -332,6 +344,7 @@ TGT AI void block_at(const conv_t *c, const epi_t *e, const uint8_t *const *xs, 
     else if (np == 6) conv_block(c, e, xs, q0, nq, b0, 1, 6, WIDE, FLIP);
     else if (np == 10) conv_block(c, e, xs, q0, nq, b0, 1, 10, WIDE, FLIP);
     else conv_block(c, e, xs, q0, nq, b0, 1, 16, WIDE, FLIP);
+#endif
 }
 
 static inline int blocks_at(int np, int64_t left) {
@@ -371,12 +384,14 @@ TGT AI void conv_tile(const conv_t *c, const epi_t *e, int64_t t0, int64_t total
     }
 }
 
+#ifndef QPARITY_SIMDE /* the AVX2 build reads every int8 input raw (PAD_XOR) */
 TGT static void tile_u8(const conv_t *c, const epi_t *e, int64_t t0, int64_t total, int np,
                         int64_t blo, int64_t bhi) {
     conv_tile(c, e, t0, total, np, blo, bhi, 0, 0);
 }
+#endif
 
-/* Raw int8 input (no pad copy): each 4-byte group is offset to uint8 as it is broadcast. */
+/* Raw int8 input: each 4-byte group is offset to uint8 as it is broadcast. */
 TGT static void tile_s8(const conv_t *c, const epi_t *e, int64_t t0, int64_t total, int np,
                         int64_t blo, int64_t bhi) {
     conv_tile(c, e, t0, total, np, blo, bhi, 0, 1);
@@ -398,14 +413,14 @@ static int64_t block_chunk(int64_t tiles, int64_t ob, int np) {
 }
 
 #ifdef QPARITY_SIMDE
-/* Whether every int8 input value is in [0, 127] (sign bits clear; stored offset, set), in
- * chunks so that a signed input stops early. */
-static int nonneg(const void *x, int64_t size, int offset) {
-    const uint8_t *v = (const uint8_t *)x, want = offset ? 0x80 : 0;
+/* Whether every (raw) int8 input value is in [0, 127], in chunks so that a signed input
+ * stops early. */
+static int nonneg(const void *x, int64_t size) {
+    const uint8_t *v = (const uint8_t *)x;
     for (int64_t i0 = 0; i0 < size; i0 += 4096) {
         uint8_t any = 0;
         int64_t i1 = i0 + 4096 < size ? i0 + 4096 : size;
-        for (int64_t i = i0; i < i1; i++) any |= v[i] ^ want;
+        for (int64_t i = i0; i < i1; i++) any |= v[i];
         if (any & 0x80) return 0;
     }
     return 1;
@@ -429,13 +444,17 @@ TGT static void conv_part(void *p, int64_t t0, int64_t t1) {
         int64_t first = t % j->tiles * c->tile, blo = t / j->tiles * j->chunk;
         int64_t bhi = blo + j->chunk < c->ob ? blo + j->chunk : c->ob;
         if (j->wide == 1) tile_i16(c, j->e, first, j->total, j->np, blo, bhi);
+#ifdef QPARITY_SIMDE
+        else tile_s8(c, j->e, first, j->total, j->np, blo, bhi);
+#else
         else if (j->wide == 2) tile_s8(c, j->e, first, j->total, j->np, blo, bhi);
         else tile_u8(c, j->e, first, j->total, j->np, blo, bhi);
+#endif
     }
 }
 
-/* xs: the padded input (uint8, or int16 when wide; wide 2: raw int8, offset in the kernel,
- * for inputs that need no padding), cs channels per pixel; groups: 4-byte
+/* xs: qp_pad's copy (wide 0: int8 ^ PAD_XOR; 1: int16) or an input that needs no padding
+ * read in place (wide 2: raw int8, offset in the kernel; 1: int16), cs channels per pixel; groups: 4-byte
  * groups read per kernel tap from the tap's first byte (cs * bytes / 4, or, for row runs,
  * the kernel row's kw * cs values as one tap of a (kh, 1) kernel; the bytes past the run
  * meet zero weights, and the caller leaves 4 bytes of slack after xs). scale NULL: int32
@@ -450,7 +469,11 @@ TGT void qp_conv(const void *xs, int64_t wide, int64_t n, int64_t hp, int64_t wp
     epi_t e = {corr, scale, scale_b, (double)lo, (double)hi, (int)f64, (int)half_even,
                (int)out_shift, (int)bshift};
     int64_t pix = cs << (wide == 1 ? 1 : 0);
+#ifdef QPARITY_SIMDE
+    int np = 12; /* the AVX2 build's one register block (block_at) */
+#else
     int np = ob % 3 == 0 && ob % 4 ? 8 : ob >= 4 ? 6 : ob >= 2 ? 10 : 16;
+#endif
     /* tiles of at most TILE pixel blocks, as even as they go (9 blocks: 5 + 4, not 8 + 1) */
     int64_t total = n * oh * ow, blocks = (total + np - 1) / np;
     int64_t tiles = (blocks + TILE - 1) / TILE, tile = tiles ? (blocks + tiles - 1) / tiles : 1;
@@ -458,7 +481,8 @@ TGT void qp_conv(const void *xs, int64_t wide, int64_t n, int64_t hp, int64_t wp
     conv_t c = {(const uint8_t *)xs, hp, wp, pix, groups, wk, kh, kw, ob, o, sh, sw, dh, dw,
                 oh, ow, (const char *)b, bstride, (char *)out, ostride, tile, 0};
 #ifdef QPARITY_SIMDE
-    if (wide != 1 && nonneg(xs, n * hp * wp * cs, wide == 0)) {
+    if (wide == 0) wide = 2; /* qp_pad's raw copy (PAD_XOR 0) */
+    if (wide != 1 && nonneg(xs, n * hp * wp * cs)) {
         e.corr = bias;
         c.ub = 1;
     }

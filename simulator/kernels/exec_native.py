@@ -179,9 +179,10 @@ def run(nc: NativeConv, geometry, x: torch.Tensor, b, out: torch.Tensor) -> None
 
 def _padded(nc: NativeConv, x: torch.Tensor, pads) -> tuple[torch.Tensor, int]:
     """The kernel's input and its mode (qconv.c ``wide``): ``x`` padded, ``nc.cs`` values per
-    pixel, uint8-offset for int8 (``x ^ 0x80``), followed by 4 bytes of slack for the last
-    row run's over-read (mode 0; int16: 1); an input with nothing to pad is used in place
-    (int16: 1; int8: 2, offset by the kernel as it reads)."""
+    pixel, int8 as ``x ^ qp_pad_offset()`` (0x80: uint8-offset; 0 in the AVX2 build, which
+    offsets as it reads), followed by 4 bytes of slack for the last row run's over-read
+    (mode 0; int16: 1); an input with nothing to pad is used in place (int16: 1; int8: 2,
+    offset by the kernel as it reads)."""
     n, h, w, cx = x.shape
     wide = nc.in_dtype == torch.int16
     if not any(pads) and cx == nc.cs and not nc.row_runs:

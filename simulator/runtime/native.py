@@ -86,6 +86,7 @@ SIGNATURES = {
     "qp_linear_amx": ([P, *[I64] * 4, P, I64, I64, P, P, P, I64, P, *[I64] * 4, P, I64],
                       ctypes.c_int),
     "qp_pad": ([P, *[I64] * 11, P], None),
+    "qp_pad_offset": ([], ctypes.c_int),
     "qp_conv": ([P, *[I64] * 6, P, *[I64] * 10, P, P, P, P, I64, P, *[I64] * 5, P, I64, I64],
                 None),
     "qp_dwconv": ([P, *[I64] * 5, P, *[I64] * 10, P, P, *[I64] * 4, P, I64, I64], None),

@@ -33,6 +33,7 @@ def test_executor_and_compile_tables_are_views():
 
 def test_every_compiled_kernel_belongs_to_an_instruction():
     claimed = {n for i in INSTRUCTIONS.values() for n in i.native}
-    probes = {"qp_cpu_ok", "qp_amx_ok", "qp_threads", "qp_pool_sizes", packed.RUNNER}
+    probes = {"qp_cpu_ok", "qp_amx_ok", "qp_threads", "qp_pool_sizes", "qp_pad_offset",
+              packed.RUNNER}
     assert claimed <= set(native.SIGNATURES)
     assert set(native.SIGNATURES) - claimed == probes
