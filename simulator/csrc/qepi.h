@@ -79,16 +79,7 @@ TGT AI void store_int32(__m512i acc, const epi_t *e, void *out, __mmask16 m, __m
  * arithmetic). Each half: h = lanes 8h .. 8h+7, two float64 quarters of 4 lanes. */
 AI __m128i quarter_f64(__m128i a, __m128i b, const double *s, const double *sb, const epi_t *e,
                        int has_b) {
-    const __m256d magic = _mm256_set1_pd(6755399441055744.0); /* 1.5 * 2**52 */
-    __m256d x = _mm256_cvtepi32_pd(a), y;
-    if (e->f64 == 2) { /* + 1.5 * 2**52 rounds once (magic_pd16); the low 32 bits */
-        y = has_b ? _mm256_add_pd(_mm256_fmadd_pd(_mm256_cvtepi32_pd(b), _mm256_loadu_pd(sb),
-                                                  _mm256_mul_pd(x, _mm256_loadu_pd(s))), magic)
-                  : _mm256_fmadd_pd(x, _mm256_loadu_pd(s), magic);
-        const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-        return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(_mm256_castpd_si256(y), even));
-    }
-    y = _mm256_mul_pd(x, _mm256_loadu_pd(s));
+    __m256d y = _mm256_mul_pd(_mm256_cvtepi32_pd(a), _mm256_loadu_pd(s));
     if (has_b) y = _mm256_fmadd_pd(_mm256_cvtepi32_pd(b), _mm256_loadu_pd(sb), y);
     y = _mm256_min_pd(_mm256_max_pd(y, _mm256_set1_pd(e->lo)), _mm256_set1_pd(e->hi));
     if (!e->half_even) { /* sign(y) * floor(|y| + 0.5) */
@@ -97,6 +88,26 @@ AI __m128i quarter_f64(__m128i a, __m128i b, const double *s, const double *sb, 
         y = _mm256_or_pd(t, _mm256_and_pd(y, sign));
     }
     return _mm256_cvtpd_epi32(y); /* round to nearest even (MXCSR), exact when rounded */
+}
+
+/* f64 == 2 (magic_pd16) on 8 lanes: acc * s (+ b * sb) + 1.5 * 2**52, rounded once, and
+ * the low 32 bits of each double gathered by one in-lane shuffle of the two quarters, so
+ * the lanes come out in the order 0 1 4 5 | 2 3 6 7 (MIXED; epilogue16_halves puts them
+ * back with the one permute it needs anyway). */
+AI __m256i half_magic(__m256i a, __m256i b, const double *s, const double *sb, int has_b) {
+    const __m256d magic = _mm256_set1_pd(6755399441055744.0); /* 1.5 * 2**52 */
+    __m256d y[2];
+    for (int q = 0; q < 2; q++) {
+        __m256d x = _mm256_cvtepi32_pd(q ? _mm256_extracti128_si256(a, 1) : _mm256_castsi256_si128(a));
+        __m256d sq = _mm256_loadu_pd(s + 4 * q);
+        if (has_b) {
+            __m128i bq = q ? _mm256_extracti128_si256(b, 1) : _mm256_castsi256_si128(b);
+            y[q] = _mm256_add_pd(_mm256_fmadd_pd(_mm256_cvtepi32_pd(bq), _mm256_loadu_pd(sb + 4 * q),
+                                                 _mm256_mul_pd(x, sq)), magic);
+        } else
+            y[q] = _mm256_fmadd_pd(x, sq, magic);
+    }
+    return _mm256_castps_si256(_mm256_shuffle_ps(_mm256_castpd_ps(y[0]), _mm256_castpd_ps(y[1]), 0x88));
 }
 
 AI __m256i half_f32(__m256i a, __m256i b, const float *s, const float *sb, const epi_t *e,
@@ -112,19 +123,21 @@ AI __m256i half_f32(__m256i a, __m256i b, const float *s, const float *sb, const
     return _mm256_cvtps_epi32(y);
 }
 
-/* Lanes 8h .. 8h+7 requantized (int32, clamped to [lo, hi]). */
+/* Lanes 8h .. 8h+7 requantized (int32, clamped to [lo, hi]); f64 == 2: in MIXED order. */
 AI __m256i half_requant(__m256i a, __m256i b, const epi_t *e, int64_t o, int has_b) {
     if (!e->f64)
         return half_f32(a, b, (const float *)e->scale + o,
                         has_b ? (const float *)e->scale_b + o : 0, e, has_b);
     const double *s = (const double *)e->scale + o, *sb = has_b ? (const double *)e->scale_b + o : 0;
+    if (e->f64 == 2) {
+        __m256i r = half_magic(a, b, s, sb, has_b);
+        r = _mm256_max_epi32(r, _mm256_set1_epi32((int32_t)e->lo));
+        return _mm256_min_epi32(r, _mm256_set1_epi32((int32_t)e->hi));
+    }
     __m128i lo = quarter_f64(_mm256_castsi256_si128(a), _mm256_castsi256_si128(b), s, sb, e, has_b);
     __m128i hi = quarter_f64(_mm256_extracti128_si256(a, 1), _mm256_extracti128_si256(b, 1), s + 4,
                              has_b ? sb + 4 : 0, e, has_b);
-    __m256i r = _mm256_set_m128i(hi, lo);
-    if (e->f64 != 2) return r; /* clamped as floats */
-    r = _mm256_max_epi32(r, _mm256_set1_epi32((int32_t)e->lo));
-    return _mm256_min_epi32(r, _mm256_set1_epi32((int32_t)e->hi));
+    return _mm256_set_m128i(hi, lo); /* clamped as floats */
 }
 
 /* 16 lanes of the add operand (int8, int16 or int32: bshift) as two int32 halves. */
@@ -160,14 +173,20 @@ TGT AI void epilogue16_halves(__m256i a0, __m256i a1, const epi_t *e, int64_t o0
     }
     if (b) load_b16(b, e->bshift, m, bh);
     for (int h = 0; h < 2; h++) r[h] = half_requant(a[h], bh[h], e, o0 + 8 * h, b != 0);
+    int mixed = e->f64 == 2;
     if (m != ms) { /* padding lanes: 0 */
-        const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+        const __m256i bit = mixed ? _mm256_setr_epi32(1, 2, 16, 32, 4, 8, 64, 128)
+                                  : _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
         for (int h = 0; h < 2; h++) {
             __m256i k = _mm256_set1_epi32((m >> (8 * h)) & 0xFF);
             r[h] = _mm256_and_si256(r[h], _mm256_cmpeq_epi32(_mm256_and_si256(k, bit), bit));
         }
     }
-    __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(r[0], r[1]), 0xD8); /* 16 x int16 */
+    /* 16 x int16 in order: the packed pairs of lanes are (0 1)(2 3)(4 5)(6 7) | (8 9)..., or,
+     * MIXED, (0 1)(4 5)(8 9)(12 13) | (2 3)(6 7)(10 11)(14 15) */
+    __m256i w = _mm256_packs_epi32(r[0], r[1]);
+    w = mixed ? _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+              : _mm256_permute4x64_epi64(w, 0xD8);
     if (e->out_shift == 1) {
         if (ms == 0xFFFF) _mm256_storeu_si256((__m256i *)out, w);
         else _mm256_mask_storeu_epi16(out, ms, w);
