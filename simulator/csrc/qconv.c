@@ -222,6 +222,7 @@ AI void window_ub(const uint8_t *const *px, const int8_t *wb, const conv_t *c, _
                     __m256i bx = bcast_i32(px[p] + off + 4 * k); /* from memory: a load */
                     a[p][0] = _mm256_add_epi32(a[p][0], _mm256_madd_epi16(_mm256_maddubs_epi16(bx, w0), ones));
                     a[p][1] = _mm256_add_epi32(a[p][1], _mm256_madd_epi16(_mm256_maddubs_epi16(bx, w1), ones));
+                    __asm__("" : "+x"(a[p][0]), "+x"(a[p][1])); /* keeps them in registers */
                 }
             }
         }
