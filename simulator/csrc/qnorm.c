@@ -79,6 +79,9 @@ TGT AI __m512i tree16(const __m512i v[16], int kind) {
     return combine(_mm512_shuffle_i32x4(x[0], x[1], 0x88), _mm512_shuffle_i32x4(x[0], x[1], 0xDD), kind);
 }
 
+#ifdef QPARITY_SIMDE
+#include "qnorm_avx2.h" /* its ln_sums16_i8, ln_stats8 and ln_out_row */
+#else
 /* The row sums of rows r0 .. r0+15 (nr of them) of int8 q, in int32: 32 values a step as
  * int16 pairs (VPMADDWD with 1 and with q), exact since n 2^14 < 2^31; lanes 0-7 and 8-15
  * of the result as float64, times 2^s and 4^s (the same values ln_sums8 sums in float64). */
@@ -147,6 +150,8 @@ TGT AI int ln_out_row(const ln_t *t, int64_t r, double cs1, double mc1, int wide
     }
     return bad != 0;
 }
+
+#endif /* QPARITY_SIMDE */
 
 /* Rows r0 .. r0+15 (nr of them): statistics, then outputs; the dtypes and rounding as
  * constants (see ln_out_row). */
