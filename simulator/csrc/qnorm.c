@@ -247,6 +247,9 @@ TGT AI void softmax_row(const void *q, int wide, int64_t r, int64_t n, const flo
     }
 }
 
+#ifdef QPARITY_SIMDE
+#include "qsoftmax_avx2.h" /* its softmax16 */
+#else
 /* The same steps for rows r0 .. r0+15 (nr of them) of n <= 16 values, one vector a row: the
  * row maxima and the exp sums (float32 integers < 2^15, n of them: exact) of all sixteen rows
  * by tree16, then r_in, the recip lookup and c for eight rows per float64 vector. */
@@ -281,6 +284,8 @@ TGT AI void softmax16(const void *q, int wide, int64_t r0, int nr, int64_t n, co
                     lo, hi, out, (r0 + i) * n + 8, out_shift, k - 8);
     }
 }
+
+#endif
 
 typedef struct {
     const void *q;
