@@ -136,6 +136,9 @@ TGT void qp_bmm_strided(const void *a, int64_t ta, const int64_t *sa, const void
     qp_for(nb1 * nb2, rows * inner * cols, bmm_strided_part, &t);
 }
 
+#ifdef QPARITY_SIMDE
+#include "qbmm_avx2.h" /* its bmm_pairs_part */
+#else
 /* n (<= 32) int8 (t 0) or int16 (t 1) values from p as 32 int16 lanes, zero past n. */
 TGT AI __m512i row16(const void *p, int t, int64_t n) {
     __mmask32 m = n >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << n) - 1);
@@ -210,6 +213,8 @@ TGT static void bmm_pairs_part(void *p, int64_t g0, int64_t g1) {
         }
     }
 }
+
+#endif
 
 TGT void qp_bmm_pairs(const void *a, int64_t ta, const int64_t *sa, const void *b, int64_t tb,
                       const int64_t *sb, int64_t nb1, int64_t nb2, int64_t rows, int64_t inner,

@@ -81,13 +81,7 @@ AI __m128i quarter_f64(__m128i a, __m128i b, const double *s, const double *sb, 
                        int has_b) {
     __m256d y = _mm256_mul_pd(_mm256_cvtepi32_pd(a), _mm256_loadu_pd(s));
     if (has_b) y = _mm256_fmadd_pd(_mm256_cvtepi32_pd(b), _mm256_loadu_pd(sb), y);
-    y = _mm256_min_pd(_mm256_max_pd(y, _mm256_set1_pd(e->lo)), _mm256_set1_pd(e->hi));
-    if (!e->half_even) { /* sign(y) * floor(|y| + 0.5) */
-        __m256d sign = _mm256_set1_pd(-0.0);
-        __m256d t = _mm256_floor_pd(_mm256_add_pd(_mm256_andnot_pd(sign, y), _mm256_set1_pd(0.5)));
-        y = _mm256_or_pd(t, _mm256_and_pd(y, sign));
-    }
-    return _mm256_cvtpd_epi32(y); /* round to nearest even (MXCSR), exact when rounded */
+    return to_int4(y, e->half_even, _mm256_set1_pd(e->lo), _mm256_set1_pd(e->hi));
 }
 
 /* f64 == 2 (magic_pd16) on 8 lanes: acc * s (+ b * sb) + 1.5 * 2**52, rounded once, and

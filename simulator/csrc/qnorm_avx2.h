@@ -32,13 +32,6 @@ AI void ln_sums16_i8(const ln_t *t, int64_t r0, int nr, __m512d X1[2], __m512d X
     memcpy(X2, x2, sizeof x2);
 }
 
-AI __m256d round4(__m256d y, int half_even) {
-    if (half_even) return _mm256_round_pd(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256d sign = _mm256_set1_pd(-0.0);
-    __m256d t = _mm256_floor_pd(_mm256_add_pd(_mm256_andnot_pd(sign, y), _mm256_set1_pd(0.5)));
-    return _mm256_or_pd(t, _mm256_and_pd(y, sign));
-}
-
 /* 2^x for integer-valued x in [-1022, 1023], from its bits: scalef's factor, exact. */
 AI __m256d pow2_4(__m256d x) {
     __m256i e = _mm256_cvtepi32_epi64(_mm256_cvtpd_epi32(x));
@@ -89,8 +82,8 @@ AI void load8_4(const void *p, int wide, __m256d x[2]) {
 }
 
 /* ln_out_row on the AVX2 build: whole groups of 8 in ymm quarters (the same operations:
- * round(q cs - mc), the |y| check, fmadd with w and b, clamp, round), narrowed by the
- * saturating packs (the values already lie in [lo, hi]); a row's tail by the shared form. */
+ * round(q cs - mc), the |y| check, fmadd with w and b, to_int4, store8_4); a row's tail
+ * by the shared form. */
 AI int ln_out_row(const ln_t *t, int64_t r, double cs1, double mc1, int wide, int half_even,
                   int out_shift) {
     double lo1, hi1;
@@ -102,21 +95,15 @@ AI int ln_out_row(const ln_t *t, int64_t r, double cs1, double mc1, int wide, in
     int bad = 0;
     for (; j + 8 <= n; j += 8) {
         __m256d x[2];
-        __m256i o[2];
+        __m128i o[2];
         load8_4((const char *)t->q + ((base + j) << wide), wide, x);
         for (int h = 0; h < 2; h++) {
             __m256d y = round4(_mm256_sub_pd(_mm256_mul_pd(x[h], cs), mc), half_even);
             bad |= _mm256_movemask_pd(_mm256_cmp_pd(_mm256_andnot_pd(mag, y), top, _CMP_GT_OQ));
             y = _mm256_fmadd_pd(y, _mm256_loadu_pd(t->w + j + 4 * h), _mm256_loadu_pd(t->b + j + 4 * h));
-            y = round4(_mm256_min_pd(_mm256_max_pd(y, lo), hi), half_even);
-            o[h] = _mm256_castsi128_si256(_mm256_cvtpd_epi32(y));
+            o[h] = to_int4(y, half_even, lo, hi);
         }
-        __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(o[0]), _mm256_castsi256_si128(o[1]));
-        char *out = (char *)t->out + ((base + j) << out_shift);
-        if (out_shift == 0) _mm_storel_epi64((__m128i *)out, _mm_packs_epi16(w16, w16));
-        else if (out_shift == 1) _mm_storeu_si128((__m128i *)out, w16);
-        else _mm256_storeu_si256((__m256i *)out, _mm256_set_m128i(_mm256_castsi256_si128(o[1]),
-                                                                     _mm256_castsi256_si128(o[0])));
+        store8_4(o[0], o[1], (char *)t->out + ((base + j) << out_shift), out_shift, 0xFF);
     }
     if (j < n) { /* the tail: the shared form's operations on the last n - j values */
         int m = (int)(n - j);

@@ -54,6 +54,38 @@ TGT AI __m512d load8(const void *p, int64_t i, int t, int n) {
     return _mm512_cvtepi32_pd(v);
 }
 
+#ifdef QPARITY_SIMDE
+/* The AVX2 build's native forms on four float64 lanes (its LayerNorm, softmax, batched
+ * matmul and epilogue): round_pd, to_int_pd, and the narrowing stores of finish8. */
+AI __m256d round4(__m256d y, int half_even) {
+    if (half_even) return _mm256_round_pd(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256d sign = _mm256_set1_pd(-0.0);
+    __m256d t = _mm256_floor_pd(_mm256_add_pd(_mm256_andnot_pd(sign, y), _mm256_set1_pd(0.5)));
+    return _mm256_or_pd(t, _mm256_and_pd(y, sign));
+}
+
+/* clamp(round(y), lo, hi) as int32 (clamping first gives the same value; an integer, so
+ * the conversion is exact). */
+AI __m128i to_int4(__m256d y, int half_even, __m256d lo, __m256d hi) {
+    return _mm256_cvtpd_epi32(round4(_mm256_min_pd(_mm256_max_pd(y, lo), hi), half_even));
+}
+
+/* Lanes 0-3 (r0) and 4-7 (r1) of int32 values inside the output dtype at out as int8,
+ * int16 or int32 (out_shift 0, 1, 2), the lanes of m: the saturating packs only narrow. */
+AI void store8_4(__m128i r0, __m128i r1, void *out, int out_shift, __mmask8 m) {
+    __m128i w = _mm_packs_epi32(r0, r1);
+    if (out_shift == 0) {
+        __m128i v = _mm_packs_epi16(w, w);
+        if (m == 0xFF) _mm_storel_epi64((__m128i *)out, v);
+        else _mm_mask_storeu_epi8(out, m, v);
+    } else if (out_shift == 1) {
+        if (m == 0xFF) _mm_storeu_si128((__m128i *)out, w);
+        else _mm_mask_storeu_epi16(out, m, w);
+    } else
+        _mm256_mask_storeu_epi32(out, m, _mm256_set_m128i(r1, r0));
+}
+#endif
+
 /* The first `left` of 16 lanes (all 16 when left >= 16). */
 TGT AI __mmask16 mask16(int64_t left) {
     return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);

@@ -23,23 +23,6 @@ AI float hsum16(__m256 e0, __m256 e1) {
     return _mm_cvtss_f32(_mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1)));
 }
 
-/* clamp(round(e * c), lo, hi) of four lanes as int32 (finish8's steps). */
-AI __m128i sm_quarter(__m128 e, __m256d c, __m256d lo, __m256d hi, int half_even) {
-    __m256d y = _mm256_min_pd(_mm256_max_pd(_mm256_mul_pd(_mm256_cvtps_pd(e), c), lo), hi);
-    return _mm256_cvtpd_epi32(round4(y, half_even)); /* an integer: exact */
-}
-
-/* A row's 16 int32 results r (lanes 0-7, 8-15) at out as int8, int16 or int32, lanes of m. */
-AI void sm_store(const __m128i r[4], void *out, int out_shift, __mmask16 m) {
-    __m128i w0 = _mm_packs_epi32(r[0], r[1]), w1 = _mm_packs_epi32(r[2], r[3]);
-    if (out_shift == 0) _mm_mask_storeu_epi8(out, m, _mm_packs_epi16(w0, w1));
-    else if (out_shift == 1) _mm256_mask_storeu_epi16(out, m, _mm256_set_m128i(w1, w0));
-    else {
-        _mm256_mask_storeu_epi32(out, (__mmask8)m, _mm256_set_m128i(r[1], r[0]));
-        _mm256_mask_storeu_epi32((int32_t *)out + 8, (__mmask8)(m >> 8), _mm256_set_m128i(r[3], r[2]));
-    }
-}
-
 AI void softmax16(const void *q, int wide, int64_t r0, int nr, int64_t n, const float *exp,
                   const double *recip, int64_t recip_qmin, double sum_scale, double mult,
                   int half_even, __m512d lo, __m512d hi, void *out, int out_shift) {
@@ -61,13 +44,16 @@ AI void softmax16(const void *q, int wide, int64_t r0, int nr, int64_t n, const 
         double r_in = round_mode((double)hsum16(e[0], e[1]) * sum_scale, half_even);
         r_in = r_in > 32767.0 ? 32767.0 : r_in;
         __m256d c = _mm256_set1_pd(recip[(int64_t)r_in - recip_qmin] * mult);
-        __m128i r[4];
-        for (int k = 0; k < 4; k++) {
-            __m256 eh = e[k >> 1];
-            r[k] = sm_quarter(k & 1 ? _mm256_extractf128_ps(eh, 1) : _mm256_castps256_ps128(eh), c,
-                              lo4, hi4, half_even);
+        char *o = (char *)out + (((r0 + i) * n) << out_shift);
+        for (int h = 0; h < 2; h++) { /* lanes 8h .. 8h+7 */
+            __m128i r[2];
+            for (int k = 0; k < 2; k++) {
+                __m128 ek = k ? _mm256_extractf128_ps(e[h], 1) : _mm256_castps256_ps128(e[h]);
+                r[k] = to_int4(_mm256_mul_pd(_mm256_cvtps_pd(ek), c), half_even, lo4, hi4);
+            }
+            __mmask8 mh = (__mmask8)(m >> 8 * h);
+            if (mh) store8_4(r[0], r[1], o + ((8 * h) << out_shift), out_shift, mh);
         }
-        sm_store(r, (char *)out + (((r0 + i) * n) << out_shift), out_shift, m);
     }
 }
 
