@@ -14,10 +14,11 @@
  * padding (a QLinear's rows, an unpadded 1x1 conv) is read in place and offset as each
  * 4-byte group is broadcast (tile_s8), saving the copy.
  * int16 input: VPDPWSSD (int16 x int16 pairs, weights widened), corr[o] = bias[o].
- * The AVX2 build (QPARITY_SIMDE) has no VNNI: window2 widens to int16 pairs (VPMADDWD), and
- * an input whose values all lie in [0, 127] (checked per call) runs window_ub, VPMADDUBSW on
- * x itself from corr + 128 * sum_k w[k, o] = bias[o]; it reads every int8 input raw (qp_pad
- * copies without the offset: PAD_XOR) and holds one register block, 1 x 12 pixels.
+ * The AVX2 build (QPARITY_SIMDE) has no VNNI: window2 widens signed int8 to int16 pairs
+ * (VPMADDWD), and window4 runs int16 inputs (VPMADDWD) and int8 inputs whose values all lie
+ * in [0, 127] (checked per call: VPMADDUBSW on x itself from corr + 128 * sum_k w[k, o] =
+ * bias[o]); it reads every int8 input raw (qp_pad copies without the offset: PAD_XOR) and
+ * holds one register block, 1 x 12 pixels.
  *
  * Epilogue (exec_epilogue.Epilogue in one pass, float32 or float64 as proven exact):
  *   y = clamp(round(acc * scale[o] + b * scale_b[o]), lo, hi) -> int8 or int16
@@ -129,18 +130,17 @@ typedef struct {
     char *out;
     int64_t ostride; /* elements */
     int64_t tile;    /* pixel blocks per task, at most TILE */
-    int ub;          /* the AVX2 build's non-negative form (window_ub): corr then holds bias */
+    int ub;          /* the AVX2 build's non-negative form (window4): corr then holds bias */
 } conv_t;
 
 #ifdef QPARITY_SIMDE
 /* The AVX2 build (no VNNI; qavx2.h): 16 zmm accumulators would be 32 ymm, so the register
- * block is re-tiled here as one channel block x 2 pixels, the whole window summed in ymm
- * registers, then written to acc[] for the same epilogue. Exact, wrapping modulo 2**32:
- *   int8:  the 4-byte group x0..x3 (uint8) zero-extended to int16 and broadcast per 64 bits,
- *          the block's weights [16][4] int8 sign-extended to int16 (4 channels a ymm):
- *          vpmaddwd gives each channel (x0 w0 + x1 w1, x2 w2 + x3 w3), summed at the end;
- *   int16: (x0, x1) broadcast per 32 bits, weights [16][2] int16 (8 channels a ymm):
- *          vpmaddwd gives x0 w0 + x1 w1 per channel (VPDPWSSD's products). */
+ * block is re-tiled here as one channel block x 2 pixels (window2) or 4 (window4), the
+ * whole window summed in ymm registers, then written to acc[] for the same epilogue.
+ * Exact, wrapping modulo 2**32. window2, signed int8: the 4-byte group x0..x3 as xu
+ * (uint8) zero-extended to int16 and broadcast per 64 bits, the block's weights [16][4]
+ * int8 sign-extended to int16 (4 channels a ymm): vpmaddwd gives each channel (x0 w0 +
+ * x1 w1, x2 w2 + x3 w3), summed at the end. */
 AI __m256i bcast_i32(const uint8_t *p) {
     int32_t two;
     memcpy(&two, p, 4);
@@ -159,9 +159,10 @@ AI __m256i pair_sums(__m256i a, __m256i b) {
     return _mm256_permute4x64_epi64(_mm256_hadd_epi32(a, b), 0xD8);
 }
 
-/* One channel block (weights wb) at pixels x0 and x1: s[pixel][half] (channels 0-7, 8-15). */
+/* One channel block (weights wb) at pixels x0 and x1 of a signed int8 input: s[pixel][half]
+ * (channels 0-7, 8-15). */
 AI void window2(const uint8_t *x0, const uint8_t *x1, const int8_t *wb, const conv_t *c,
-                int WIDE, int FLIP, __m256i s[2][2]) {
+                int FLIP, __m256i s[2][2]) {
     int64_t kstep = c->ob * 64, rstep = c->dh * c->wp * c->pix, cstep = c->dw * c->pix;
     __m256i a[2][4];
     for (int p = 0; p < 2; p++)
@@ -172,18 +173,7 @@ AI void window2(const uint8_t *x0, const uint8_t *x1, const int8_t *wb, const co
             const int8_t *wj = wb + (i * c->kw + j) * c->c4 * kstep;
             for (int64_t k = 0; k < c->c4; k++) {
                 const int8_t *w = wj + k * kstep;
-                const uint8_t *p0 = x0 + off + 4 * k, *p1 = x1 + off + 4 * k;
-                if (WIDE) {
-                    __m256i w0 = _mm256_loadu_si256((const __m256i *)w);
-                    __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + 32));
-                    __m256i u = bcast_i32(p0), v = bcast_i32(p1);
-                    a[0][0] = _mm256_add_epi32(a[0][0], _mm256_madd_epi16(u, w0));
-                    a[0][1] = _mm256_add_epi32(a[0][1], _mm256_madd_epi16(u, w1));
-                    a[1][0] = _mm256_add_epi32(a[1][0], _mm256_madd_epi16(v, w0));
-                    a[1][1] = _mm256_add_epi32(a[1][1], _mm256_madd_epi16(v, w1));
-                    continue;
-                }
-                __m256i u = bcast_u16x4(p0, FLIP), v = bcast_u16x4(p1, FLIP);
+                __m256i u = bcast_u16x4(x0 + off + 4 * k, FLIP), v = bcast_u16x4(x1 + off + 4 * k, FLIP);
                 for (int q = 0; q < 4; q++) {
                     __m256i wq = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16 * q)));
                     a[0][q] = _mm256_add_epi32(a[0][q], _mm256_madd_epi16(u, wq));
@@ -192,20 +182,23 @@ AI void window2(const uint8_t *x0, const uint8_t *x1, const int8_t *wb, const co
             }
         }
     for (int p = 0; p < 2; p++) {
-        s[p][0] = WIDE ? a[p][0] : pair_sums(a[p][0], a[p][1]);
-        s[p][1] = WIDE ? a[p][1] : pair_sums(a[p][2], a[p][3]);
+        s[p][0] = pair_sums(a[p][0], a[p][1]);
+        s[p][1] = pair_sums(a[p][2], a[p][3]);
     }
 }
 
-/* The non-negative form (conv_t.ub: every input value in [0, 127], found per call by
- * qp_conv): VPMADDUBSW multiplies the input bytes x (unsigned) by the weights (signed) and
- * adds each pair into int16, exact as |x0 w0 + x1 w1| <= 2 * 127 * 128 = 32512 < 2**15;
- * VPMADDWD by ones adds a channel's two pairs into int32. The block's weights [16][4] int8
- * are 2 ymm of 8 channels as they lie, so one broadcast 4-byte group serves 16 channels in
- * 4 instructions (window2: 12, widening to int16). x itself (this build's inputs are raw,
- * PAD_XOR), not xu: the sums start from bias (corr + 128 * sum of the weights). 4 pixels
- * at px. */
-AI void window_ub(const uint8_t *const *px, const int8_t *wb, const conv_t *c, __m256i s[4][2]) {
+/* Four pixels at px, one channel block (weights wb), summed in 8 ymm registers; each
+ * broadcast 4-byte group serves 16 channels in 4 multiplies (window2: 8, and 4 widenings):
+ *   WIDE (int16 input): (x0, x1) times the block's weights [16][2] int16 (2 ymm of 8
+ *     channels): VPMADDWD gives x0 w0 + x1 w1 per channel (VPDPWSSD's products);
+ *   the non-negative form (conv_t.ub: every int8 input value in [0, 127], found per call by
+ *     qp_conv): VPMADDUBSW multiplies the input bytes x (unsigned) by the weights [16][4]
+ *     int8 (signed, 2 ymm of 8 channels as they lie) and adds each pair into int16, exact
+ *     as |x0 w0 + x1 w1| <= 2 * 127 * 128 = 32512 < 2**15; VPMADDWD by ones adds a
+ *     channel's two pairs into int32. x itself (this build's inputs are raw, PAD_XOR),
+ *     not xu: the sums start from bias (corr + 128 * sum of the weights). */
+AI void window4(const uint8_t *const *px, const int8_t *wb, const conv_t *c, int WIDE,
+                __m256i s[4][2]) {
     int64_t kstep = c->ob * 64, rstep = c->dh * c->wp * c->pix, cstep = c->dw * c->pix;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i a[4][2];
@@ -220,8 +213,10 @@ AI void window_ub(const uint8_t *const *px, const int8_t *wb, const conv_t *c, _
                 __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + 32));
                 for (int p = 0; p < 4; p++) {
                     __m256i bx = bcast_i32(px[p] + off + 4 * k); /* from memory: a load */
-                    a[p][0] = _mm256_add_epi32(a[p][0], _mm256_madd_epi16(_mm256_maddubs_epi16(bx, w0), ones));
-                    a[p][1] = _mm256_add_epi32(a[p][1], _mm256_madd_epi16(_mm256_maddubs_epi16(bx, w1), ones));
+                    a[p][0] = _mm256_add_epi32(a[p][0], WIDE ? _mm256_madd_epi16(bx, w0)
+                                                             : _mm256_madd_epi16(_mm256_maddubs_epi16(bx, w0), ones));
+                    a[p][1] = _mm256_add_epi32(a[p][1], WIDE ? _mm256_madd_epi16(bx, w1)
+                                                             : _mm256_madd_epi16(_mm256_maddubs_epi16(bx, w1), ones));
                     __asm__("" : "+x"(a[p][0]), "+x"(a[p][1])); /* keeps them in registers */
                 }
             }
@@ -234,10 +229,11 @@ TGT AI void micro(const uint8_t *const *xs, const int8_t *wb, const int32_t *cor
     for (int b = 0; b < NB; b++) {
         __m256i c0 = _mm256_loadu_si256((const __m256i *)(corr + b * 16));
         __m256i c1 = _mm256_loadu_si256((const __m256i *)(corr + b * 16 + 8));
-        if (!WIDE && c->ub) { /* NP 12: 3 blocks of 4 pixels */
+        if (WIDE || c->ub) { /* NP 12: 3 blocks of 4 pixels */
             for (int p = 0; p < NP; p += 4) {
                 __m256i s[4][2];
-                window_ub(xs + p, wb + b * 64, c, s);
+                if (WIDE) window4(xs + p, wb + b * 64, c, 1, s);
+                else window4(xs + p, wb + b * 64, c, 0, s);
                 for (int q = 0; q < 4; q++) {
                     __m256i both[2] = {_mm256_add_epi32(s[q][0], c0), _mm256_add_epi32(s[q][1], c1)};
                     memcpy(&acc[b * NP + p + q], both, sizeof both);
@@ -247,7 +243,7 @@ TGT AI void micro(const uint8_t *const *xs, const int8_t *wb, const int32_t *cor
         }
         for (int p = 0; p < NP; p += 2) {
             __m256i s[2][2];
-            window2(xs[p], xs[p + 1 < NP ? p + 1 : p], wb + b * 64, c, WIDE, FLIP, s);
+            window2(xs[p], xs[p + 1 < NP ? p + 1 : p], wb + b * 64, c, FLIP, s);
             for (int q = 0; q < 2 && p + q < NP; q++) {
                 __m256i both[2] = {_mm256_add_epi32(s[q][0], c0), _mm256_add_epi32(s[q][1], c1)};
                 memcpy(&acc[b * NP + p + q], both, sizeof both);
