@@ -216,6 +216,7 @@ AI void dw_pixel(const dw_t *d, const epi_t *e, int64_t x0, const wpair_t *wp, i
                  char *out, __mmask32 m, __mmask32 s, int64_t i0, int64_t i1, int64_t j0,
                  int64_t j1, int64_t kh, int64_t kw) {
     __m256i lo[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, hi[2] = {lo[0], lo[0]};
+#pragma GCC unroll 25 /* constant kh, kw (the 3 x 3 interior): constant taps, no range tests */
     for (int64_t p = 0; p < (kh * kw + 1) / 2; p++) {
         __m256i xa = dw_tap(d, x0, 2 * p, m, i0, i1, j0, j1, kh, kw);
         __m256i xb = dw_tap(d, x0, 2 * p + 1, m, i0, i1, j0, j1, kh, kw);
