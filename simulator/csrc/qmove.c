@@ -139,7 +139,7 @@ typedef struct {
 } copy_t;
 
 /* A run of n <= 64 bytes (AVX-512: one masked move; AVX2: SIMDe's 64-byte masked moves go
- * through a buffer, two calls a run, which made a head-merging copy of 16-byte runs 4x
+ * through a buffer, two calls a run, which made a head-merging copy of 16-byte runs 8x
  * slower than this: 16 and 32 bytes as one move, other lengths by memcpy). */
 TGT AI void move_run(char *dst, const char *src, int64_t n, __mmask64 m) {
 #ifdef QPARITY_SIMDE
