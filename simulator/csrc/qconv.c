@@ -131,6 +131,8 @@ typedef struct {
     int64_t ostride; /* elements */
     int64_t tile;    /* pixel blocks per task, at most TILE */
     int ub;          /* the AVX2 build's non-negative form (window4): corr then holds bias */
+    const int64_t *toff; /* [kh * kw]: tap t = (i, j)'s bytes from a window's first,
+                          * (i dh wp + j dw) pix; its weights at t * c4 * ob * 64 */
 } conv_t;
 
 #ifdef QPARITY_SIMDE
@@ -142,28 +144,26 @@ typedef struct {
  * (VPDPWSSD); both wrap modulo 2**32 like the int8 sums. */
 TGT AI void micro(const uint8_t *const *xs, const int8_t *wb, const int32_t *corr,
                   const conv_t *c, int NB, int NP, int WIDE, int FLIP, __m512i *acc) {
-    int64_t kstep = c->ob * 64, rstep = c->dh * c->wp * c->pix, cstep = c->dw * c->pix;
+    int64_t kstep = c->ob * 64;
     for (int b = 0; b < NB; b++) { /* the sums start from corr (mod 2**32 all the same) */
         __m512i c0 = _mm512_loadu_si512(corr + b * 16);
         for (int p = 0; p < NP; p++) acc[b * NP + p] = c0;
     }
-    for (int64_t i = 0; i < c->kh; i++)
-        for (int64_t j = 0; j < c->kw; j++) {
-            int64_t off = i * rstep + j * cstep;
-            const int8_t *wj = wb + (i * c->kw + j) * c->c4 * kstep;
-            for (int64_t k = 0; k < c->c4; k++) {
-                __m512i wv[4];
-                for (int b = 0; b < NB; b++) wv[b] = _mm512_loadu_si512(wj + k * kstep + b * 64);
-                for (int p = 0; p < NP; p++) {
-                    int32_t four;
-                    memcpy(&four, xs[p] + off + 4 * k, 4);
-                    __m512i bx = _mm512_set1_epi32(FLIP ? four ^ (int32_t)0x80808080 : four);
-                    for (int b = 0; b < NB; b++)
-                        acc[b * NP + p] = WIDE ? _mm512_dpwssd_epi32(acc[b * NP + p], bx, wv[b])
-                                               : _mm512_dpbusd_epi32(acc[b * NP + p], bx, wv[b]);
-                }
+    for (int64_t t = 0; t < c->kh * c->kw; t++) {
+        const int8_t *wt = wb + t * c->c4 * kstep;
+        for (int64_t k = 0; k < c->c4; k++) {
+            __m512i wv[4];
+            for (int b = 0; b < NB; b++) wv[b] = _mm512_loadu_si512(wt + k * kstep + b * 64);
+            for (int p = 0; p < NP; p++) {
+                int32_t four;
+                memcpy(&four, xs[p] + c->toff[t] + 4 * k, 4);
+                __m512i bx = _mm512_set1_epi32(FLIP ? four ^ (int32_t)0x80808080 : four);
+                for (int b = 0; b < NB; b++)
+                    acc[b * NP + p] = WIDE ? _mm512_dpwssd_epi32(acc[b * NP + p], bx, wv[b])
+                                           : _mm512_dpbusd_epi32(acc[b * NP + p], bx, wv[b]);
             }
         }
+    }
 }
 
 #endif
@@ -359,8 +359,10 @@ TGT void qp_conv(const void *xs, int64_t wide, int64_t n, int64_t hp, int64_t wp
     int64_t total = n * oh * ow, blocks = (total + np - 1) / np;
     int64_t tiles = (blocks + TILE - 1) / TILE, tile = tiles ? (blocks + tiles - 1) / tiles : 1;
     tiles = (blocks + tile - 1) / tile;
+    int64_t toff[kh * kw]; /* read by the pool's threads while this call waits in qp_for */
+    for (int64_t t = 0; t < kh * kw; t++) toff[t] = (t / kw * dh * wp + t % kw * dw) * pix;
     conv_t c = {(const uint8_t *)xs, hp, wp, pix, groups, wk, kh, kw, ob, o, sh, sw, dh, dw,
-                oh, ow, (const char *)b, bstride, (char *)out, ostride, tile, 0};
+                oh, ow, (const char *)b, bstride, (char *)out, ostride, tile, 0, toff};
 #ifdef QPARITY_SIMDE
     if (wide == 0) wide = 2; /* qp_pad's raw copy (PAD_XOR 0) */
     if (wide != 1 && nonneg(xs, n * hp * wp * cs)) {
