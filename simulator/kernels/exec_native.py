@@ -52,7 +52,7 @@ class NativeConv:
     weights: torch.Tensor  # int8 [kh, kw, Cs/4, Ob, 16, 4]
     corr: torch.Tensor  # int32 [Ob*16]: bias - 128 * sum_k w[k, o]
     bias: torch.Tensor  # int32 [Ob*16]: corr + 128 * sum_k w[k, o], where the AVX2 build's
-    # int8 forms (qconv_avx2.h: raw inputs) start their sums
+    # non-negative form (qconv_avx2.h window4, x itself) starts its sums
     scale: torch.Tensor | None  # float32/float64 [Ob*16]; None: int32 output, acc + bias
     scale_b: torch.Tensor | None  # same, for the fused add
     channels: int  # real input channels C
