@@ -33,6 +33,7 @@ from analysis.records import localization_rows, sensitivity_rows, trial_rows, wr
 from schemas.errors import QueryError
 from schemas.spec import STAGE_NAMES
 from schemas.tables import read_run_table, write_rows
+from stages import resident
 from stages.context import RunContext
 from stages.stage_models import integer_layers, open_stage_model
 from stages.stage_runners import LOADERS
@@ -108,6 +109,7 @@ def analyze_models(
     # fail here, never overwrite the run's localization tables
     primary = read_primary(ctx.spec, read_run_table(ctx.run, "metrics"))
     results = compare_stages(ctx, models, pairs, layers, dtypes, scales)
+    resident.settle()  # the comparison's captures: the judging allocates other shapes
     verdicts, bad_rows = _judge(ctx, chain, models, results, primary, dtypes, layers)
     first = first_divergence(verdicts)
     write_rows(ctx.run, "badcases", bad_rows, "all")
@@ -117,6 +119,7 @@ def analyze_models(
     advice = advise(ctx, chain, models, layers, verdicts, primary.name)
     sens = sensitivity_rows(ctx.run.run_id, verdicts, layers)
     write_rows(ctx.run, "sensitivity", sens + trial_rows(ctx.run.run_id, advice, layers), "all")
+    resident.settle()  # the judging's runs and cut graphs, before the tensors table
     write_tensors(ctx, models, results, first, layers)
     file_dtypes = dtypes or _calibrate_dtypes(ctx, layers, advice)
     parts = {(v.base, v.analysis): _parts(v, results, file_dtypes, layers) for v in verdicts}
@@ -141,6 +144,7 @@ def _judge(
         samples = np.asarray([s for s, _ in picked])
         pair = results[(base, ana)]
         verdicts.append(judge_pair(ctx, models, pair, primary, samples, dtypes, layers))
+        resident.settle()  # the pair's runs and cut graphs (judge_pair forgets them)
     return verdicts, bad_rows
 
 

@@ -31,6 +31,7 @@ from pipelines.runs import StageOutcome, execute_stage, finish_run, start_run  #
 from schemas.owner import heartbeat  # noqa: E402
 from schemas.spec import PipelineSpec  # noqa: E402
 from schemas.store import RunStore  # noqa: E402
+from stages import resident  # noqa: E402
 from stages.context import RunContext  # noqa: E402
 from stages.registry import code_version, plan  # noqa: E402
 
@@ -192,6 +193,7 @@ def run_chain(
 
     ``recompute`` names stages computed even when the cache holds them; ``parent`` is the
     run this one was derived from (``qparity rerun``)."""
+    resident.share_arenas()  # before Prefect's and the comparison's threads start
     startup = prefect_ready() if use_prefect else 0.0
     store = RunStore(store_root)
     run = start_run(store, spec, spec_text, parent)

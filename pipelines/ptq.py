@@ -31,6 +31,7 @@ from schemas.spec_sections import CompareSpec, Dtype, Factory, PosInt, Section
 from schemas.store import Run, RunStore
 from schemas.tables import write_rows
 from simulator.program.march import MARCHES
+from stages import resident
 from stages.data import load_splits
 from stages.loader import import_object
 from stages.ptq import feeds
@@ -191,6 +192,7 @@ def run_ptq(
     stop_after = _check_spec_stage(stop_after) or spec.stages.stop_after
     onnx_path = Path(onnx_path)
     name = re.sub(r"[^A-Za-z0-9._-]", "_", onnx_path.stem) or "model"
+    resident.share_arenas()  # before Prefect's and the comparison's threads start
     store = RunStore(store_root)
     mark_interrupted(store)
     run = store.create_run(

@@ -154,7 +154,7 @@ def run_recorded(
         art, cached is not None, time.perf_counter() - t0, cached[1] if cached else None
     )
     record_stage(run, name, outcome)
-    resident.release()  # the stage's freed tensors, before the next stage (stages.resident)
+    resident.settle()  # the stage's freed tensors, before the next stage (stages.resident)
     return outcome
 
 

@@ -1,6 +1,6 @@
 """Resident memory given back to the system between the large steps of a run.
 
-Two things keep a run's resident set at the high-water mark of every step before:
+Three things keep a run's resident set at the high-water mark of every step before:
 
 - **Freed heap.** glibc's malloc serves a block from its heap unless the block is larger
   than the mmap threshold, and it raises that threshold to the size of any mapped block
@@ -14,11 +14,18 @@ Two things keep a run's resident set at the high-water mark of every step before
   file (its pages are the kernel's page cache: written back to the file, reclaimable,
   read again on the next touch), and only the pages touched since the last
   :func:`drop_mapped` count as the process's own.
+- **Per-thread arenas.** glibc gives each thread that allocates its own arena (up to 8 per
+  core), and a free block of one arena serves none of the others: the comparison's metric
+  threads, Prefect's task threads and the simulator's workers each kept their own high
+  water. :func:`share_arenas` caps them at :data:`ARENAS` before a run starts threads.
 
-:func:`release` does both: :func:`drop_mapped`, and glibc's ``malloc_trim(0)`` (returns every
-whole free page of every arena: ~50 ms for 600 MB of holes) once the heaps hold more than
-:data:`FREE_HEAP_BYTES` free (1 GB) (``mallinfo2``, ~40 us); with another C library nothing. Values never change: a dropped page
-is read back from the file, and writes to a mapped array go to the file.
+:func:`release` does the first two: :func:`drop_mapped`, and glibc's ``malloc_trim(0)``
+(returns every whole free page of every arena: ~50 ms for 600 MB of holes) once the heaps
+hold more than :data:`FREE_HEAP_BYTES` free (1 GB) (``mallinfo2``, ~40 us); with another C
+library nothing. :func:`settle` trims whatever is free, between the large steps (a stage's
+end, the analysis's phases), where what the step freed serves nothing that follows. Values
+never change: a dropped page is read back from the file, and writes to a mapped array go to
+the file.
 """
 
 from __future__ import annotations
@@ -43,6 +50,19 @@ GB lower peak, and at 256 MB 384 of the 399 calls still trimmed (bench/README.md
 "Resident memory given back"): at 1 GB a trim comes only after a large free."""
 
 
+SETTLE_BYTES = 32 * 2**20
+""":func:`settle` trims when more than this is free: a few calls a stage or analysis phase,
+so every trim is worth its faults. ResNet-50@224, 100 frames: the stages left 1.0 GB free
+in the heap at the analysis's start (under :data:`FREE_HEAP_BYTES`), 2.46 GB resident."""
+
+ARENAS = 1
+""":func:`share_arenas`' cap: every thread allocates from the main arena (numpy's and the
+runtimes' allocations are few and large, so the lock is rarely contended). ResNet-50@224's
+analysis alone, 100 frames: the comparison at 2.3-2.5 GB resident instead of 2.7-2.8."""
+M_ARENA_MAX = -8
+"""glibc's ``mallopt`` parameter number of the arena cap (malloc.h)."""
+
+
 class _MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in (
         "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
@@ -51,14 +71,27 @@ class _MallInfo2(ctypes.Structure):
 
 @functools.cache
 def _glibc():
-    """(``malloc_trim``, ``mallinfo2``) from the process's own symbols, or None (not
-    glibc, or older than 2.33)."""
+    """(``malloc_trim``, ``mallinfo2``, ``mallopt``) from the process's own symbols, or
+    None (not glibc, or older than 2.33)."""
     try:
         libc = ctypes.CDLL(None)
         libc.mallinfo2.restype = _MallInfo2
-        return libc.malloc_trim, libc.mallinfo2
+        return libc.malloc_trim, libc.mallinfo2, libc.mallopt
     except (OSError, AttributeError):
         return None
+
+
+def share_arenas(arenas: int = ARENAS) -> bool:
+    """Cap glibc's arenas at ``arenas`` (``mallopt(M_ARENA_MAX)``): threads started later
+    share them instead of each growing its own. True if the cap was set (glibc)."""
+    fns = _glibc()
+    return bool(fns and fns[2](M_ARENA_MAX, arenas))
+
+
+def settle() -> bool:
+    """:func:`release` of everything free past :data:`SETTLE_BYTES`: between the large
+    steps of a run. True if ``malloc_trim`` ran."""
+    return release(at_least=SETTLE_BYTES)
 
 
 def free_heap_bytes() -> int:

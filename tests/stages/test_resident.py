@@ -69,3 +69,55 @@ def test_dropping_gives_back_the_pages_a_read_touched(tmp_path):
         pytest.fail("reading the mapped array did not count as resident (3 reads)")
     resident.drop_mapped()
     assert _rss_mb() < touched - 100, "the touched pages stayed resident after drop_mapped"
+
+
+def _arenas(capfd) -> int:
+    """glibc's arena count, from ``malloc_stats``' report on stderr."""
+    import ctypes
+
+    capfd.readouterr()
+    ctypes.CDLL(None).malloc_stats()
+    return capfd.readouterr().err.count("Arena ")
+
+
+def test_threads_started_after_share_arenas_grow_no_arena_of_their_own(capfd):
+    import threading
+
+    if resident._glibc() is None:
+        pytest.skip("not glibc: no arenas to share")
+    assert resident.share_arenas()
+    before = _arenas(capfd)
+    gate = threading.Barrier(21)
+    held = []
+
+    def allocate():
+        held.append(np.ones(64 * 1024))  # a malloc in this thread: its arena is picked
+        gate.wait()
+
+    threads = [threading.Thread(target=allocate) for _ in range(20)]
+    for t in threads:
+        t.start()
+    gate.wait()  # all 20 alive at once: without the cap each takes an arena of its own
+    for t in threads:
+        t.join()
+    assert _arenas(capfd) == before
+    assert len(held) == 20
+
+
+def test_settle_trims_what_the_per_run_release_keeps():
+    if resident._glibc() is None:
+        pytest.skip("not glibc: settle() has nothing to call")
+    del_me = np.ones(16 * MB // 8)  # raises the mmap threshold (see the first test)
+    del del_me
+    big, live = [], []
+    for _ in range(32):  # 2 MB blocks from the heap, each below a small live one
+        big.append(np.ones(2 * MB // 8))
+        live.append(np.ones(MB // 8))
+    del big
+    freed = _anon_mb()
+    if resident.free_heap_bytes() < resident.SETTLE_BYTES:
+        pytest.skip("this malloc gave the blocks back on free (mmap threshold fixed)")
+    assert not resident.release()  # under FREE_HEAP_BYTES: a model run keeps them
+    assert resident.settle()
+    assert _anon_mb() < freed - 40, "the 64 MB freed below live blocks stayed resident"
+    assert len(live) == 32
