@@ -211,5 +211,10 @@ def float32_lists(tensors: list[np.ndarray]) -> pa.ListArray:
     """One Arrow ``list<float32>`` row per tensor (flattened), built from one buffer."""
     sizes = np.fromiter((t.size for t in tensors), dtype=np.int32, count=len(tensors))
     offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int32)
-    flat = np.concatenate([t.reshape(-1) for t in tensors]) if tensors else np.zeros(0)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat.astype(np.float32)))
+    # one float32 buffer, which Arrow takes without a copy (ResNet-50@224: 100 MB a sample)
+    flat = (
+        np.concatenate([t.reshape(-1) for t in tensors], dtype=np.float32, casting="same_kind")
+        if tensors
+        else np.zeros(0, np.float32)
+    )
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))

@@ -121,3 +121,24 @@ def test_settle_trims_what_the_per_run_release_keeps():
     assert resident.settle()
     assert _anon_mb() < freed - 40, "the 64 MB freed below live blocks stayed resident"
     assert len(live) == 32
+
+
+def test_settle_frees_what_only_the_cycle_collector_reaches():
+    import gc
+    import weakref
+
+    class Node:  # a graph node and its weights, in a cycle as traced graphs are
+        pass
+
+    a, b = Node(), Node()
+    a.peer, b.peer = b, a
+    a.weights = np.ones(4 * MB // 8)
+    alive = weakref.ref(a)
+    gc.disable()  # as if the collector's full pass had not come yet
+    try:
+        del a, b
+        assert alive() is not None
+        resident.settle()
+        assert alive() is None
+    finally:
+        gc.enable()
