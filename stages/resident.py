@@ -39,6 +39,7 @@ import functools
 import gc
 import mmap
 import tempfile
+import time
 import weakref
 from pathlib import Path
 
@@ -59,6 +60,11 @@ SETTLE_BYTES = 32 * 2**20
 """:func:`settle` trims when more than this is free: a few calls a stage or analysis phase,
 so every trim is worth its faults. ResNet-50@224, 100 frames: the stages left 1.0 GB free
 in the heap at the analysis's start (under :data:`FREE_HEAP_BYTES`), 2.46 GB resident."""
+
+COLLECT_SHARE = 0.03
+""":func:`settle`'s largest share of a run's time in garbage collections."""
+_COLLECTED = {"end": float("-inf"), "cost": 0.0}
+"""When :func:`settle`'s last collection ended and what it cost (perf_counter seconds)."""
 
 ARENAS = 1
 """:func:`share_arenas`' cap: every thread allocates from the main arena (numpy's and the
@@ -97,8 +103,17 @@ def settle() -> bool:
     """Between the large steps of a run: collect the garbage cycles (a traced graph, a
     GraphModule and its weights free only through the cycle collector, which seldom runs
     a full pass in a process of long-lived objects), then :func:`release` everything
-    free past :data:`SETTLE_BYTES`. True if ``malloc_trim`` ran."""
-    gc.collect()
+    free past :data:`SETTLE_BYTES`. True if ``malloc_trim`` ran.
+
+    A full collection costs ~0.3 s among a run's imports, so one runs only once
+    ``cost / COLLECT_SHARE`` seconds have passed since the last one ended: at most
+    :data:`COLLECT_SHARE` of the time. A real model's steps take tens of seconds and get
+    one each; the seconds-long steps of a small model share one."""
+    start = time.perf_counter()
+    if start - _COLLECTED["end"] >= _COLLECTED["cost"] / COLLECT_SHARE:
+        gc.collect()
+        end = time.perf_counter()
+        _COLLECTED.update(end=end, cost=end - start)
     return release(at_least=SETTLE_BYTES)
 
 

@@ -123,9 +123,11 @@ def test_settle_trims_what_the_per_run_release_keeps():
     assert len(live) == 32
 
 
-def test_settle_frees_what_only_the_cycle_collector_reaches():
+def test_settle_frees_what_only_the_cycle_collector_reaches(monkeypatch):
     import gc
     import weakref
+
+    monkeypatch.setitem(resident._COLLECTED, "end", float("-inf"))  # none ran lately
 
     class Node:  # a graph node and its weights, in a cycle as traced graphs are
         pass
@@ -142,3 +144,19 @@ def test_settle_frees_what_only_the_cycle_collector_reaches():
         assert alive() is None
     finally:
         gc.enable()
+
+
+def test_settle_collects_at_most_its_share_of_the_time(monkeypatch):
+    import gc
+
+    calls = []
+    monkeypatch.setattr(gc, "collect", lambda: calls.append(1))
+    monkeypatch.setitem(resident._COLLECTED, "end", float("-inf"))
+    resident.settle()
+    assert len(calls) == 1
+    monkeypatch.setitem(resident._COLLECTED, "cost", 1.0)  # a 1 s collection just ended
+    resident.settle()  # 33 s must pass first
+    assert len(calls) == 1
+    monkeypatch.setitem(resident._COLLECTED, "end", resident._COLLECTED["end"] - 40.0)
+    resident.settle()
+    assert len(calls) == 2
