@@ -213,7 +213,7 @@ def float32_lists(tensors: list[np.ndarray]) -> pa.ListArray:
     offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int32)
     # one float32 buffer, which Arrow takes without a copy (ResNet-50@224: 100 MB a sample)
     flat = (
-        np.concatenate([t.reshape(-1) for t in tensors], dtype=np.float32, casting="same_kind")
+        np.concatenate([t.reshape(-1) for t in tensors], dtype=np.float32)
         if tensors
         else np.zeros(0, np.float32)
     )
