@@ -193,7 +193,7 @@ def run_chain(
 
     ``recompute`` names stages computed even when the cache holds them; ``parent`` is the
     run this one was derived from (``qparity rerun``)."""
-    resident.share_arenas()  # before Prefect's and the comparison's threads start
+    resident.tune_malloc()  # before Prefect's and the comparison's threads start
     startup = prefect_ready() if use_prefect else 0.0
     store = RunStore(store_root)
     run = start_run(store, spec, spec_text, parent)

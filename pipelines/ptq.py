@@ -192,7 +192,7 @@ def run_ptq(
     stop_after = _check_spec_stage(stop_after) or spec.stages.stop_after
     onnx_path = Path(onnx_path)
     name = re.sub(r"[^A-Za-z0-9._-]", "_", onnx_path.stem) or "model"
-    resident.share_arenas()  # before Prefect's and the comparison's threads start
+    resident.tune_malloc()  # before Prefect's and the comparison's threads start
     store = RunStore(store_root)
     mark_interrupted(store)
     run = store.create_run(
