@@ -11,7 +11,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from schemas.errors import SimulatorError
-from simulator.arith.kernels import conv_int, matmul_int, max_pool_int, sum_pool_int
+from simulator.arith.kernels import conv_int, gemm_dtype, matmul_int, max_pool_int, sum_pool_int
 
 FAST = settings(max_examples=60, deadline=None)
 DTYPES = st.sampled_from([np.int8, np.int16])
@@ -113,6 +113,25 @@ def test_conv_extreme_values_are_exact():
     got = conv_int(x, w, pads=[1, 1, 1, 1])
     assert got[0, 0, 2, 2] == 64 * 9 * 32768 * 128  # 2**34.2, exact
     assert got[0, 0, 0, 0] == 64 * 4 * 32768 * 128
+
+
+@pytest.mark.parametrize("kernel", [1, 3])  # the 1x1 (taps) and the im2col path
+def test_conv_past_the_float32_bound_is_exact(kernel):
+    c = 1101 if kernel == 1 else 123  # 1101 or 1107 terms of 127 * 127: an odd sum past 2**24
+    x = np.full((1, c, kernel, kernel), 127, np.int8)
+    w = np.full((1, c, kernel, kernel), 127, np.int8)
+    assert gemm_dtype(127, w) == np.float64
+    assert conv_int(x, w)[0, 0, 0, 0] == c * kernel**2 * 127 * 127  # float32 would round
+
+
+def test_conv_within_the_float32_bound_runs_in_float32_and_is_exact():
+    rng = np.random.default_rng(0)
+    x = rand_ints(rng, (2, 64, 9, 9), np.int8)
+    w = rng.integers(-8, 8, (16, 64, 3, 3)).astype(np.int8)  # sum |w| <= 4608: 2**19.2 bound
+    assert gemm_dtype(128, w) == np.float32
+    np.testing.assert_array_equal(
+        conv_int(x, w, pads=[1] * 4), ref_conv(x, w, [1, 1], [1] * 4, [1, 1], 1)
+    )
 
 
 def test_kernels_refuse_bad_input():
