@@ -15,9 +15,11 @@ blocking BLAS uses, and the result equals the integer sum. int8 x int8 allows
 A convolution runs in float32 instead (half the bytes, about twice the GEMM rate) when
 ``max|x| * max_o sum_k |w[o, k]| < 2**24`` (:func:`gemm_dtype`): every partial sum of
 output channel ``o`` is a sum of a subset of its terms, so its magnitude is at most
-``max|x| * sum_k |w[o, k]|``, and every integer below ``2**24`` is a float32. int8 convs
-of a trained network pass (ResNet-50's 3x3 convs, K = 4608, sum |w| per channel well
-under 2**17); int16 inputs seldom do.
+``max|x| * sum_k |w[o, k]|``, and every integer below ``2**24`` is a float32. Most int8
+convs pass: 50 of the 53 of torchvision's ResNet-50 at 224 (bench/zoo, convert's
+quantized.onnx, with ``max|x|`` taken as 128); int16 inputs seldom do. At 56x56, one
+sample, a 3x3 256 -> 256 conv took 78-83 ms against 168-181 ms in float64, a 1x1
+256 -> 64 one 3.6-3.7 ms against 6.5-6.7.
 """
 
 from __future__ import annotations
