@@ -46,9 +46,10 @@ def _ints(name: str, x, where: str) -> np.ndarray:
     return x
 
 
-def check_exact(where: str, a: np.ndarray, b: np.ndarray, k: int) -> None:
-    """Raise unless ``max|a| * max|b| * k < 2**53`` (float64 sums then exact)."""
-    bound = max_abs(a) * max_abs(b) * k
+def check_exact(where: str, a: np.ndarray, b: np.ndarray, k: int, a_max: int | None = None):
+    """Raise unless ``max|a| * max|b| * k < 2**53`` (float64 sums then exact); ``a_max``:
+    ``max|a|`` when the caller has it already."""
+    bound = (max_abs(a) if a_max is None else a_max) * max_abs(b) * k
     if bound >= EXACT_LIMIT:
         raise SimulatorError(
             f"accumulator bound {bound} reaches 2**53: float64 would round",
@@ -124,8 +125,9 @@ def conv_int(x, w, strides=None, pads=None, dilations=None, group: int = 1) -> n
         )
     strides, pads, dilations = _geometry(nd, strides, pads, dilations, "conv_int")
     k = cg * math.prod(kernel)
-    check_exact("conv_int", x, w, k)
-    dtype = gemm_dtype(max_abs(x), w)
+    x_max = max_abs(x)
+    check_exact("conv_int", x, w, k, x_max)
+    dtype = gemm_dtype(x_max, w)
     xp = _pad(x.astype(dtype), pads, 0)
     if cg == 1 or (group == 1 and math.prod(kernel) == 1):
         return _conv_by_taps(xp, w, kernel, strides, dilations, group)
