@@ -11,6 +11,11 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; 
     || echo "test.sh: could not install chromium; the report's browser test will skip" >&2
 fi
 .venv/bin/ruff check .
+# Byte-compile once: with PYTHONDONTWRITEBYTECODE set (as in this project's sandbox), each
+# pytest worker and every child process a test starts (the CLI, the sweep's workers)
+# compiled every module of ours from source again, and pytest re-rewrote every test file.
+unset PYTHONDONTWRITEBYTECODE
+.venv/bin/python -m compileall -q -j 2 analysis bench examples pipelines qparity schemas simulator stages tests >/dev/null
 # Two workers (one torch thread each; tests/conftest.py), whole files per worker so a
 # module's fixtures are built once: $QPARITY_TEST_WORKERS=0 runs in one process.
 .venv/bin/python -m pytest -q -n "${QPARITY_TEST_WORKERS:-2}" --dist loadfile "$@"
