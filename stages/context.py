@@ -146,7 +146,8 @@ class RunContext:
     def reference(self) -> dict[str, np.ndarray]:
         """The float model's outputs on the evaluation split, by output id: what every
         stage's agreement metrics are measured against (stages.evaluate)."""
-        return collect(self.float_model, self.evaluation, self.spec.data.batch_size, "float")
+        ev, batch = self.evaluation, self.spec.data.batch_size
+        return collect(self.float_model, ev, batch, "float", nhwc=True)
 
     @cached_property
     def task_metric(self) -> Callable | None:

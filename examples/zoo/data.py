@@ -18,6 +18,7 @@ import torch
 
 from examples.zoo import images
 from examples.zoo.models import ZOO, build, entry_of
+from stages.evaluate import channels_last
 
 CALIBRATION = 256
 
@@ -66,8 +67,10 @@ def _labelled(name: str, size: int, train: np.ndarray, evaluation: np.ndarray) -
 
 
 def _labels(model: torch.nn.Module, x: np.ndarray, batch: int = 32) -> np.ndarray:
+    """Top-1 of the float model, run as the stages run it (stages.evaluate.channels_last)."""
     with torch.no_grad():
-        out = [model(torch.from_numpy(x[s : s + batch])).argmax(1) for s in range(0, len(x), batch)]
+        out = [model(channels_last(torch.from_numpy(x[s : s + batch]))).argmax(1)
+               for s in range(0, len(x), batch)]  # fmt: skip
     return torch.cat(out).numpy().astype(np.int64)
 
 

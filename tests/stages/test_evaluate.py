@@ -82,6 +82,33 @@ def test_collect_keys_outputs_by_id_over_every_batch():
     assert np.array_equal(got["output.1.boxes"], split.x)
 
 
+class _ConvHead(torch.nn.Module):
+    """A conv, then a head that flattens with ``view`` (or ``flatten``)."""
+
+    def __init__(self, view: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv, self.fc, self.view = torch.nn.Conv2d(3, 8, 3), torch.nn.Linear(8 * 36, 4), view
+
+    def forward(self, x):
+        y = self.conv(x)
+        self.seen = y.is_contiguous(memory_format=torch.channels_last)
+        return self.fc(y.view(len(y), -1) if self.view else torch.flatten(y, 1))
+
+
+@pytest.mark.parametrize("view", [False, True])
+def test_the_float_model_runs_channels_last_unless_it_rejects_it(view):
+    """nhwc: the same outputs up to float rounding, in channels-last memory; a model whose
+    ``view`` cannot take that memory runs every batch on NCHW input instead."""
+    x = np.random.default_rng(0).standard_normal((5, 3, 8, 8), dtype=np.float32)
+    split, model = Split("evaluation", {"x": x}), _ConvHead(view)
+    want = collect(model, split, 2, "t")["output"]
+    assert not model.seen
+    got = collect(model, split, 2, "t", nhwc=True)["output"]
+    assert model.seen is not view  # the last batch's layout
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
 def test_stage_metrics_refuse_a_primary_the_stage_does_not_record(make_ctx):
     ctx = make_ctx(
         data={**make_ctx().spec.data.model_dump(), "dataset": "tests.models:unlabelled_data"},
