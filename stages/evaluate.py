@@ -59,7 +59,7 @@ def collect(
     done = 0
     for start, x, _ in split.batches(batch_size):
         with _torch_threads(ids is None):
-            out, nhwc = _run(model, split.tensors(start, start + len(x)), nhwc)
+            out, nhwc = run_batch(model, split.tensors(start, start + len(x)), nhwc)
         got = output_arrays(out) if ids is None else positional(ids, out, task)
         for oid, value in got.items():
             parts.setdefault(oid, []).append(value)
@@ -68,7 +68,7 @@ def collect(
     return {oid: np.concatenate(values) for oid, values in parts.items()}
 
 
-def _run(model: Callable, xs: tuple, nhwc: bool) -> tuple[object, bool]:
+def run_batch(model: Callable, xs: tuple, nhwc: bool) -> tuple[object, bool]:
     """(``model``'s output, whether channels-last input stays on): a model that rejects
     channels-last memory (``x.view(n, -1)`` after a conv) runs on the NCHW batch, and so
     does every later batch."""

@@ -18,7 +18,7 @@ import torch
 
 from examples.zoo import images
 from examples.zoo.models import ZOO, build, entry_of
-from stages.evaluate import channels_last
+from stages.evaluate import run_batch
 
 CALIBRATION = 256
 
@@ -67,10 +67,13 @@ def _labelled(name: str, size: int, train: np.ndarray, evaluation: np.ndarray) -
 
 
 def _labels(model: torch.nn.Module, x: np.ndarray, batch: int = 32) -> np.ndarray:
-    """Top-1 of the float model, run as the stages run it (stages.evaluate.channels_last)."""
+    """Top-1 of the float model, run as the stages run it (stages.evaluate.run_batch:
+    channels-last batches unless the model rejects them)."""
+    out, nhwc = [], True
     with torch.no_grad():
-        out = [model(channels_last(torch.from_numpy(x[s : s + batch]))).argmax(1)
-               for s in range(0, len(x), batch)]  # fmt: skip
+        for s in range(0, len(x), batch):
+            y, nhwc = run_batch(model, (torch.from_numpy(x[s : s + batch]),), nhwc)
+            out.append(y.argmax(1))
     return torch.cat(out).numpy().astype(np.int64)
 
 
