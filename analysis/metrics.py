@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from simulator.runtime import native
+
 METRICS = ("cosine", "mse", "l1", "max_abs", "sqnr_db", "max_qscale_diff", "exact_ratio",
            "rtol", "kl")  # fmt: skip
 SIDES = ("min", "max", "mean")
@@ -48,7 +50,51 @@ def sums(
     a: np.ndarray, b: np.ndarray, step: float, edges: tuple[float, float] | None = None
 ) -> dict[str, np.ndarray]:
     """Per-sample sums (batch-length arrays) from which every metric follows; with
-    ``edges`` (:func:`hist_edges`) also both sides' histograms (batch x ``BINS``)."""
+    ``edges`` (:func:`hist_edges`) also both sides' histograms (batch x ``BINS``).
+
+    One pass of the compiled kernel (simulator/csrc/qstats.c: the same float64 operations,
+    sums in element order) when the simulator's kernels load, else :func:`numpy_sums`; the
+    two agree to float64 rounding, their histograms exactly."""
+    a, b = np.asarray(a), np.asarray(b)
+    lib = native.untraced()
+    if lib is None or a.size != b.size or not a.ndim:
+        return numpy_sums(a, b, step, edges)
+    return _native_sums(lib, a, b, step, edges)
+
+
+def _native_sums(lib, a: np.ndarray, b: np.ndarray, step: float, edges) -> dict[str, np.ndarray]:
+    """:func:`sums` through ``qp_pair_sums`` (float32 and float64 read as they are)."""
+    batch = a.shape[0]
+    fa, fb = _floats(a, batch), _floats(b, batch)
+    out = np.empty((batch, len(_NATIVE)))
+    bins = BINS if edges is not None else 0
+    ha, hb = np.zeros((batch, max(bins, 1))), np.zeros((batch, max(bins, 1)))
+    lo, hi = edges if edges is not None else (0.0, 1.0)
+    lib.qp_pair_sums(fa.ctypes.data, fa.dtype == np.float64, fb.ctypes.data,
+                     fb.dtype == np.float64, batch, fa.shape[1], step / 100, lo,
+                     BINS / (hi - lo), bins, out.ctypes.data, ha.ctypes.data, hb.ctypes.data)  # fmt: skip
+    got = {k: out[:, i] for i, k in enumerate(_NATIVE)}
+    got["a_nan"], got["b_nan"] = got["a_nan"].astype(np.int64), got["b_nan"].astype(np.int64)
+    got["n"] = np.full(batch, fa.shape[1], dtype=np.float64)
+    return ({"ha": ha, "hb": hb} if bins else {}) | got
+
+
+_NATIVE = ("ab", "aa", "bb", "d2", "d1", "dmax", "exact", "a_sum", "b_sum", "a_nan", "b_nan",
+           "a_min", "a_max", "a_abs", "b_min", "b_max")  # fmt: skip
+"""qp_pair_sums' row of sums, in its order (simulator/csrc/qstats.c)."""
+
+
+def _floats(x: np.ndarray, batch: int) -> np.ndarray:
+    """``x`` as a C-contiguous (batch, n) float32 or float64 array (other dtypes: float64)."""
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float64)
+    return np.ascontiguousarray(x.reshape(batch, -1))
+
+
+def numpy_sums(
+    a: np.ndarray, b: np.ndarray, step: float, edges: tuple[float, float] | None = None
+) -> dict[str, np.ndarray]:
+    """:func:`sums` in numpy (the reference of the compiled kernel, and its fallback)."""
     batch = a.shape[0]
     (fa, na), (fb, nb) = _flat(a, batch), _flat(b, batch)
     d = fb - fa

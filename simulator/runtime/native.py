@@ -1,5 +1,8 @@
 """The compiled kernels of the executor (simulator/csrc/*.c): built on first use, cached.
 
+One more rides in the same library: ``qp_pair_sums`` (csrc/qstats.c), the analysis' per-layer
+sums of a stage pair (:func:`analysis.metrics.sums`), in one pass where numpy needs twenty.
+
 The C sources are compiled with the machine's C compiler (``$CC`` or ``cc``) into
 ``$QPARITY_NATIVE_CACHE`` (default ``~/.cache/qparity/native``), one shared library per
 source hash, compiler and flags, written under a temporary name and renamed into place so
@@ -47,7 +50,7 @@ HINT = (
 )
 SOURCES = tuple(Path(__file__).parents[1] / "csrc" / n
                 for n in ("qconv.c", "qdw.c", "qamx.c", "qrows.c", "qbmm.c", "qnorm.c", "qmove.c",
-                          "qplan.c", "qpool.c", "qquant.c"))  # fmt: skip
+                          "qplan.c", "qpool.c", "qquant.c", "qstats.c"))  # fmt: skip
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-fno-strict-aliasing")
 AVX2_FLAGS = ("-mavx2", "-mfma", "-DQPARITY_SIMDE", "-Wno-psabi")
 AVX2_GCC_FLAGS = ("-mtune-ctrl=avx256_move_by_pieces,avx256_store_by_pieces",)
@@ -108,6 +111,7 @@ SIGNATURES = {
     "qp_softmax": ([P, I64, I64, I64, P, P, I64, F64, F64, I64, F64, F64, P, I64], None),
     "qp_layernorm": ([P, *[I64] * 5, F64, I64, P, I64, I64, P, P, F64, F64, F64, P, I64],
                      ctypes.c_int),
+    "qp_pair_sums": ([P, I64, P, I64, I64, I64, F64, F64, F64, I64, P, P, P], None),
     packed.RUNNER: ([I64, P, P, P, P, I64, P, P, P, P], I64),
 }  # fmt: skip
 """Every exported kernel's ctypes signature; simulator.runtime.packed writes the frozen plan's

@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from analysis.metrics import Accumulator, finish, hist_edges, step_of, sums
+from analysis.metrics import Accumulator, finish, hist_edges, numpy_sums, step_of, sums
+from simulator.runtime import native
 
 finite = st.floats(-100, 100, allow_nan=False, width=32)
 pairs = st.integers(1, 4).flatmap(
@@ -36,11 +38,12 @@ def reference(a: list[float], b: list[float], step: float) -> dict:
     }
 
 
+@pytest.mark.parametrize("how", [sums, numpy_sums], ids=["sums", "numpy_sums"])
 @settings(max_examples=60, deadline=None)
-@given(pairs, st.sampled_from([0.01, 0.5, 1.0]))
-def test_per_sample_metrics_match_the_formulas(ab, step):
+@given(ab=pairs, step=st.sampled_from([0.01, 0.5, 1.0]))
+def test_per_sample_metrics_match_the_formulas(how, ab, step):
     a, b = ab
-    got = finish(sums(a, b, step), step)
+    got = finish(how(a, b, step), step)
     for i in range(a.shape[0]):
         want = reference(a[i].astype(float).tolist(), b[i].astype(float).tolist(), step)
         for key, value in want.items():
@@ -121,3 +124,40 @@ def test_values_outside_the_kl_edges_count_in_the_end_bins():
     s = sums(a, b, 1.0, (0.0, 1.0))
     assert s["hb"][0, -1] == 1 and s["hb"][0, 0] == 1 and s["hb"].sum() == 2
     assert finish(s, 1.0)["kl"][0] == 0.0  # same two end bins, same histogram
+
+
+special = st.sampled_from([np.nan, np.inf, -np.inf, 0.0, 1e30, -1e-30])
+dtypes = st.sampled_from([np.float32, np.float64, np.int8, np.int32])
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(1, 3),
+    st.integers(1, 40),
+    dtypes,
+    dtypes,
+    st.integers(0, 2**32 - 1),
+    st.lists(special, max_size=4),
+    st.booleans(),
+)
+def test_the_compiled_sums_equal_numpys(batch, n, da, db, seed, extra, with_edges):
+    """simulator/csrc/qstats.c against :func:`numpy_sums`: every sum to float64 rounding,
+    the counts and histograms exactly, on float32/float64/integer sides and non-finite
+    values."""
+    if native.untraced() is None:
+        pytest.skip(f"compiled kernels {native.status()}")
+    rng = np.random.default_rng(seed)
+    a = (rng.standard_normal((batch, n)) * 50).astype(np.float64)
+    b = a + rng.standard_normal((batch, n)) * rng.choice([0.0, 0.1, 10.0])
+    for i, v in enumerate(extra):  # non-finite and extreme values, where the dtype holds them
+        (a if i % 2 else b).flat[rng.integers(a.size)] = v
+    a, b = (x.astype(t) if t in (np.float32, np.float64) else np.nan_to_num(x).clip(-100, 100)
+            .astype(t) for x, t in ((a, da), (b, db)))  # fmt: skip
+    edges = hist_edges(a, b) if with_edges else None
+    got, want = sums(a, b, 0.5, edges), numpy_sums(a, b, 0.5, edges)
+    assert sorted(got) == sorted(want)
+    for key in want:
+        assert got[key].dtype == want[key].dtype, key
+        assert np.allclose(got[key], want[key], rtol=1e-12, atol=0, equal_nan=True), key
+    for key in ("exact", "a_nan", "b_nan", "n", "ha", "hb"):
+        assert (got.get(key) == want.get(key)).all() if key in want else key not in got
