@@ -66,7 +66,7 @@ def own_errors(
     worst = dict.fromkeys(layer_ids, 0.0)
     dots = {lid: np.zeros(3) for lid in layer_ids}  # <a, b>, <a, a>, <b, b>
     for part in chunks(idx):
-        ana, computed = _base_on_analysis(base, analysis, part, layer_ids)
+        _, ana, computed = _base_on_analysis(base, analysis, part, layer_ids)
         for lid in layer_ids:
             a, b = (
                 ana[lid].astype(np.float64).ravel(),
@@ -80,17 +80,17 @@ def own_errors(
 
 
 def _base_on_analysis(base: StageModel, analysis: StageModel, idx, layer_ids: list[str]):
-    """(analysis layers, base layers computed from the analysis stage's values) on ``idx``:
-    every base layer fed the analysis values (substitutable), else the base fed the
-    analysis stage's input (a feedable program) or its own."""
-    _, ana = analysis.run(idx)
+    """(analysis output, analysis layers, base layers computed from the analysis stage's
+    values) on ``idx``: every base layer fed the analysis values (substitutable), else the
+    base fed the analysis stage's input (a feedable program) or its own."""
+    out, ana = analysis.run(idx)
     if base.substitutable:
         _, computed = base.run(idx, replace={lid: ana[lid] for lid in layer_ids})
     else:
         _, computed = base.run(
             idx, replace={k: v for k, v in ana.items() if k.startswith("input:")}
         )
-    return ana, computed
+    return out, ana, computed
 
 
 def _cosine_of(ab: float, aa: float, bb: float) -> float:
@@ -126,13 +126,15 @@ def sensitivity(
     revert = analysis.substitutable and own.exact
     parts, outs, kept, before, n = chunks(idx), [], [], 0.0, 0
     for part in parts:
-        out_base, _ = base.run(part)
-        out_ana, _ = analysis.run(part)
+        out_base = base.output(part)
+        if revert:  # the analysis output comes with the capture the reverted values need
+            out_ana, reverted = _reverted(base, analysis, part, own, candidates, quant_steps)
+            outs.append(out_base)
+            kept.append(reverted)
+        else:
+            out_ana = analysis.output(part)
         before += _l1_sum(out_ana, out_base)
         n += np.size(out_base)
-        if revert:
-            outs.append(out_base)
-            kept.append(_reverted(base, analysis, part, own, candidates, quant_steps))
     after = _after_reverting(analysis, candidates, parts, kept, outs, n) if revert else {}
     before /= max(n, 1)
     worst = max((size[c] for c in candidates), default=0.0) or 1.0
@@ -141,14 +143,14 @@ def sensitivity(
     return sorted(rows, key=lambda r: round(r[2] - r[1], 12))  # stable: ties in topo order
 
 
-def _reverted(base, analysis, part, own: OwnErrors, candidates, quant_steps) -> dict:
-    """The candidates' base values computed from the analysis stage's inputs on ``part``
-    (copies: the rest of both captures is freed), their weight/activation sums added to
-    ``own.parts`` when ``quant_steps`` is given."""
-    ana, computed = _base_on_analysis(base, analysis, part, list(own.steps))
+def _reverted(base, analysis, part, own: OwnErrors, candidates, quant_steps):
+    """(the analysis output, the candidates' base values computed from the analysis
+    stage's inputs) on ``part`` (copies: the rest of both captures is freed), their
+    weight/activation sums added to ``own.parts`` when ``quant_steps`` is given."""
+    out, ana, computed = _base_on_analysis(base, analysis, part, list(own.steps))
     for lid in candidates if quant_steps is not None else ():
         _add_parts(own.parts, lid, ana[lid], computed[lid], quant_steps[lid])
-    return {lid: np.array(computed[lid]) for lid in candidates}
+    return out, {lid: np.array(computed[lid]) for lid in candidates}
 
 
 def _after_reverting(analysis: StageModel, candidates, parts, kept, outs, n: int) -> dict:
@@ -156,7 +158,7 @@ def _after_reverting(analysis: StageModel, candidates, parts, kept, outs, n: int
     value (one dict per chunk of ``parts``) against the base output ``outs``, every chunk
     of one candidate before the next."""
     return {
-        lid: sum(_l1_sum(analysis.run(part, replace={lid: rev[lid]})[0], out)
+        lid: sum(_l1_sum(analysis.output(part, replace={lid: rev[lid]}), out)
                  for part, rev, out in zip(parts, kept, outs, strict=True)) / max(n, 1)
         for lid in candidates
     }  # fmt: skip

@@ -16,17 +16,19 @@ from stages.layers import ID_KEY
 
 
 class _Capture(torch.fx.Interpreter):
-    def __init__(self, gm: torch.fx.GraphModule, replace: dict[str, torch.Tensor]):
+    def __init__(self, gm: torch.fx.GraphModule, replace: dict[str, torch.Tensor], keep: bool):
         super().__init__(gm)
         self.values: dict[str, torch.Tensor] = {}
         self.replace = replace
+        self.keep = keep
 
     def run_node(self, n: torch.fx.Node):
         result = super().run_node(n)
         lid = self._layer_of(n)
         if lid is None or not isinstance(result, torch.Tensor):
             return result  # a multi-output op (split, chunk): its getitems are captured
-        self.values[lid] = result
+        if self.keep:
+            self.values[lid] = result
         if lid in self.replace and self._last(n):
             result = self.replace[lid].to(result.dtype)
         return result
@@ -56,13 +58,15 @@ def capture(
     gm: torch.fx.GraphModule,
     x: torch.Tensor | tuple[torch.Tensor, ...],
     replace: dict[str, torch.Tensor] | None = None,
+    keep: bool = True,
 ) -> tuple[object, dict[str, torch.Tensor]]:
     """(model output, {layer id: tensor}) for one batch.
 
     ``replace`` (layer id -> tensor) substitutes those layers' final values as the model
     runs, so everything downstream sees them (sensitivity analysis), while the captured
     value of a replaced layer is what it computed from its (substituted) inputs. ``x``: a
-    tuple for a model with several inputs."""
-    interp = _Capture(gm, replace or {})
+    tuple for a model with several inputs. ``keep=False``: the output only (nothing
+    captured, so each value is freed after its last use)."""
+    interp = _Capture(gm, replace or {}, keep)
     out = interp.run(*(x if isinstance(x, tuple) else (x,)))
     return out, interp.values

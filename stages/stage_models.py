@@ -39,10 +39,20 @@ class StageModel:
     featuremaps): run on another stage's input, it shows only the error it adds."""
     forget: Callable[[], None] = lambda: None
     """Drops what runs with ``replace`` built and kept (a graph runner's cut graphs)."""
+    outputs_only: Callable[[np.ndarray, dict[str, np.ndarray] | None], np.ndarray] | None = None
+    """The runner without captures (the compared output only), where the model has one."""
 
     def run(self, idx: np.ndarray, replace: dict[str, np.ndarray] | None = None) -> Captured:
         resident.release()  # what the previous runs freed (stages.resident)
         return self.runner(np.asarray(idx), replace)
+
+    def output(self, idx: np.ndarray, replace: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """The compared output of :meth:`run`, without keeping (or dequantizing) every layer
+        when the model can skip them: sensitivity's reverted runs read nothing else."""
+        if self.outputs_only is None:
+            return self.run(idx, replace)[0]
+        resident.release()
+        return self.outputs_only(np.asarray(idx), replace)
 
 
 def open_stage_model(ctx: RunContext, stage: str) -> StageModel:

@@ -58,16 +58,16 @@ def torch_model(ctx: RunContext, art: Artifact) -> StageModel:
         scales = {}
     judged = judged_output(ctx.reference, ctx.spec.compare.output, _labelled(ctx))
 
-    def run(idx, replace):
+    def run(idx, replace, keep=True):
         xs = tuple(as_torch_input(a[idx]) for a in ctx.evaluation.inputs.values())
         x = xs[0] if len(xs) == 1 else xs
         subs = {k: torch.from_numpy(np.asarray(v)) for k, v in (replace or {}).items()}
-        out, values = capture(gm, x, subs)
+        out, values = capture(gm, x, subs, keep)
         return flat_outputs(out)[judged].detach().numpy(), {
             k: v.detach().numpy() for k, v in values.items()
         }
 
-    return StageModel(art.stage, run, scales)
+    return StageModel(art.stage, run, scales, outputs_only=lambda i, r: run(i, r, False)[0])
 
 
 def onnx_model(ctx: RunContext, art: Artifact) -> StageModel:
@@ -123,11 +123,12 @@ def float_graph(
     runner = OnnxRunner(path)
     tensors = {lid: t for lid, t in tensors.items() if t in runner.tensor_names}
 
-    def run(idx, replace):
+    def run(idx, replace, keep=tensors):
         feeds = {tensors[k]: np.asarray(v, np.float32) for k, v in (replace or {}).items()}
-        return _run_fed(runner, inputs(idx), tensors, feeds, at)
+        return _run_fed(runner, inputs(idx), keep, feeds, at)
 
-    return StageModel(stage, run, _scales(layers), forget=runner.forget_cuts)
+    output = _outputs_only(runner, run)
+    return StageModel(stage, run, _scales(layers), forget=runner.forget_cuts, outputs_only=output)
 
 
 def integer_graph(stage: str, path, inputs, layers: dict, at: int = 0) -> StageModel:
@@ -137,13 +138,27 @@ def integer_graph(stage: str, path, inputs, layers: dict, at: int = 0) -> StageM
     runner = OnnxRunner(path)
     tensors = {lid: v["tensor"] for lid, v in layers.items()}
 
-    def run(idx, replace):
+    def run(idx, replace, keep=tensors):
         feeds = {layers[k]["tensor"]: quantize_like(v, layers[k])
                  for k, v in (replace or {}).items() if k in layers}  # fmt: skip
-        out, values = _run_fed(runner, inputs(idx), tensors, feeds, at)
+        out, values = _run_fed(runner, inputs(idx), keep, feeds, at)
         return out, {lid: dequantize(v, layers[lid]) for lid, v in values.items()}
 
-    return StageModel(stage, run, _scales(layers), forget=runner.forget_cuts)
+    output = _outputs_only(runner, run)
+    return StageModel(stage, run, _scales(layers), forget=runner.forget_cuts, outputs_only=output)
+
+
+def _outputs_only(runner: OnnxRunner, run: Callable) -> Callable:
+    """``run`` (a graph's) keeping no layer tensor: on the reference evaluator always (the
+    same evaluator, told to keep less); on onnxruntime only with ``replace`` (the cut graph's
+    runner is built for those runs alone), since without it a session of the graph without
+    the layer outputs would be a second copy of its weights."""
+
+    def output(idx, replace):
+        whole = not replace and runner.backend == "onnxruntime"
+        return run(idx, replace)[0] if whole else run(idx, replace, {})[0]
+
+    return output
 
 
 def program(

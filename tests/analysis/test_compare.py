@@ -159,3 +159,24 @@ def test_a_smaller_comparison_batch_gives_the_same_aggregates(chain_run):
             want = {k: pytest.approx(v, rel=1e-9, abs=1e-12, nan_ok=True)
                     for k, v in values.items() if k != "kl"}  # fmt: skip
             assert other == want, (pair, lid)
+
+
+def test_the_output_only_runs_give_what_the_capturing_runs_give(chain_run):
+    """StageModel.output (sensitivity's reverted runs: no layer kept or dequantized) equals
+    run()'s output on every stage model, and with a layer replaced on the substitutable
+    ones (the torch graphs, the ONNX graph's cut runner, the integer graph)."""
+    spec, run = chain_run
+    ctx = RunContext(spec=parse_spec(spec, "t"), run=run, code_version="")
+    idx, changed = np.arange(3), []
+    for stage in CHAIN:
+        model = open_stage_model(ctx, stage)
+        out, values = model.run(idx)
+        np.testing.assert_array_equal(model.output(idx), out, err_msg=stage)
+        if model.substitutable:
+            lid = [k for k in values if not k.startswith("input:")][len(values) // 2]
+            fed = {lid: np.asarray(values[lid]) * 0.5}
+            want = model.run(idx, replace=fed)[0]
+            np.testing.assert_array_equal(model.output(idx, replace=fed), want, err_msg=stage)
+            assert model.outputs_only is not None, stage
+            changed.append(not np.array_equal(want, out))
+    assert len(changed) == 5 and all(changed)  # the replaced layer reached the output
