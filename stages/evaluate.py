@@ -53,8 +53,9 @@ def collect(
     """Every output of ``model`` over ``split`` by output id (progress ticks per batch).
     ``ids``: the model is a graph returning its outputs as a list in pytree order (ONNX,
     the program), named by the float model's ``ids``; else a torch model (any structure).
-    ``nhwc``: image batches in channels-last memory (:func:`channels_last`; the float
-    model only: a fake-quant graph's rounding would flip on the changed float sums)."""
+    ``nhwc``: image batches in channels-last memory (:func:`channels_last`; float models
+    only, a fake-quant graph in FLOAT state included: in any other state its rounding
+    would flip on the changed float sums)."""
     parts: dict[str, list[np.ndarray]] = {}
     done = 0
     for start, x, _ in split.batches(batch_size):
@@ -87,7 +88,10 @@ def channels_last(x: torch.Tensor) -> torch.Tensor:
     frame against 151-155 ms with contiguous NCHW input; outputs differ by float
     rounding only (3.6e-5 at most). Not for the fake-quant graphs: there the changed
     sums flip roundings (0.25 on ResNet-50's logits in QAT state), and the CALIBRATION
-    state ran slower (208 against 186-198 ms). Anything else is returned as it is."""
+    state ran slower (208 against 186-198 ms). In FLOAT state (prepare's model: the float
+    model with BN folded) there is nothing to flip: 86-97 against 120-125 ms a frame on
+    the same model, 2.4e-5 from the float model either way. Anything else is returned as
+    it is."""
     if x.ndim != 4 or not x.is_floating_point():
         return x
     return x.contiguous(memory_format=torch.channels_last)
@@ -194,14 +198,20 @@ def judge(
 
 
 def stage_metrics(
-    ctx, stage: str, model: Callable, split: Split | None = None, graph: bool = False
+    ctx,
+    stage: str,
+    model: Callable,
+    split: Split | None = None,
+    graph: bool = False,
+    nhwc: bool = False,
 ) -> list[Metric]:
     """Run ``model`` over the evaluation split (or ``split``: the same samples as the
     board's camera sees them) and measure it against the float model (``ctx``: a
-    RunContext); ``graph``: the model returns its outputs as a list (see :func:`collect`)."""
+    RunContext); ``graph``: the model returns its outputs as a list; ``nhwc``: a float
+    model, fed channels-last (see :func:`collect`)."""
     split = split or ctx.evaluation
     ids = list(ctx.reference) if graph else None
-    outputs = collect(model, split, ctx.spec.data.batch_size, stage, ids)
+    outputs = collect(model, split, ctx.spec.data.batch_size, stage, ids, nhwc)
     record_outputs(ctx.run, stage, outputs)
     labels = ctx.evaluation.labels
     return judge(stage, outputs, ctx.reference, labels, ctx.task_metric, ctx.spec.compare)

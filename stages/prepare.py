@@ -34,7 +34,7 @@ def prepare(upstream: None, ctx: RunContext, call: StageCall) -> PreparedModel:
     ctx.write_debug("fx_graph.txt", render_fx_graph(gm))
     ctx.write_debug("model_check_result.txt", render_check(infos, gm, roles))
     set_model_state(gm, QuantState.FLOAT)
-    prepared_metrics = stage_metrics(ctx, "prepare", gm)
+    prepared_metrics = stage_metrics(ctx, "prepare", gm, nhwc=True)  # a float model now
     out = ctx.artifact_dir("prepare")
     save_state(model, out / "float.safetensors")
     save_state(gm, out / "qat.safetensors")
