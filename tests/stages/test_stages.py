@@ -33,6 +33,25 @@ def test_prepare_folds_bn_without_changing_the_float_result(make_ctx):
     assert "| conv2 |" in graph and "batch_norm" not in graph
 
 
+def test_prepare_runs_the_float_state_graph_on_channels_last_batches(make_ctx, monkeypatch):
+    """prepare's model (quantizers in FLOAT: a float model) gets the reference's faster
+    memory layout (stages.evaluate.channels_last), the same outputs up to float rounding."""
+    from stages import evaluate
+
+    seen, run_batch = {}, evaluate.run_batch
+
+    def spy(model, xs, nhwc):
+        out, kept = run_batch(model, xs, nhwc)
+        seen.setdefault(type(model).__name__, set()).add(kept)
+        return out, kept
+
+    monkeypatch.setattr(evaluate, "run_batch", spy)
+    art = _run(make_ctx(), "prepare")
+    assert {True} in [v for k, v in seen.items() if "Graph" in k]  # the fx graph, nhwc on
+    m = {x.stage: x.value for x in art.metrics if x.metric == "top1"}
+    assert m["float"] == m["prepare"] == 1.0
+
+
 def test_calibrate_sets_scales_and_validation_state_prints(make_ctx):
     ctx = make_ctx()
     art = _run(ctx, "prepare", "calibrate")
