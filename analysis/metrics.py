@@ -70,8 +70,8 @@ def _native_sums(lib, a: np.ndarray, b: np.ndarray, step: float, edges) -> dict[
     bins = BINS if edges is not None else 0
     ha, hb = np.zeros((batch, max(bins, 1))), np.zeros((batch, max(bins, 1)))
     lo, hi = edges if edges is not None else (0.0, 1.0)
-    lib.qp_pair_sums(fa.ctypes.data, fa.dtype == np.float64, fb.ctypes.data,
-                     fb.dtype == np.float64, batch, fa.shape[1], step / 100, lo,
+    lib.qp_pair_sums(fa.ctypes.data, int(fa.dtype == np.float64), fb.ctypes.data,
+                     int(fb.dtype == np.float64), batch, fa.shape[1], step / 100, lo,
                      BINS / (hi - lo), bins, out.ctypes.data, ha.ctypes.data, hb.ctypes.data)  # fmt: skip
     got = {k: out[:, i] for i, k in enumerate(_NATIVE)}
     got["a_nan"], got["b_nan"] = got["a_nan"].astype(np.int64), got["b_nan"].astype(np.int64)
