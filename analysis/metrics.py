@@ -113,11 +113,13 @@ def numpy_sums(
 
 
 def hist_edges(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """The [lo, hi] of a layer's KL histograms: min and max of both sides' finite values."""
+    """The [lo, hi] of a layer's KL histograms: min and max of both sides' finite values;
+    ``hi`` at least ``lo + 1`` and at least the next float above ``lo`` (where ``lo + 1``
+    rounds back to ``lo``: a constant 1e30 layer), so ``BINS / (hi - lo)`` is defined."""
     both = np.concatenate([np.ravel(a), np.ravel(b)]).astype(np.float64)
     both = both[np.isfinite(both)]
     lo, hi = (float(both.min()), float(both.max())) if both.size else (0.0, 0.0)
-    return lo, hi if hi > lo else lo + 1.0
+    return lo, hi if hi > lo else max(lo + 1.0, float(np.nextafter(lo, np.inf)))
 
 
 def _hist(x: np.ndarray, edges: tuple[float, float]) -> np.ndarray:

@@ -161,3 +161,12 @@ def test_the_compiled_sums_equal_numpys(batch, n, da, db, seed, extra, with_edge
         assert np.allclose(got[key], want[key], rtol=1e-12, atol=0, equal_nan=True), key
     for key in ("exact", "a_nan", "b_nan", "n", "ha", "hb"):
         assert (got.get(key) == want.get(key)).all() if key in want else key not in got
+
+
+@pytest.mark.parametrize("how", [sums, numpy_sums], ids=["sums", "numpy_sums"])
+def test_a_constant_huge_layer_has_kl_edges_and_zero_kl(how):
+    """lo + 1 == lo at 1e30: the edges still differ, and KL of equal sides is 0."""
+    a = np.full((1, 5), 1e30, dtype=np.float32)
+    edges = hist_edges(a, a)
+    assert edges[1] > edges[0]
+    assert finish(how(a, a.copy(), 1.0, edges), 1.0)["kl"][0] == 0.0
