@@ -36,6 +36,10 @@ FILE_BACKED_BYTES = 64 * 2**20
 """A split whose inputs pass this many bytes is held in a file mapping
 (stages.resident.file_backed): 1000 frames of 3x224x224 float32 are 0.6 GB, and a run
 reads them a batch at a time."""
+DIGEST_BYTES = 64 * 2**20
+""":attr:`Split.digest` hashes a split this many bytes at a time, dropping a file-backed
+split's pages between them: hashed whole, MobileNetV2@224's 1000 frames mapped 0.6 GB at
+once, the run's peak (bench/README.md, "The dataset's own peak")."""
 
 
 @dataclass(frozen=True)
@@ -67,8 +71,11 @@ class Split:
         arrays = [*self.inputs.values(), *([] if self.labels is None else [self.labels])]
         for a in arrays:
             h.update(str((a.dtype, a.shape)).encode())
-            h.update(np.ascontiguousarray(a).data)  # the buffer itself, not a bytes copy
-        resident.drop_mapped()  # every page was read once
+            a = np.ascontiguousarray(a)
+            step = max(1, DIGEST_BYTES // max(1, a[:1].nbytes))
+            for start in range(0, len(a), step):  # the bytes in order: one hash of the buffer
+                h.update(a[start : start + step].data)  # the buffer itself, not a bytes copy
+                resident.drop_mapped()  # a file-backed split's pages read so far
         return h.hexdigest()
 
     def batches(self, batch_size: int) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
@@ -139,15 +146,17 @@ def load_splits(
             hint="add a 'train' split for calibration",
         )
     names = input_names or None
-    train = _split("train", data.get("train", data[calib_key]), None, names)
     splits = {
+        "train": _split("train", data.get("train", data[calib_key]), None, names),
         "calibration": _split(calib_key, data[calib_key], calibration_samples, names),
         "evaluation": _split("evaluation", data["evaluation"], evaluation_samples, names),
-        "train": train,
     }
     if "camera_evaluation" in data:
         splits["camera"] = _camera(data["camera_evaluation"], splits["evaluation"])
-    return {k: _file_backed(v, folder) for k, v in splits.items()}
+    del data  # the dataset's own arrays go with the in-memory splits, once file-backed:
+    splits = {k: _file_backed(v, folder) for k, v in splits.items()}
+    resident.settle()  # then the heap gives back them and what building them left free
+    return {k: splits[k] for k in ("calibration", "evaluation", "train", "camera") if k in splits}
 
 
 def _file_backed(split: Split, folder: Path | None) -> Split:
@@ -273,7 +282,8 @@ def _input_array(split: str, name: str, value) -> np.ndarray:
             where=where,
             hint="the first dimension counts the samples",
         )
-    return a.astype(np.float32 if np.issubdtype(a.dtype, np.floating) else np.int64)
+    dtype = np.float32 if np.issubdtype(a.dtype, np.floating) else np.int64
+    return a.astype(dtype, copy=False)  # the dataset's float32 array itself, not a 2nd copy
 
 
 def _ragged(split: str, name: str, value, where: str) -> StageError:
