@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.zoo import QAT, spec_for  # noqa: E402
+from examples.zoo.models import entry_of  # noqa: E402
 
 
 def run_once(name: str, small: bool, frames: int, store: Path) -> dict:
@@ -40,6 +41,7 @@ def run_once(name: str, small: bool, frames: int, store: Path) -> dict:
     # the zoo labels every crop it makes with the float model: make only what the spec reads
     calibration = str(spec["data"]["calibration_samples"])
     env = dict(os.environ, QPARITY_ZOO_FRAMES=str(frames), QPARITY_ZOO_CALIBRATION=calibration)
+    kept = labels_kept(name, small, frames, int(calibration))
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, "-m", "qparity.cli", "run", str(path), "--no-prefect", "-q",
@@ -51,13 +53,26 @@ def run_once(name: str, small: bool, frames: int, store: Path) -> dict:
     err = proc.stderr.read().decode()[-300:] if status else ""
     timing = run_timing(store, spec["name"])
     return {"model": name, "frames": frames, "wall": wall, "rss_gb": usage.ru_maxrss / 2**20,
-            "error": " ".join(err.split()), **timing}  # fmt: skip
+            "error": " ".join(err.split()), "labels": kept, **timing}  # fmt: skip
+
+
+def labels_kept(name: str, small: bool, frames: int, calibration: int) -> str:
+    """Where this run's zoo labels come from: read back from examples/zoo/.cache, or
+    computed by the float model in prepare (its seconds include them)."""
+    from examples.zoo import data
+
+    entry, size = entry_of(f"small_{name}" if small else name)
+    if entry.task == "segment":
+        return "none (segmentation)"
+    kept = f"labels-{entry.name}-{size}-{calibration}-{frames}-{data.labels_key()}.npz"
+    return "read back" if (data.CACHE_DIR / kept).exists() else "computed in prepare"
 
 
 def run_timing(store: Path, spec_name: str) -> dict:
     """From the run's own records: each stage's seconds (prepare's include building the
-    zoo's dataset: every crop labelled by the float model) and ``analysis``, from the last
-    stage's end to the run's."""
+    zoo's dataset: every crop labelled by the float model the first time a model and
+    frame count run, read back from examples/zoo/.cache after) and ``analysis``, from the
+    last stage's end to the run's."""
     import duckdb
 
     runs = sorted(p for p in store.glob(f"{spec_name}-*") if (p / "tables/stages").exists())
@@ -130,6 +145,7 @@ def main() -> None:
         for frames in args.frames:
             rows.append(run_once(name, args.small, frames, store))
             print(render(rows[-1:]).splitlines()[-1], flush=True)
+            print(f"# {name} {frames}: zoo labels {rows[-1]['labels']}", flush=True)
     print(f"\n# load {os.getloadavg()[0]:.1f} at the end\n{render(rows)}")
     print("\n".join(scaling(rows)))
 

@@ -137,3 +137,40 @@ def test_calibration_crops_follow_qparity_zoo_calibration(monkeypatch):
     assert data.calibration_frames() == data.CALIBRATION == 256
     monkeypatch.setenv("QPARITY_ZOO_CALIBRATION", "8")
     assert data.calibration_frames() == 8
+
+
+def test_labels_are_kept_for_the_next_process_and_read_back_equal(tmp_path, monkeypatch):
+    """The float model labels the crops once; a later process (the in-process cache
+    emptied) reads them from the cache folder without building the model, a corrupt file
+    is labelled again, and a changed key (other code or libraries) is a new file."""
+    from examples.zoo import data
+
+    monkeypatch.setattr(data, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(data, "_LABELS", {})
+    built = []
+    monkeypatch.setattr(data, "build", lambda *a: built.append(a) or models_build(*a))
+    train, ev = images.crops(4, 32, seed=1), images.crops(6, 32, seed=2)
+    first = data._labelled("mobilenet_v3_small", 32, train, ev)
+    assert len(built) == 1 and [len(a) for a in first] == [4, 6]
+    (path,) = tmp_path.iterdir()
+    data._LABELS.clear()
+    again = data._labelled("mobilenet_v3_small", 32, train, ev)
+    assert len(built) == 1 and _same(first, again)
+    path.write_bytes(b"not an npz")
+    data._LABELS.clear()
+    mended = data._labelled("mobilenet_v3_small", 32, train, ev)
+    assert len(built) == 2 and _same(first, mended)
+    monkeypatch.setattr(data, "labels_key", lambda: "another")
+    data._LABELS.clear()
+    data._labelled("mobilenet_v3_small", 32, train, ev)
+    assert len(built) == 3 and len(list(tmp_path.iterdir())) == 2
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def models_build(*args):
+    from examples.zoo.models import build
+
+    return build(*args)
