@@ -64,8 +64,8 @@ def labels_kept(name: str, small: bool, frames: int, calibration: int) -> str:
     entry, size = entry_of(f"small_{name}" if small else name)
     if entry.task == "segment":
         return "none (segmentation)"
-    kept = f"labels-{entry.name}-{size}-{calibration}-{frames}-{data.labels_key()}.npz"
-    return "read back" if (data.CACHE_DIR / kept).exists() else "computed in prepare"
+    kept = data.labels_path(entry.name, size, calibration, frames).exists()
+    return "read back" if kept else "computed in prepare"
 
 
 def run_timing(store: Path, spec_name: str) -> dict:

@@ -146,17 +146,18 @@ def load_splits(
             hint="add a 'train' split for calibration",
         )
     names = input_names or None
+    train = _split("train", data.get("train", data[calib_key]), None, names)
     splits = {
-        "train": _split("train", data.get("train", data[calib_key]), None, names),
         "calibration": _split(calib_key, data[calib_key], calibration_samples, names),
         "evaluation": _split("evaluation", data["evaluation"], evaluation_samples, names),
+        "train": train,
     }
     if "camera_evaluation" in data:
         splits["camera"] = _camera(data["camera_evaluation"], splits["evaluation"])
-    del data  # the dataset's own arrays go with the in-memory splits, once file-backed:
+    del data, train  # the dataset's own arrays go with the in-memory splits, once file-backed:
     splits = {k: _file_backed(v, folder) for k, v in splits.items()}
     resident.settle()  # then the heap gives back them and what building them left free
-    return {k: splits[k] for k in ("calibration", "evaluation", "train", "camera") if k in splits}
+    return splits
 
 
 def _file_backed(split: Split, folder: Path | None) -> Split:

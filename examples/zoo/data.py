@@ -71,12 +71,17 @@ def _labelled(name: str, size: int, train: np.ndarray, evaluation: np.ndarray) -
     labelled, 4.2 s when read back (bench/README.md, "Labels kept")."""
     key = (name, size, len(train), len(evaluation))
     if key not in _LABELS:
-        path = CACHE_DIR / f"labels-{name}-{size}-{len(train)}-{len(evaluation)}-{labels_key()}.npz"
+        path = labels_path(*key)
         kept = _read(path)
         if kept is None or [len(a) for a in kept] != [len(train), len(evaluation)]:
             kept = _computed(name, size, train, evaluation, path)
         _LABELS[key] = kept
     return _LABELS[key]
+
+
+def labels_path(name: str, size: int, n_train: int, n_evaluation: int) -> Path:
+    """Where the labels of model ``name`` at ``size`` and these split sizes are kept."""
+    return CACHE_DIR / f"labels-{name}-{size}-{n_train}-{n_evaluation}-{labels_key()}.npz"
 
 
 def labels_key() -> str:

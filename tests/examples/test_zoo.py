@@ -147,8 +147,8 @@ def test_labels_are_kept_for_the_next_process_and_read_back_equal(tmp_path, monk
 
     monkeypatch.setattr(data, "CACHE_DIR", tmp_path)
     monkeypatch.setattr(data, "_LABELS", {})
-    built = []
-    monkeypatch.setattr(data, "build", lambda *a: built.append(a) or models_build(*a))
+    built, build = [], data.build
+    monkeypatch.setattr(data, "build", lambda *a: built.append(a) or build(*a))
     train, ev = images.crops(4, 32, seed=1), images.crops(6, 32, seed=2)
     first = data._labelled("mobilenet_v3_small", 32, train, ev)
     assert len(built) == 1 and [len(a) for a in first] == [4, 6]
@@ -168,9 +168,3 @@ def test_labels_are_kept_for_the_next_process_and_read_back_equal(tmp_path, monk
 
 def _same(a: tuple, b: tuple) -> bool:
     return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
-
-
-def models_build(*args):
-    from examples.zoo.models import build
-
-    return build(*args)
