@@ -20,11 +20,15 @@ from simulator.arith.fixedpoint import ROUNDING_MODES, _is_torch, _numel, qrange
 
 
 def const_like(a: np.ndarray, ref):
-    """A constant int64 array as the kind (numpy/torch, device) of ``ref``."""
+    """A constant int64 array as the kind (numpy/torch, device) of ``ref``.
+
+    A read-only array (a frozen table) is copied into the tensor: torch cannot share it.
+    """
     if _is_torch(ref):
         import torch
 
-        return torch.as_tensor(a, dtype=torch.int64, device=ref.device)
+        make = torch.as_tensor if np.asarray(a).flags.writeable else torch.tensor
+        return make(a, dtype=torch.int64, device=ref.device)
     return np.asarray(a, dtype=np.int64)
 
 

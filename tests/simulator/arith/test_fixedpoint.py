@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from fractions import Fraction
 
 import numpy as np
@@ -223,6 +224,19 @@ def test_round_div_is_exact_round_by(v, d, mode):
     assert intmath.round_div(torch.tensor(v, dtype=torch.int64), d, mode).tolist() == want
     ties = np.array([2 * x + 1 for x in v], dtype=np.int64) // 2 * 2 + 1  # odd: ties at d=2
     assert intmath.round_div(ties, 2, mode).tolist() == fp.round_by(ties / 2, mode).tolist()
+
+
+def test_const_like_copies_a_read_only_table_into_torch_without_warning():
+    table = np.arange(5, dtype=np.int64)
+    table.setflags(write=False)
+    ref = torch.zeros(2, dtype=torch.int64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = intmath.const_like(table, ref)
+    got += 1  # the copy is the tensor's own: the frozen table is untouched
+    assert got.tolist() == [1, 2, 3, 4, 5] and table.tolist() == [0, 1, 2, 3, 4]
+    writable = np.arange(3, dtype=np.int64)
+    assert intmath.const_like(writable, ref).data_ptr() == writable.ctypes.data  # shared
 
 
 def test_fixed_multiplier_vendor_example_and_largest_shift():
