@@ -21,12 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import duckdb
 
 from analysis.query_limits import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
-from analysis.sql_views import connect
+from analysis.sql_views import connect, open_session
 from schemas.errors import QueryError
 from schemas.table_schemas import SCHEMAS
 
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 Fetch = Callable[["duckdb.DuckDBPyRelation | None"], T]
+Parser = ModuleType | duckdb.DuckDBPyConnection
+"""What parses SQL (``extract_statements``): the duckdb module or a connection."""
 """How a statement's result is taken from DuckDB (default: :func:`arrow_table`)."""
 
 __all__ = [
@@ -67,9 +70,9 @@ _FIRST_WORD_RE = re.compile(r"^\s*(\w+)")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
-def _statements(sql: str) -> list[duckdb.Statement]:
+def _statements(sql: str, parser: Parser) -> list[duckdb.Statement]:
     try:
-        return duckdb.extract_statements(sql)
+        return parser.extract_statements(sql)
     except duckdb.Error as e:
         raise QueryError(f"cannot parse the query: {e}", where="sql") from e
 
@@ -78,9 +81,12 @@ def _type_name(stmt: duckdb.Statement) -> str:
     return stmt.type.name if hasattr(stmt.type, "name") else str(stmt.type)
 
 
-def check_read_only(sql: str) -> duckdb.Statement:
-    """The one statement of ``sql`` if it only reads; else :class:`QueryError`."""
-    stmts = _statements(sql)
+def check_read_only(sql: str, parser: Parser = duckdb) -> duckdb.Statement:
+    """The one statement of ``sql`` if it only reads; else :class:`QueryError`.
+
+    ``parser``: a connection whose database parses it (default: DuckDB's default
+    connection, whose first use creates a database, ~25 ms)."""
+    stmts = _statements(sql, parser)
     if len(stmts) != 1:
         raise QueryError(
             f"expected exactly one statement, got {len(stmts)}", where="sql", hint=_READ_ONLY_HINT
@@ -90,10 +96,10 @@ def check_read_only(sql: str) -> duckdb.Statement:
     if kind == "SELECT":
         return stmt
     if kind == "EXPLAIN":  # EXPLAIN ANALYZE runs its statement: check that one too
-        check_read_only(_EXPLAIN_RE.sub("", stmt.query, count=1))
+        check_read_only(_EXPLAIN_RE.sub("", stmt.query, count=1), parser)
         return stmt
     if kind == "MULTI":
-        return _check_pivot(stmt)
+        return _check_pivot(stmt, parser)
     if kind == "PRAGMA":
         m = _PRAGMA_RE.match(stmt.query)
         if m and m.group(1).lower() in _INFO_PRAGMAS:
@@ -107,17 +113,17 @@ def check_read_only(sql: str) -> duckdb.Statement:
     raise QueryError(f"{kind} statements are refused", where="sql", hint=_READ_ONLY_HINT)
 
 
-def _check_pivot(stmt: duckdb.Statement) -> duckdb.Statement:
+def _check_pivot(stmt: duckdb.Statement, parser: Parser) -> duckdb.Statement:
     """A MULTI statement is what DuckDB makes of a PIVOT without an ``IN`` list: it first
     creates an enum type of the pivoted values, then runs the query. Allowed only when the
     whole statement is a query, i.e. it parses as the subquery of a SELECT (so
     ``CREATE TABLE t AS PIVOT ...``, ``COPY (PIVOT ...) TO`` and ``INSERT`` are refused)."""
     query = stmt.query.rstrip().rstrip(";")
     if _EXPLAIN_RE.match(query):
-        check_read_only(_EXPLAIN_RE.sub("", query, count=1))
+        check_read_only(_EXPLAIN_RE.sub("", query, count=1), parser)
         return stmt
     try:
-        as_subquery = duckdb.extract_statements(f"SELECT * FROM (\n{query}\n)")
+        as_subquery = parser.extract_statements(f"SELECT * FROM (\n{query}\n)")
     except duckdb.Error:
         as_subquery = []
     if len(as_subquery) == 1:
@@ -167,9 +173,15 @@ def run_sql(
     """Run one read-only statement of user SQL over every run's tables under ``root``,
     cancelled past ``timeout_s`` seconds (None, 0 or inf: no limit) or on Ctrl-C; its
     result taken by ``fetch`` (an Arrow table)."""
-    check_read_only(sql)
-    limit = _wait_limit(timeout_s)  # before the connection: a bad limit leaves none open
-    return execute_bounded(connect(root, sql), sql, params, limit, close=True, fetch=fetch)
+    con = open_session()
+    try:
+        check_read_only(sql, con)  # parsed by the session's database: no second one
+        limit = _wait_limit(timeout_s)
+        connect(root, sql, con=con)
+    except BaseException:
+        con.close()
+        raise
+    return execute_bounded(con, sql, params, limit, close=True, fetch=fetch)
 
 
 def execute_bounded(
