@@ -3,8 +3,7 @@
 bytes of the run's parts: schemas.table_rows), `sql` no spec models and no pyarrow or numpy
 (DuckDB reads the parts, its rows are printed: analysis.sql_rows); `runs -q`,
 `sql -q` and CSV or JSON not even rich; `runs` and `show` none of the other commands'
-modules; none typer's pydantic coercion of parameters (typer 0.29's ``typer._adapters``:
-pinned below it). bench/cli.py measures their start-up against python + duckdb."""
+modules (bench/cli.py measures their start-up against python + duckdb)."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ from schemas.table_schemas import SCHEMAS
 from schemas.tables import write_rows
 from tests.conftest import tiny_spec_dict
 
-STAGES = ("torch", "torchao", "onnx", "onnxruntime", "prefect", "typer._adapters")
-"""The stage machinery, and typer 0.29's parameter coercion through pydantic (~0.1 s)."""
+STAGES = ("torch", "torchao", "onnx", "onnxruntime", "prefect")
 SQL = ("duckdb", "pyarrow.dataset", "pyarrow.compute")
 SPEC = ("schemas.spec_sections", "analysis.diff")  # pydantic models `sql` does not need
 PYARROW = ("pyarrow", "numpy")  # `sql` over small tables and `show`: DuckDB parses the parts
