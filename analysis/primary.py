@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 from schemas.errors import SpecError
+from schemas.manifest import Judging, Manifest
 from schemas.metric_names import LOWER_IS_BETTER, OUTPUT, primary_metric
-from schemas.spec import PipelineSpec, load_spec
-from schemas.spec_sections import CompareSpec
 from schemas.store import Run
 from schemas.table_rows import read_run_table
+
+if TYPE_CHECKING:
+    from schemas.spec import PipelineSpec
+    from schemas.spec_sections import CompareSpec
 
 
 @dataclass(frozen=True)
@@ -55,14 +58,19 @@ class Primary:
 
 
 def read_primary(spec: PipelineSpec, rows: list[dict]) -> Primary:
+    """The primary metric of a run from its metrics rows by ``spec``'s ``compare`` section
+    (anything with one: a PTQ run's analysis passes the defaults)."""
+    return judged_primary(spec.compare.as_judging(), rows)
+
+
+def judged_primary(judging: Judging, rows: list[dict]) -> Primary:
     """The primary metric of a run from its metrics rows (one output: ``output``; rows
-    written before outputs were recorded carry none); ``spec``: anything with a
-    ``compare`` section (a PTQ run's analysis passes the defaults)."""
-    name = primary_metric(spec.compare.primary, {r["metric"] for r in rows})
-    output = judged_row_output(getattr(spec.compare, "output", None), rows)
+    written before outputs were recorded carry none), judged by ``judging``."""
+    name = primary_metric(judging.primary, {r["metric"] for r in rows})
+    output = judged_row_output(judging.output, rows)
     mine = [r for r in rows if r["metric"] == name and r.get("output") in (None, output)]
-    th = spec.compare.thresholds
-    limit = th.top1_drop if name == "top1" or th.primary_drop is None else th.primary_drop
+    primary_drop = judging.primary_drop
+    limit = judging.top1_drop if name == "top1" or primary_drop is None else primary_drop
     samples = {r["stage"]: r.get("n_samples") for r in mine}
     return Primary(name, {r["stage"]: r["value"] for r in mine}, limit, samples, output)
 
@@ -79,16 +87,29 @@ def judged_row_output(named: str | None, rows: list[dict]) -> str:
 
 
 def run_primary(
-    run: Run, compare: CompareSpec | None = None, metrics: list[dict] | None = None
+    run: Run,
+    compare: CompareSpec | None = None,
+    metrics: list[dict] | None = None,
+    manifest: Manifest | None = None,
 ) -> Primary:
     """The primary metric of a stored run, by ``compare`` (a PTQ run's: its spec's
-    ``judging()``) or its spec.yaml (a spec the current code refuses: the defaults);
-    ``metrics``: the run's metrics rows, if the caller read them already."""
-    if compare is not None:
-        spec = SimpleNamespace(compare=compare)
-    else:
-        try:
-            spec = load_spec(run.path("spec.yaml"))
-        except SpecError:
-            spec = SimpleNamespace(compare=CompareSpec())
-    return read_primary(spec, read_run_table(run, "metrics") if metrics is None else metrics)
+    ``judging()``) or what the run records (:func:`stored_judging`); ``metrics`` and
+    ``manifest``: the run's metrics rows and manifest, if the caller read them already."""
+    judging = compare.as_judging() if compare is not None else stored_judging(run, manifest)
+    return judged_primary(judging, read_run_table(run, "metrics") if metrics is None else metrics)
+
+
+def stored_judging(run: Run, manifest: Manifest | None = None) -> Judging:
+    """What ``run`` is judged by: its manifest's ``judging``, recorded when it started;
+    for a run from before that, its spec.yaml's ``compare`` (a spec the current code
+    refuses: the defaults). Only then are the spec's models imported."""
+    recorded = (manifest or run.manifest()).judging
+    if recorded is not None:
+        return recorded
+    from schemas.spec import load_spec
+    from schemas.spec_sections import CompareSpec
+
+    try:
+        return load_spec(run.path("spec.yaml")).compare.as_judging()
+    except SpecError:
+        return CompareSpec().as_judging()

@@ -10,6 +10,7 @@ calibration frames the chain used, and run at ``ORT_ENABLE_ALL`` with 2 intra-op
 
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 
@@ -52,9 +53,13 @@ def session(model: torch.nn.Module, calibration: np.ndarray, workdir: Path, thre
     fp32 = export_float(model, calibration, Path(workdir) / "float.onnx")
     int8 = Path(workdir) / "int8_qoperator.onnx"
     reader = type("Reader", (_Frames, CalibrationDataReader), {})("x", calibration)
-    quantize_static(str(fp32), str(int8), reader, quant_format=QuantFormat.QOperator,
-                    per_channel=True, activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8)  # fmt: skip
+    logging.disable(logging.WARNING)  # its root-logger advice and per-tensor type warnings
+    try:
+        quantize_static(str(fp32), str(int8), reader, quant_format=QuantFormat.QOperator,
+                        per_channel=True, activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QInt8)  # fmt: skip
+    finally:
+        logging.disable(logging.NOTSET)
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3  # no warning per unused initializer (ReLU6 bounds)

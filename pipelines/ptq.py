@@ -197,7 +197,7 @@ def run_ptq(
     mark_interrupted(store)
     run = store.create_run(
         name, spec_text or yaml.safe_dump(spec.model_dump(mode="json")), json_digest(spec.model_dump(mode="json")),
-        code_version(), versions(), dict(spec.tags),
+        code_version(), versions(), dict(spec.tags), judging=spec.judging().as_judging(),
     )  # fmt: skip
     _write_run_row(run, run.manifest(), spec, onnx_path)
     error = None

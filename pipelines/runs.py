@@ -65,6 +65,7 @@ def start_run(
         versions(),
         dict(spec.tags),
         parent_run=parent,
+        judging=spec.compare.as_judging(),
     )
     write_run_row(run, run.manifest(), spec)
     return run

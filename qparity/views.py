@@ -9,9 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from analysis.primary import run_primary
-from schemas.artifacts import QuantizedModel
 from schemas.owner import as_shown
-from schemas.spec import STAGE_NAMES, load_spec, with_overrides
+from schemas.stage_names import STAGE_NAMES
 from schemas.store import RunStore
 from schemas.table_rows import read_run_table
 
@@ -29,6 +28,7 @@ def run_spec(
     """Load, run and summarise a spec (starting from the named ``pipeline`` when given);
     returns the run id. ``quiet``: one line (for cron)."""
     from pipelines.flow import run_chain
+    from schemas.spec import load_spec, with_overrides
 
     spec = load_spec(spec_path, pipeline)
     spec = with_overrides(spec, overrides) if overrides else spec
@@ -103,7 +103,8 @@ def stage_table(store_root: str | Path, run_id: str, metrics: list[dict] | None 
     """Stages of a run with duration, cache hit and the primary metric (top1 with labels,
     else cosine, or compare.primary; from the run's tables, or its ``metrics`` rows)."""
     run = RunStore(store_root).open(run_id)
-    return _stage_table(as_shown(run.manifest()), run_primary(run, metrics=metrics))
+    m = as_shown(run.manifest())
+    return _stage_table(m, run_primary(run, metrics=metrics, manifest=m))
 
 
 def _stage_table(m, primary) -> Table:
@@ -141,8 +142,8 @@ def show_run(out: Console, store_root: str | Path, run_id: str) -> None:
     if m.error:
         out.print(f"[red]error:[/] {m.error}", highlight=False)
     metrics = read_run_table(run, "metrics")  # read once: the stage table's and this one's
-    out.print(_stage_table(m, run_primary(run, metrics=metrics)))
-    print_islands(out, run)
+    out.print(_stage_table(m, run_primary(run, metrics=metrics, manifest=m)))
+    print_islands(out, run, metrics)
     print_faults(out, run)
     table = Table("stage", "metric", "output", "value", "n_samples", title="metrics")
     for r in metrics:
@@ -166,11 +167,19 @@ def print_faults(out: Console, run) -> None:
     out.print(table)
 
 
-def print_islands(out: Console, run) -> None:
+def print_islands(out: Console, run, metrics: list[dict] | None = None) -> None:
     """The float islands convert left (listed in model_check_result.txt too), if any:
-    ops with no integer form, which run on the board's CPU side."""
+    ops with no integer form, which run on the board's CPU side. ``metrics``: the run's
+    metrics rows, if read already: when their ``float_islands`` count is 0 the convert
+    artifact (and the artifact models) are not loaded."""
     if not run.path("artifacts/convert.json").exists():
         return
+    counts = [r["value"] for r in metrics or () if r["metric"] == "float_islands"
+              and r["stage"] == "convert"]  # fmt: skip
+    if counts and not any(counts):
+        return
+    from schemas.artifacts import QuantizedModel
+
     islands = run.load_artifact("convert", QuantizedModel).float_ops
     if islands:
         out.print(f"float islands (run on the board's CPU side): {', '.join(islands)}",
@@ -193,7 +202,7 @@ def show_line(out: Console, store_root: str | Path, run_id: str) -> None:
     """``show --quiet``: run id, status, the last stage that ran and its primary metric."""
     run = RunStore(store_root).open(run_id)
     m = as_shown(run.manifest())
-    primary = run_primary(run)
+    primary = run_primary(run, manifest=m)
     ran = [name for name, _ in _in_chain_order(m.stages) if name in primary.values]
     last = f"{ran[-1]} {primary.name} {primary.values[ran[-1]]:.4f}" if ran else "no metric"
     out.print(f"{m.run_id} {m.status} {last}", highlight=False, soft_wrap=True)

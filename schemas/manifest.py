@@ -1,16 +1,132 @@
-"""A run's manifest.json: what ran, with what, and how each stage went."""
+"""A run's manifest.json: what ran, with what, and how each stage went.
+
+The records are frozen dataclasses checked against their annotations whenever one is
+made (:class:`_Record`), not pydantic models: every data command (`runs`, `show`, `sql`)
+reads manifests, and importing pydantic costs about 90 ms of CPU, more than the rest of
+`qparity show` above its libraries (bench/README.md, "Manifests without pydantic"). Their
+methods keep pydantic's names (``model_validate_json``, ``model_dump``, ``model_copy``),
+so they read like the spec and artifact models. A manifest that does not match its fields
+raises :class:`ManifestError` naming the field; readers turn it into an ArtifactError.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+import dataclasses
+import json
+import types
+import typing
+from functools import cache
+from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict
+
+class ManifestError(ValueError):
+    """A manifest, or a record in it, that does not match its fields: ``path: problem``."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"{path}: {problem}" if path else problem)
+        self.path, self.problem = path, problem
+
+    def within(self, outer: str) -> ManifestError:
+        """The same problem, its path prefixed with the enclosing field ``outer``."""
+        return ManifestError(f"{outer}.{self.path}" if self.path else outer, self.problem)
 
 
-class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
 
 
+def _scalar(value: Any, tp: type, where: str) -> Any:
+    """``value`` as the JSON scalar type ``tp``: exact types, except an int for a float
+    (JSON has one number type); a bool is never an int or a float."""
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) < 2**1023:
+            return float(value)
+        raise ManifestError(where, f"expected float, got an int of {value.bit_length()} bits")
+    if isinstance(value, tp) and not (tp is not bool and isinstance(value, bool)):
+        return value
+    raise ManifestError(where, f"expected {tp.__name__}, got {type(value).__name__} {value!r}")
+
+
+def _check(value: Any, tp: Any, where: str) -> Any:
+    """``value`` checked against the annotation ``tp`` (a scalar, ``None``, a Literal of
+    strings, ``X | None``, ``dict[str, X]`` or a record, made from a JSON object)."""
+    origin = get_origin(tp)
+    if origin is Literal:
+        if isinstance(value, str) and value in get_args(tp):
+            return value
+        allowed = ", ".join(map(repr, get_args(tp)))
+        raise ManifestError(where, f"expected one of {allowed}, got {value!r}")
+    if origin in (Union, types.UnionType):
+        (inner,) = [a for a in get_args(tp) if a is not type(None)]
+        return None if value is None else _check(value, inner, where)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ManifestError(where, f"expected an object, got {type(value).__name__}")
+        item = get_args(tp)[1]
+        return {_scalar(k, str, where): _check(v, item, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(tp, type) and issubclass(tp, _Record):
+        try:
+            return tp.model_validate(value)
+        except ManifestError as e:
+            raise e.within(where) from None
+    return _scalar(value, tp, where)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Record:
+    """A frozen record whose fields are checked against their annotations when it is made
+    (extra keys and missing required ones refused by :meth:`model_validate`)."""
+
+    def __post_init__(self) -> None:
+        for name, tp in _hints(type(self)).items():
+            object.__setattr__(self, name, _check(getattr(self, name), tp, name))
+
+    @classmethod
+    def model_validate(cls, data: Any) -> typing.Self:
+        """The record of a parsed JSON object (or the record itself)."""
+        if isinstance(data, cls):
+            return data
+        if not isinstance(data, dict):
+            raise ManifestError("", f"expected an object, got {type(data).__name__}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for key in data:
+            if key not in fields:
+                raise ManifestError(str(key), f"unknown field (fields: {', '.join(fields)})")
+        for name, f in fields.items():
+            required = f.default is dataclasses.MISSING
+            if required and f.default_factory is dataclasses.MISSING and name not in data:
+                raise ManifestError(name, "field required")
+        return cls(**data)
+
+    @classmethod
+    def model_validate_json(cls, raw: str | bytes) -> typing.Self:
+        """The record of a JSON document."""
+        try:
+            data = json.loads(raw)
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+            raise ManifestError("", f"not valid JSON ({e})") from e
+        return cls.model_validate(data)
+
+    def model_dump(self, mode: str = "json") -> dict[str, Any]:
+        """The record as a JSON object, fields in their declared order (every value is a
+        JSON type already, so ``mode`` changes nothing)."""
+        return {f.name: _dump(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def model_copy(self, update: dict[str, Any] | None = None) -> typing.Self:
+        """A copy with the fields of ``update`` replaced, checked as any new record."""
+        return dataclasses.replace(self, **(update or {}))
+
+
+def _dump(value: Any) -> Any:
+    if isinstance(value, _Record):
+        return value.model_dump()
+    if isinstance(value, dict):
+        return {k: _dump(v) for k, v in value.items()}
+    return value
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class StageRecord(_Record):
     """One stage's entry in a run manifest."""
 
@@ -34,6 +150,7 @@ class StageRecord(_Record):
     """The error message, if the stage failed."""
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RunOwner(_Record):
     """The process running a run, and when it last said it was alive (schemas.owner)."""
 
@@ -48,6 +165,23 @@ class RunOwner(_Record):
     """ISO-8601 UTC time of the process's last manifest write or heartbeat."""
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Judging(_Record):
+    """The settings a run's stages are judged by (analysis.primary), resolved from its
+    spec when the run starts, so `qparity show` prints the run's primary metric without
+    parsing the spec."""
+
+    primary: str | None = None
+    """``compare.primary`` (None: top1 with labels, else the output cosine)."""
+    output: str | None = None
+    """``compare.output``: the judged output (None: chosen from the metrics rows)."""
+    top1_drop: float
+    """``compare.thresholds.top1_drop``."""
+    primary_drop: float | None = None
+    """``compare.thresholds.primary_drop`` (None: top1_drop)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Manifest(_Record):
     """A run's manifest.json: what ran, with what, and how it went."""
 
@@ -63,13 +197,13 @@ class Manifest(_Record):
     """ISO-8601 UTC start time."""
     finished_at: str | None = None
     """ISO-8601 UTC end time, once it ended."""
-    stages: dict[str, StageRecord] = {}
+    stages: dict[str, StageRecord] = dataclasses.field(default_factory=dict)
     """Stage records by stage name."""
     code_version: str
     """Version of qparity's code that made the run."""
-    versions: dict[str, str] = {}
+    versions: dict[str, str] = dataclasses.field(default_factory=dict)
     """Versions of the libraries involved."""
-    tags: dict[str, str] = {}
+    tags: dict[str, str] = dataclasses.field(default_factory=dict)
     """Labels from the spec."""
     parent_run: str | None = None
     """The run this one was rerun from, if any."""
@@ -77,11 +211,14 @@ class Manifest(_Record):
     """The error message, if the run failed or was interrupted."""
     owner: RunOwner | None = None
     """The process running the run, recorded when it starts (None in older runs)."""
+    judging: Judging | None = None
+    """What its stages are judged by, recorded when it starts (None in older runs and
+    where the spec has no ``compare`` section: readers parse spec.yaml then)."""
     tables: dict[str, str] | None = None
     """sha256 of every table part the run wrote (``tables/<table>/<part>.parquet`` ->
     digest), checked by every reader (:mod:`schemas.table_digests`). None in runs written
     before digests were recorded: their tables are read unverified, with a warning."""
-    tables_pending: dict[str, str | None] = {}
+    tables_pending: dict[str, str | None] = dataclasses.field(default_factory=dict)
     """Parts being written (their new digest, recorded before the file is renamed into
     place) or deleted (None): a run killed midway still verifies, the part matching either
     digest or being absent."""

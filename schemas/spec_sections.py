@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
+from schemas.manifest import Judging
 from schemas.stage_names import STAGE_NAMES
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -284,3 +285,9 @@ class CompareSpec(Section):
     one's) of that many samples would pass this (measured on one sample; at least one
     sample per batch). 512: ResNet-50@224's three captures are about 300 MB a sample, so
     its comparison runs a frame at a time and its analysis stays under 3 GB."""
+
+    def as_judging(self) -> Judging:
+        """What a run of this section is judged by, as its manifest records it."""
+        t = self.thresholds
+        return Judging(primary=self.primary, output=self.output, top1_drop=t.top1_drop,
+                       primary_drop=t.primary_drop)  # fmt: skip

@@ -22,8 +22,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from pydantic import ValidationError
-
 from schemas.errors import ArtifactError
 from schemas.fileio import (
     HEX_KEY_RE,
@@ -39,7 +37,7 @@ from schemas.fileio import (
     utc_now,
     validate_run_id,
 )
-from schemas.manifest import Manifest, StageRecord
+from schemas.manifest import Judging, Manifest, ManifestError, StageRecord
 from schemas.owner import is_mine, this_owner
 from schemas.remote import Remote, is_url, local_root
 from schemas.store_layout import (
@@ -94,7 +92,7 @@ class Run:
             m = Manifest.model_validate_json(read_regular(path))
         except FileNotFoundError as e:
             raise ArtifactError("run has no manifest.json", where=str(self.root)) from e
-        except ValidationError as e:
+        except ManifestError as e:
             raise ArtifactError(f"invalid manifest: {e}", where=str(path), hint=_RERUN_HINT) from e
         refuse_foreign_manifest(self.root, m.run_id)
         return m
@@ -214,6 +212,8 @@ class Run:
     def load_artifact(self, stage: str, cls: type[A]) -> A:
         """Read ``artifacts/<stage>.json`` as ``cls`` and verify every file it owns."""
         path = self.path(f"artifacts/{stage}.json")
+        from pydantic import ValidationError  # here: the data commands never load pydantic
+
         try:
             art = cls.model_validate_json(read_regular(path))
         except FileNotFoundError as e:
@@ -287,9 +287,10 @@ class RunStore:
         versions: dict[str, str],
         tags: dict[str, str],
         parent_run: str | None = None,
+        judging: Judging | None = None,
     ) -> Run:
         """Make a new run folder with spec.yaml and a 'running' manifest (written last)
-        naming this process as its owner."""
+        naming this process as its owner and recording what the run is judged by."""
         run = Run(self.root, new_run_id(name), self.remote)
         for sub in ("artifacts", "debug", "tables"):
             make_folders(run.root / sub)  # durable: a power loss keeps the new run folder
@@ -305,6 +306,7 @@ class RunStore:
             tags=tags,
             parent_run=parent_run,
             owner=this_owner(),
+            judging=judging,
             tables={},
         )
         atomic_write_json(run.root / "manifest.json", manifest.model_dump(mode="json"))
@@ -330,7 +332,7 @@ class RunStore:
         for name, raw in self._raw_manifests():
             try:
                 m = Manifest.model_validate_json(raw)
-            except ValidationError:
+            except ManifestError:
                 continue  # not (yet) a run: created mid-way or foreign
             if m.run_id == name:
                 found.append(m)

@@ -21,11 +21,9 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from schemas.errors import ArtifactError
 from schemas.fileio import atomic_path, read_regular, sha256_file
-from schemas.manifest import Manifest
+from schemas.manifest import Manifest, ManifestError
 from schemas.store import Run
 from schemas.store_layout import StoreWarning, refuse_foreign_manifest, table_files
 
@@ -81,7 +79,7 @@ def read_manifest(run_root: Path) -> Manifest:
     refuse_foreign_manifest(run_root, None)  # a linked manifest vouches for nothing here
     try:
         m = Manifest.model_validate_json(read_regular(path))
-    except (OSError, ArtifactError, ValidationError) as e:
+    except (OSError, ArtifactError, ManifestError) as e:
         raise ArtifactError(
             f"no valid manifest.json ({getattr(e, 'what', type(e).__name__)}), so the run's "
             "tables cannot be verified",

@@ -3,7 +3,10 @@
 bytes of the run's parts: schemas.table_rows), `sql` no spec models and no pyarrow or numpy
 (DuckDB reads the parts, its rows are printed: analysis.sql_rows); `runs -q`,
 `sql -q` and CSV or JSON not even rich; `runs` and `show` none of the other commands'
-modules (bench/cli.py measures their start-up against python + duckdb)."""
+modules; none of them but `diff` (which compares specs) pydantic: manifests are plain
+records (schemas.manifest), a run records what it is judged by, so `show` parses no spec,
+and typer is pinned below 0.29, which coerces every parameter through pydantic.
+bench/cli.py measures their start-up against python + duckdb."""
 
 from __future__ import annotations
 
@@ -14,18 +17,21 @@ from pathlib import Path
 import pytest
 import yaml
 
+from schemas.manifest import Judging
 from schemas.store import RunStore
 from schemas.table_schemas import SCHEMAS
 from schemas.tables import write_rows
 from tests.conftest import tiny_spec_dict
 
 STAGES = ("torch", "torchao", "onnx", "onnxruntime", "prefect")
+PYDANTIC = ("pydantic",)  # ~90 ms of CPU: runs, show and sql read no pydantic model
 SQL = ("duckdb", "pyarrow.dataset", "pyarrow.compute")
 SPEC = ("schemas.spec_sections", "analysis.diff")  # pydantic models `sql` does not need
 PYARROW = ("pyarrow", "numpy")  # `sql` over small tables and `show`: DuckDB parses the parts
 RICH = ("rich",)  # only a table or an error needs it: one-line outputs print without it
 OTHERS = ("qparity.cli_sql", "qparity.cli_sweep", "qparity.cli_verify", "qparity.cli_ptq")
 """Modules of commands built on first use (qparity.cli_lazy): `runs` and `show` load none."""
+JUDGING = Judging(top1_drop=0.005)
 CHILD = """
 import sys
 from qparity.cli import main
@@ -45,7 +51,7 @@ def store(tmp_path_factory):
     `diff` read."""
     root = tmp_path_factory.mktemp("runs")
     run = RunStore(root).create_run(
-        "tiny", yaml.safe_dump(tiny_spec_dict()), "ab" * 32, "0.1.0", {}, {}
+        "tiny", yaml.safe_dump(tiny_spec_dict()), "ab" * 32, "0.1.0", {}, {}, judging=JUDGING
     )
     row = {"run_id": run.run_id, "stage": "qat", "metric": "top1", "value": 0.5,
            "n_samples": 8, "output": "y"}  # fmt: skip
@@ -58,15 +64,18 @@ def store(tmp_path_factory):
 @pytest.mark.parametrize(
     ("args", "heavy"),
     [
-        (["--help"], STAGES + SQL + PYARROW),
-        (["runs"], STAGES + SQL + PYARROW + OTHERS),
-        (["runs", "-q"], STAGES + SQL + PYARROW + RICH + OTHERS),
-        (["show", "RUN"], STAGES + PYARROW + OTHERS),
-        (["show", "RUN", "-q"], STAGES + PYARROW + OTHERS),
-        (["sql", "SELECT * FROM first_divergences"], STAGES + SPEC + PYARROW),
-        (["sql", "SELECT * FROM first_divergences", "-q"], STAGES + SPEC + PYARROW + RICH),
-        (["sql", "SELECT * FROM runs", "-f", "csv"], STAGES + SPEC + PYARROW + RICH),
-        (["sql", "SELECT * FROM metrics", "-f", "json"], STAGES + SPEC + PYARROW + RICH),
+        (["--help"], STAGES + PYDANTIC + SQL + PYARROW),
+        (["runs"], STAGES + PYDANTIC + SQL + PYARROW + OTHERS),
+        (["runs", "-q"], STAGES + PYDANTIC + SQL + PYARROW + RICH + OTHERS),
+        (["show", "RUN"], STAGES + PYDANTIC + PYARROW + OTHERS),
+        (["show", "RUN", "-q"], STAGES + PYDANTIC + PYARROW + OTHERS),
+        (["sql", "SELECT * FROM first_divergences"], STAGES + PYDANTIC + SPEC + PYARROW),
+        (
+            ["sql", "SELECT * FROM first_divergences", "-q"],
+            STAGES + PYDANTIC + SPEC + PYARROW + RICH,
+        ),
+        (["sql", "SELECT * FROM runs", "-f", "csv"], STAGES + PYDANTIC + SPEC + PYARROW + RICH),
+        (["sql", "SELECT * FROM metrics", "-f", "json"], STAGES + PYDANTIC + SPEC + PYARROW + RICH),
         (["diff", "RUN", "RUN", "-q"], STAGES),
     ],
 )
