@@ -1,6 +1,7 @@
-"""The manifest records against the pydantic models they replace (strict mode, where an int
-is taken for a float, as JSON has one number type): the same documents accepted and
-refused, the same dumps, and errors that name the field."""
+"""The manifest records (schemas.manifest, checked by schemas.records) against the
+pydantic models they replace (strict mode, where an int is taken for a float, as JSON has
+one number type): the same documents accepted and refused, the same dumps, and errors
+that name the field."""
 
 from __future__ import annotations
 
