@@ -191,6 +191,8 @@ class Record:
             data = json.loads(raw)
         except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
             raise ManifestError("", f"not valid JSON ({e})") from e
+        except RecursionError as e:  # json's parser recurses per nesting level
+            raise ManifestError("", "not valid JSON (nested deeper than the parser goes)") from e
         return cls.model_validate(data)
 
     def model_dump(self, mode: str = "json") -> dict[str, Any]:

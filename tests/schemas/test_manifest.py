@@ -168,7 +168,9 @@ def test_errors_name_the_field(doc, message):
         Manifest.model_validate(doc)
 
 
-@pytest.mark.parametrize("raw", [b"{not json", b"\xff\xfe\x00", b"", b"[1"])
+@pytest.mark.parametrize(
+    "raw", [b"{not json", b"\xff\xfe\x00", b"", b"[1", b"[" * 100_000 + b"]" * 100_000]
+)
 def test_a_document_that_is_not_json_is_a_manifest_error(raw):
     with pytest.raises(ManifestError, match="not valid JSON"):
         Manifest.model_validate_json(raw)
