@@ -102,6 +102,15 @@ def _file_kind(mode: int) -> str:
     return next((name for test, name in kinds.items() if test(mode)), "a special file")
 
 
+def parse_json(raw: str | bytes) -> Any:
+    """``json.loads``; a document nested deeper than its parser goes (it recurses per
+    level: a RecursionError) is a ValueError, as any other bad document is."""
+    try:
+        return json.loads(raw)
+    except RecursionError as e:
+        raise ValueError("JSON nested deeper than the parser goes") from e
+
+
 def canonical_json(obj: Any) -> bytes:
     """JSON with sorted keys and no whitespace: equal data, equal bytes."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()

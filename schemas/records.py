@@ -12,12 +12,13 @@ not match raises :class:`ManifestError` naming the field's path.
 from __future__ import annotations
 
 import dataclasses
-import json
 import types
 import typing
 from collections.abc import Callable
 from functools import cache, partial
 from typing import Any, Literal, Union, get_args, get_origin
+
+from schemas.fileio import parse_json
 
 
 class ManifestError(ValueError):
@@ -188,11 +189,9 @@ class Record:
     def model_validate_json(cls, raw: str | bytes) -> typing.Self:
         """The record of a JSON document."""
         try:
-            data = json.loads(raw)
-        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+            data = parse_json(raw)
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, too deep
             raise ManifestError("", f"not valid JSON ({e})") from e
-        except RecursionError as e:  # json's parser recurses per nesting level
-            raise ManifestError("", "not valid JSON (nested deeper than the parser goes)") from e
         return cls.model_validate(data)
 
     def model_dump(self, mode: str = "json") -> dict[str, Any]:

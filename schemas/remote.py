@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.errors import ArtifactError
-from schemas.fileio import atomic_write_bytes, atomic_write_json
+from schemas.fileio import atomic_write_bytes, atomic_write_json, parse_json
 
 MIRROR_ENV = "QPARITY_MIRROR"
 ATOMIC_PUT = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "memory"})
@@ -243,7 +243,7 @@ class Remote:
             fcntl.flock(lock, fcntl.LOCK_EX)
             path = sync / f"{run_id}.json"
             try:
-                state = json.loads(path.read_bytes()) if path.is_file() else {}
+                state = parse_json(path.read_bytes()) if path.is_file() else {}
             except ValueError:
                 state = {}  # a damaged state only costs a full re-sync
             before = json.dumps(state, sort_keys=True)

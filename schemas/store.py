@@ -31,6 +31,7 @@ from schemas.fileio import (
     link_or_copy,
     make_folders,
     new_run_id,
+    parse_json,
     read_regular,
     sha256_bytes,
     sha256_file,
@@ -374,7 +375,7 @@ class RunStore:
                     return None
             else:
                 raw = read_regular(path, follow=False)  # never blocks on a FIFO
-            payload = json.loads(raw)
+            payload = parse_json(raw)
         except FileNotFoundError:
             return None
         except ArtifactError as e:

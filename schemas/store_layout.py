@@ -14,13 +14,12 @@ Two rules every reader (``qparity runs``, ``show``, ``sql``) shares:
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from pathlib import Path
 
 from schemas.errors import ArtifactError
-from schemas.fileio import read_regular
+from schemas.fileio import parse_json, read_regular
 
 _ROOT_HINT = "pass --runs a folder (or a URL such as s3://bucket/runs), or set $QPARITY_RUNS"
 _LINK_HINT = "copy the run into the store (cp -r) instead of linking it, or delete the link"
@@ -117,7 +116,7 @@ def _named_run(manifest: Path) -> str | None:
     """The run id ``manifest`` names; None if it cannot be read (not a run yet, or damaged:
     the readers say what is wrong)."""
     try:
-        run_id = json.loads(read_regular(manifest)).get("run_id")
+        run_id = parse_json(read_regular(manifest)).get("run_id")
     except (OSError, ValueError, AttributeError, ArtifactError):  # a FIFO: never block
         return None
     return run_id if isinstance(run_id, str) else None

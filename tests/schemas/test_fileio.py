@@ -14,7 +14,7 @@ import pytest
 
 from schemas import fileio
 from schemas.errors import ArtifactError
-from schemas.fileio import CRASH_ENV, atomic_save, link_or_copy
+from schemas.fileio import CRASH_ENV, atomic_save, link_or_copy, parse_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -126,3 +126,10 @@ def test_read_regular_reads_a_file_and_refuses_what_would_block_or_is_not_one(tm
         read_regular(tmp_path / "link", follow=False)
     with pytest.raises(FileNotFoundError):
         read_regular(tmp_path / "missing")
+
+
+def test_parse_json_makes_too_deep_a_value_error_like_any_bad_document():
+    assert parse_json(b'{"a": [1, {"b": null}]}') == {"a": [1, {"b": None}]}
+    for bad in (b"[" * 100_000 + b"]" * 100_000, b"{nope", b"\xff"):
+        with pytest.raises(ValueError):
+            parse_json(bad)

@@ -121,3 +121,25 @@ def test_sql_counts_a_copied_run_once(twin):
     with pytest.warns(StoreWarning, match="twin"):
         rows = run_sql(store.root, "SELECT run_id FROM metrics").to_pylist()
     assert rows == [{"run_id": real.run_id}]
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+"""A JSON document nested past the parser's recursion limit."""
+
+
+def test_a_manifest_nested_too_deep_is_a_damaged_run_never_a_crash(tmp_path):
+    from analysis.query import run_sql
+
+    store = RunStore(tmp_path / "runs")
+    good = store.create_run("good", "", "ab" * 32, "0.1.0", {}, {})
+    _metric(good, "qat")
+    deep = store.create_run("deep", "", "cd" * 32, "0.1.0", {}, {})
+    _metric(deep, "qat")
+    (deep.root / "manifest.json").write_bytes(DEEP)
+    assert [m.run_id for m in store.list_runs()] == [good.run_id]
+    with pytest.raises(ArtifactError, match="nested deeper") as e:
+        store.open(deep.run_id).manifest()
+    assert str(deep.root / "manifest.json") in e.value.where
+    with pytest.warns(StoreWarning, match="no valid manifest.json"):
+        rows = run_sql(store.root, "SELECT run_id FROM metrics").to_pylist()
+    assert rows == [{"run_id": good.run_id}]
