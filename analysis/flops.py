@@ -15,11 +15,11 @@ come from every compared pair (:func:`union_shapes`), so shares are of the whole
 
 from __future__ import annotations
 
-import json
 import math
 import struct
 from collections.abc import Iterable
 
+from schemas.fileio import parse_json
 from schemas.store import Run
 
 WEIGHT_FILE = "artifacts/prepare/float.safetensors"
@@ -32,7 +32,7 @@ def weight_shapes(run: Run) -> dict[str, tuple[int, ...]]:
     try:
         with open(path, "rb") as f:
             (size,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(size))
+            header = parse_json(f.read(size))
     except (OSError, ValueError, struct.error):
         return {}
     return {
@@ -43,7 +43,7 @@ def weight_shapes(run: Run) -> dict[str, tuple[int, ...]]:
 def layer_flops(run: Run, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
     """Layer id -> flops for one sample, for the layers of ``shapes`` (module docstring)."""
     try:
-        records = json.loads(run.path("artifacts/prepare/layers.json").read_text())
+        records = parse_json(run.path("artifacts/prepare/layers.json").read_text())
     except (OSError, ValueError):
         return {}
     weights = weight_shapes(run)

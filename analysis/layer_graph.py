@@ -8,10 +8,10 @@ The model input is the layer ``input:<name>``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from schemas.errors import ArtifactError
+from schemas.fileio import parse_json
 from schemas.store import Run
 
 
@@ -51,7 +51,7 @@ def _records(path) -> list[dict]:
     """The records of layers.json; ArtifactError if it is unreadable or not a list of
     records with every key the graph needs (a truncated or foreign file)."""
     try:
-        records = json.loads(path.read_text())
+        records = parse_json(path.read_text())
         if not isinstance(records, list) or not all(
             isinstance(r, dict) and r.keys() >= _KEYS for r in records
         ):

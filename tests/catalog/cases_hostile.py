@@ -179,6 +179,10 @@ def _layers(env, text: str):
     return load_layers(run)
 
 
+DEEP = "[" * 100_000 + "]" * 100_000
+"""JSON nested past the recursion limit of Python's json parser."""
+
+
 def _manifest(env, text: str):
     run = _copied_run(env)
     (run.root / "manifest.json").write_text(text)
@@ -234,6 +238,10 @@ def file_cases() -> dict:
                                          "layers.json"),
         "manifest not json": (lambda e: _manifest(e, "{not json"), ArtifactError,
                               "manifest.json"),
+        "manifest nested past the parser": (lambda e: _manifest(e, DEEP), ArtifactError,
+                                            "manifest.json"),
+        "layers.json nested past the parser": (lambda e: _layers(e, DEEP), ArtifactError,
+                                               "layers.json"),
         "stage file missing": (_missing_stage_file, ArtifactError, "quantized.onnx"),
         "tables part of another table": (lambda e: _foreign_part(e, {"stage": [1]}),
                                          ArtifactError, "run_id"),
