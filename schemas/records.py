@@ -38,10 +38,14 @@ Check = Callable[[Any, str], Any]
 JSON object, an int made a float), or :class:`ManifestError` naming ``path``."""
 
 
-def _wrong(path: str, expected: str, value: Any) -> ManifestError:
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut to 60 characters (a hostile file's value may be megabytes)."""
     shown = repr(value)
-    shown = shown if len(shown) <= 60 else f"{shown[:57]}..."
-    return ManifestError(path, f"expected {expected}, got {type(value).__name__} {shown}")
+    return shown if len(shown) <= 60 else f"{shown[:57]}..."
+
+
+def _wrong(path: str, expected: str, value: Any) -> ManifestError:
+    return ManifestError(path, f"expected {expected}, got {type(value).__name__} {_shown(value)}")
 
 
 def _str(value: Any, path: str) -> str:
@@ -76,7 +80,8 @@ def _bool(value: Any, path: str) -> bool:
 def _literal(allowed: tuple[str, ...], value: Any, path: str) -> str:
     if isinstance(value, str) and value in allowed:
         return value
-    raise ManifestError(path, f"expected one of {', '.join(map(repr, allowed))}, got {value!r}")
+    choices = ", ".join(map(repr, allowed))
+    raise ManifestError(path, f"expected one of {choices}, got {_shown(value)}")
 
 
 def _optional(inner: Check, value: Any, path: str) -> Any:

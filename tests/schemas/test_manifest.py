@@ -161,6 +161,7 @@ def test_json_round_trip_and_copy():
         (_edited((), "tables_pending", {"a": 3}, False),
          "tables_pending.a: expected str, got int 3"),
         ([BASE], "expected an object, got list"),
+        (_edited((), "status", "x" * 10**6, False), "status: expected one of .* 'xxx+\\.\\.\\.$"),
     ],
 )  # fmt: skip
 def test_errors_name_the_field(doc, message):
