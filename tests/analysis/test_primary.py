@@ -61,3 +61,28 @@ def test_the_judged_output_is_named_else_the_labelled_else_the_class_like_one():
     assert read_primary(spec, labelled).output == "output.1"
     p = read_primary(_spec(output="output.0"), [*box, *prob, *agree])
     assert p.reason("calibrate", "convert") == "cosine on output.0 drops 0.4990 (> 0.005)"
+
+
+def test_a_run_is_judged_by_what_its_manifest_records_else_by_its_spec(tmp_path):
+    """The manifest's ``judging`` wins (no spec parsed: a spec.yaml that no longer parses
+    changes nothing); a run from before the field is judged by its spec.yaml's compare,
+    and one whose spec the code refuses by the defaults."""
+    import yaml
+
+    from analysis.primary import stored_judging
+    from schemas.manifest import Judging
+    from schemas.spec_sections import CompareSpec
+    from schemas.store import RunStore
+
+    store = RunStore(tmp_path)
+    spec = tiny_spec_dict(compare={"primary": "cosine", "thresholds": {"primary_drop": 0.2}})
+    text = yaml.safe_dump(spec)
+    recorded = Judging(primary="l1", top1_drop=0.01)
+    judged = store.create_run("a", text, "ab" * 32, "0", {}, {}, judging=recorded)
+    judged.path("spec.yaml").write_text("not: [a spec")
+    assert stored_judging(judged) == recorded
+    old = store.create_run("b", text, "ab" * 32, "0", {}, {})
+    assert stored_judging(old) == parse_spec(spec, "t").compare.as_judging()
+    assert stored_judging(old).primary_drop == 0.2
+    refused = store.create_run("c", "model: 3", "ab" * 32, "0", {}, {})
+    assert stored_judging(refused) == CompareSpec().as_judging()
