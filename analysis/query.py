@@ -36,9 +36,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 Fetch = Callable[["duckdb.DuckDBPyRelation | None"], T]
+"""How a statement's result is taken from DuckDB (default: :func:`arrow_table`)."""
 Parser = ModuleType | duckdb.DuckDBPyConnection
 """What parses SQL (``extract_statements``): the duckdb module or a connection."""
-"""How a statement's result is taken from DuckDB (default: :func:`arrow_table`)."""
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
