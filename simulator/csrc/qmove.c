@@ -13,8 +13,38 @@
 
 #include "qsimd.h"
 
-TGT AI __m512i vmax(__m512i a, __m512i b, int wide) {
-    return wide ? _mm512_max_epi16(a, b) : _mm512_max_epi8(a, b);
+typedef struct {
+    const void *x;
+    int wide;
+    int64_t h, w, row, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow;
+    void *out;
+} pool_t;
+
+/* The taps of one output pixel that lie inside x: window rows i0 .. i1, columns j0 .. j1,
+ * at y0 + i*dh, x0 + j*dw (those in the padding are skipped: none for a window wholly in
+ * it). Computed once per output pixel, for all its channels. */
+typedef struct {
+    int64_t y0, x0, i0, i1, j0, j1;
+} taps_t;
+
+/* The taps i of a window from p0 with dilation d and k taps with 0 <= p0 + i*d < size. */
+AI void tap_range(int64_t p0, int64_t d, int64_t k, int64_t size, int64_t *i0, int64_t *i1) {
+    int64_t first = p0 >= 0 ? 0 : (-p0 + d - 1) / d, end = p0 >= size ? 0 : (size - 1 - p0) / d + 1;
+    *i0 = first;
+    *i1 = end < k ? end : k;
+}
+
+AI taps_t pixel_taps(const pool_t *t, int64_t oy, int64_t ox) {
+    taps_t a = {oy * t->sh - t->pt, ox * t->sw - t->pl, 0, 0, 0, 0};
+    tap_range(a.y0, t->dh, t->kh, t->h, &a.i0, &a.i1);
+    tap_range(a.x0, t->dw, t->kw, t->w, &a.j0, &a.j1);
+    return a;
+}
+
+/* The tap (i, j) of ``a``, channel byte b0, in image ``img``. */
+AI const char *tap(const pool_t *t, const char *img, const taps_t *a, int64_t i, int64_t j,
+                   int64_t b0) {
+    return img + ((a->y0 + i * t->dh) * t->w + a->x0 + j * t->dw) * t->row + b0;
 }
 
 #ifdef QPARITY_SIMDE
@@ -30,19 +60,15 @@ AI __m128i vmax16(__m128i a, __m128i b, int wide) {
 }
 
 /* Channel bytes b0 .. b0 + span of one output pixel (span 32, 16, or one element). */
-AI void pool_span(const char *x, int64_t h, int64_t w, int64_t row, int64_t y0, int64_t x0,
-                  int64_t kh, int64_t kw, int64_t dh, int64_t dw, int64_t b0, int span, int wide,
+AI void pool_span(const pool_t *t, const char *img, const taps_t *a, int64_t b0, int span,
                   char *out) {
+    int wide = t->wide;
     __m256i a32 = wide ? _mm256_set1_epi16(-32768) : _mm256_set1_epi8(-128);
     __m128i a16 = _mm256_castsi256_si128(a32);
-    int lo = wide ? -32768 : -128, a1 = lo;
-    for (int64_t i = 0; i < kh; i++) {
-        int64_t yy = y0 + i * dh;
-        if (yy < 0 || yy >= h) continue;
-        for (int64_t j = 0; j < kw; j++) {
-            int64_t xx = x0 + j * dw;
-            if (xx < 0 || xx >= w) continue;
-            const char *src = x + (yy * w + xx) * row + b0;
+    int a1 = wide ? -32768 : -128;
+    for (int64_t i = a->i0; i < a->i1; i++)
+        for (int64_t j = a->j0; j < a->j1; j++) {
+            const char *src = tap(t, img, a, i, j, b0);
             if (span == 32) a32 = vmax32(a32, _mm256_loadu_si256((const __m256i *)src), wide);
             else if (span == 16) a16 = vmax16(a16, _mm_loadu_si128((const __m128i *)src), wide);
             else {
@@ -50,53 +76,36 @@ AI void pool_span(const char *x, int64_t h, int64_t w, int64_t row, int64_t y0, 
                 a1 = v > a1 ? v : a1;
             }
         }
-    }
     if (span == 32) _mm256_storeu_si256((__m256i *)(out + b0), a32);
     else if (span == 16) _mm_storeu_si128((__m128i *)(out + b0), a16);
     else if (wide) *(int16_t *)(out + b0) = (int16_t)a1;
     else *(int8_t *)(out + b0) = (int8_t)a1;
 }
 
-AI void pool_pixel(const char *x, int64_t h, int64_t w, int64_t row, int64_t y0, int64_t x0,
-                   int64_t kh, int64_t kw, int64_t dh, int64_t dw, int64_t bytes, int wide,
-                   char *out) {
-    int64_t b0 = 0;
-    for (; b0 + 32 <= bytes; b0 += 32)
-        pool_span(x, h, w, row, y0, x0, kh, kw, dh, dw, b0, 32, wide, out);
-    for (; b0 + 16 <= bytes; b0 += 16)
-        pool_span(x, h, w, row, y0, x0, kh, kw, dh, dw, b0, 16, wide, out);
-    for (; b0 < bytes; b0 += 1 + wide)
-        pool_span(x, h, w, row, y0, x0, kh, kw, dh, dw, b0, 1, wide, out);
+AI void pool_pixel(const pool_t *t, const char *img, const taps_t *a, char *out) {
+    int64_t b0 = 0, bytes = t->row;
+    for (; b0 + 32 <= bytes; b0 += 32) pool_span(t, img, a, b0, 32, out);
+    for (; b0 + 16 <= bytes; b0 += 16) pool_span(t, img, a, b0, 16, out);
+    for (; b0 < bytes; b0 += 1 + t->wide) pool_span(t, img, a, b0, 1, out);
 }
 #else
+TGT AI __m512i vmax(__m512i a, __m512i b, int wide) {
+    return wide ? _mm512_max_epi16(a, b) : _mm512_max_epi8(a, b);
+}
+
 /* One output pixel: all C channels, chunks of 64 bytes. */
-TGT AI void pool_pixel(const char *x, int64_t h, int64_t w, int64_t row, int64_t y0, int64_t x0,
-                       int64_t kh, int64_t kw, int64_t dh, int64_t dw, int64_t bytes, int wide,
-                       char *out) {
-    __m512i lowest = wide ? _mm512_set1_epi16(-32768) : _mm512_set1_epi8(-128);
-    for (int64_t b0 = 0; b0 < bytes; b0 += 64) {
+TGT AI void pool_pixel(const pool_t *t, const char *img, const taps_t *a, char *out) {
+    __m512i lowest = t->wide ? _mm512_set1_epi16(-32768) : _mm512_set1_epi8(-128);
+    for (int64_t b0 = 0, bytes = t->row; b0 < bytes; b0 += 64) {
         __mmask64 m = bytes - b0 >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (bytes - b0)) - 1);
         __m512i acc = lowest;
-        for (int64_t i = 0; i < kh; i++) {
-            int64_t yy = y0 + i * dh;
-            if (yy < 0 || yy >= h) continue;
-            for (int64_t j = 0; j < kw; j++) {
-                int64_t xx = x0 + j * dw;
-                if (xx < 0 || xx >= w) continue;
-                acc = vmax(acc, _mm512_maskz_loadu_epi8(m, x + (yy * w + xx) * row + b0), wide);
-            }
-        }
+        for (int64_t i = a->i0; i < a->i1; i++)
+            for (int64_t j = a->j0; j < a->j1; j++)
+                acc = vmax(acc, _mm512_maskz_loadu_epi8(m, tap(t, img, a, i, j, b0)), t->wide);
         _mm512_mask_storeu_epi8(out + b0, m, acc);
     }
 }
 #endif
-
-typedef struct {
-    const void *x;
-    int wide;
-    int64_t h, w, row, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow;
-    void *out;
-} pool_t;
 
 /* Output rows r0 .. r1 (of all images). */
 TGT static void pool_part(void *p, int64_t r0, int64_t r1) {
@@ -104,9 +113,10 @@ TGT static void pool_part(void *p, int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
         int64_t ni = r / t->oh, oy = r % t->oh;
         const char *img = (const char *)t->x + ni * t->h * t->w * t->row;
-        for (int64_t ox = 0; ox < t->ow; ox++)
-            pool_pixel(img, t->h, t->w, t->row, oy * t->sh - t->pt, ox * t->sw - t->pl, t->kh,
-                       t->kw, t->dh, t->dw, t->row, t->wide, (char *)t->out + (r * t->ow + ox) * t->row);
+        for (int64_t ox = 0; ox < t->ow; ox++) {
+            taps_t a = pixel_taps(t, oy, ox);
+            pool_pixel(t, img, &a, (char *)t->out + (r * t->ow + ox) * t->row);
+        }
     }
 }
 
