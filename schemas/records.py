@@ -94,8 +94,8 @@ def _mapping(item: Check, plain: frozenset[type] | None, value: Any, path: str) 
     in one pass (a run's table digests: ~130 entries)."""
     if not isinstance(value, dict):
         raise _wrong(path, "an object", value)
-    keys, values = set(map(type, value)), set(map(type, value.values()))
-    if plain is not None and keys <= {str} and values <= plain:
+    plain_keys = plain is not None and set(map(type, value)) <= {str}
+    if plain_keys and set(map(type, value.values())) <= plain:
         return dict(value)
     out = {}
     for key, v in value.items():
