@@ -11,6 +11,10 @@ The trained files ship with the project in ``examples/weights/`` (:data:`SHIPPED
 cores). A file there is used only under its exact name, so a change to a model's training
 source or hyperparameters (a new key) trains again; ``python -m examples.weights``
 rewrites the folder, and tests/examples/test_weights.py fails while it is stale.
+
+Training is bit-reproducible on one machine, not across instruction sets: torch's float
+kernels sum in another order on AVX-512 than on AVX2, and the weights come out a few ulps
+apart. The shipped files are also what makes two machines' runs of an example agree.
 """
 
 from __future__ import annotations

@@ -159,11 +159,16 @@ def test_weights_are_cached_per_format(models: dict) -> None:
         model.cache_path("nv12")
 
 
-def test_training_is_deterministic(tmp_path, models: dict, monkeypatch) -> None:
-    """Retraining in a fresh cache folder, nothing shipped, gives bit-identical weights."""
+def test_training_is_deterministic(tmp_path, monkeypatch) -> None:
+    """Two retrainings in fresh cache folders, nothing shipped, give bit-identical weights.
+
+    Against each other, not against the shipped file: torch's float kernels sum in another
+    order on another instruction set (the shipped weights were trained on an AVX2 host and
+    an AVX-512 host retrains them a few ulps apart), which is why the trained files ship."""
     monkeypatch.setattr(weights, "SHIPPED", tmp_path / "nothing-shipped")
-    again = model.build_rgb(cache_dir=tmp_path)
-    for key, value in models["rgb"].state_dict().items():
+    first = model.build_rgb(cache_dir=tmp_path / "first")
+    again = model.build_rgb(cache_dir=tmp_path / "again")
+    for key, value in first.state_dict().items():
         assert torch.equal(again.state_dict()[key], value), key
 
 
