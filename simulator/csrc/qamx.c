@@ -23,23 +23,15 @@ int qp_linear_amx(const void *x, int64_t wide, int64_t rows, int64_t k, int64_t 
     return 1;
 }
 #else
-#include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "qepi.h"
+#include "qamx.h"
+#include "qpool.h"
 
-#define AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 #define AMX_KP_MAX 512 /* longest padded row the per-thread buffers take */
-
-typedef struct {
-    uint8_t palette, start;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tilecfg_t;
 
 /* 1 when this CPU has AMX-INT8 and the kernel lets this process use the tile registers. */
 int qp_amx_ok(void) {
@@ -47,16 +39,6 @@ int qp_amx_ok(void) {
     __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
     if (!((d >> 24) & 1) || !((d >> 25) & 1)) return 0; /* AMX-TILE, AMX-INT8 */
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-}
-
-/* Tiles 0-3: accumulators (16 x 16 int32); 4, 5: inputs (16 rows x 64 bytes); 6, 7: weights
- * (16 rows x 64 bytes). */
-AMX static void tile_config(void) {
-    tilecfg_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-    _tile_loadconfig(&cfg);
 }
 
 /* Rows r0 .. r0+nr-1 of x [rows, k] into hi (and lo when wide), kp bytes a row, zero past k
@@ -160,9 +142,36 @@ AMX static void block_epilogue(const lin_t *l, const epi_t *e, const int32_t *ac
     epilogue_rows(l, e, acc, r0, nr, j0, nj, l->wide, e->f64, e->half_even, e->out_shift);
 }
 
+typedef struct {
+    const lin_t *l;
+    const epi_t *e;
+} lin_job_t;
+
+/* Row blocks i0 .. i1-1 (16 rows each) on this thread's tiles. */
+AMX static void lin_part(void *p, int64_t i0, int64_t i1) {
+    const lin_job_t *j = p;
+    const lin_t *l = j->l;
+    uint8_t bh[16 * AMX_KP_MAX], bl[16 * AMX_KP_MAX];
+    int32_t acc[4 * 256];
+    tile_config();
+    for (int64_t r0 = i0 * 16; r0 < i1 * 16 && r0 < l->rows; r0 += 16) {
+        int nr = l->rows - r0 < 16 ? (int)(l->rows - r0) : 16;
+        split_rows(l->x, l->wide, r0, nr, l->k, l->kp, bh, bl);
+        for (int64_t j0 = 0; j0 < l->ob; j0 += 2) {
+            int nj = l->ob - j0 < 2 ? (int)(l->ob - j0) : 2;
+            block_products(l, bh, bl, j0, nj, acc);
+            block_epilogue(l, j->e, acc, r0, nr, j0, nj);
+        }
+    }
+    _tile_release();
+}
+
 /* y [rows, o] = epilogue(x [rows, k] @ w + corr (+ b [rows, o])): x int8 (wide 0) or int16
  * (1); the epilogue arguments as qp_conv's. Returns 1 (nothing written) when kp is beyond
- * the buffers. */
+ * the buffers. Row blocks on the kernels' pool (qpool.c: the caller never waits for a
+ * worker that has not started; an OpenMP region here waited a 4 ms tick for one, the
+ * transformer's first linear 3.1 ms of its 5.5, and 90 ms a run with a busy core). Work
+ * per block: its outputs, plus its products at about 512 a cycle. */
 AMX int qp_linear_amx(const void *x, int64_t wide, int64_t rows, int64_t k, int64_t kp,
                       const int8_t *w, int64_t ob, int64_t o, const int32_t *corr,
                       const void *scale, const void *scale_b, int64_t f64, const void *b,
@@ -172,23 +181,8 @@ AMX int qp_linear_amx(const void *x, int64_t wide, int64_t rows, int64_t k, int6
     epi_t e = {corr, scale, scale_b, (double)lo, (double)hi, (int)f64, (int)half_even,
                (int)out_shift, (int)bshift};
     lin_t l = {x, (int)wide, rows, k, kp, ob, o, w, (const char *)b, (char *)out};
-#pragma omp parallel if (rows * k >= PAR_MIN)
-    {
-        uint8_t bh[16 * AMX_KP_MAX], bl[16 * AMX_KP_MAX];
-        int32_t acc[4 * 256];
-        tile_config();
-#pragma omp for schedule(static)
-        for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-            int nr = rows - r0 < 16 ? (int)(rows - r0) : 16;
-            split_rows(x, (int)wide, r0, nr, k, kp, bh, bl);
-            for (int64_t j0 = 0; j0 < ob; j0 += 2) {
-                int nj = ob - j0 < 2 ? (int)(ob - j0) : 2;
-                block_products(&l, bh, bl, j0, nj, acc);
-                block_epilogue(&l, &e, acc, r0, nr, j0, nj);
-            }
-        }
-        _tile_release();
-    }
+    lin_job_t j = {&l, &e};
+    qp_for((rows + 15) / 16, 256 * ob * (1 + kp / 512), lin_part, &j);
     return 0;
 }
 #endif /* QPARITY_SIMDE */

@@ -1,0 +1,28 @@
+/* What qamx.c (QLinear) and qamxconv.c (QConv) share: the AMX target attribute and the
+ * one tile configuration both use. Tiles 0-3: accumulators (16 x 16 int32); 4, 5: inputs
+ * (16 rows x 64 bytes); 6, 7: weights (16 rows x 64 bytes). AVX-512 build only. */
+#ifndef QPARITY_QAMX_H
+#define QPARITY_QAMX_H
+#include <stdint.h>
+#include <string.h>
+
+#include "qepi.h"
+
+#define AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
+
+typedef struct {
+    uint8_t palette, start;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tilecfg_t;
+
+/* Palette 1, eight tiles of 16 rows x 64 bytes, on the calling thread. */
+AMX static inline void tile_config(void) {
+    tilecfg_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+    _tile_loadconfig(&cfg);
+}
+#endif
