@@ -213,7 +213,7 @@ def _median_time(fn, repeats: int) -> float:
 
 def kernel_variants(sim_exec, x) -> str:
     """Which kernel each instruction ran on, counted by op, from one instruction-by-instruction
-    run with every compiled call traced: AMX-INT8 tiles (``qp_linear_amx``), the loaded
+    run with every compiled call traced: AMX-INT8 tiles (:data:`AMX_KERNELS`), the loaded
     build's kernels (any other ``qp_*`` call: "AVX-512 VNNI" or "AVX2", native.build_name()),
     or torch (no compiled call: the fallback, and the layout views)."""
     from simulator.runtime import native
@@ -228,12 +228,16 @@ def kernel_variants(sim_exec, x) -> str:
             ys = KERNELS[ins.op](ins, bufs, ex.consts)
         bufs.update(zip(ins.outputs, ys, strict=True))
         names = {getattr(fn, "__name__", "") for fn, _, _ in trace.calls}
-        kind = "AMX" if "qp_linear_amx" in names else build if names else "torch"
+        kind = "AMX" if names & AMX_KERNELS else build if names else "torch"
         ran[kind][ins.op.value] = ran[kind].get(ins.op.value, 0) + 1
     return "; ".join(
         f"{kind}: " + (", ".join(f"{op} x{n}" for op, n in sorted(ops.items())) or "none")
         for kind, ops in ran.items()
     )
+
+
+AMX_KERNELS = {"qp_linear_amx", "qp_conv_amx"}
+"""The compiled calls that run on AMX-INT8 tiles (csrc/qamx.c, csrc/qamxconv.c)."""
 
 
 BUSY_LOOP = "import os\nos.sched_setaffinity(0, {%d})\nwhile True:\n    pass\n"

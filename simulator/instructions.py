@@ -69,8 +69,8 @@ def _int(op: Op, onnx_op: str, kernel: Callable, native=(), nhwc=False) -> Instr
 TABLE: tuple[Instr, ...] = (
     Instr(Op.QUANTIZE, None, _ref("QuantizeLinear"), k_quantize, ("qp_quantize",)),
     Instr(Op.PREPROCESS, None, _preprocess, k_preprocess),
-    _int(Op.CONV, "QConv", k_conv, ("qp_conv", "qp_pad", "qp_dwconv"), nhwc=True),
-    _int(Op.LINEAR, "QLinear", k_linear, ("qp_conv", "qp_linear_amx")),
+    _int(Op.CONV, "QConv", k_conv, ("qp_conv", "qp_conv_amx", "qp_pad", "qp_dwconv"), nhwc=True),
+    _int(Op.LINEAR, "QLinear", k_linear, ("qp_conv", "qp_conv_amx", "qp_linear_amx")),
     _int(Op.MATMUL, "QMatMul", k_matmul, ("qp_conv", "qp_bmm", "qp_bmm_strided", "qp_bmm_pairs")),
     _int(Op.ADD, "QAdd", k_add, ("qp_add",), nhwc=True),
     _int(Op.MUL, "QMul", k_mul, ("qp_mul", "qp_mul_cl")),

@@ -162,19 +162,45 @@ def _layout(wmat, kernel, channels: int, in_dtype, unit_w_dilation: bool):
 def run(nc: NativeConv, geometry, x: torch.Tensor, b, out: torch.Tensor) -> None:
     """``out[..., :O] = conv(x) (+ b)`` and ``out[..., O:] = 0`` for ``x [N, H, W, C_stored]``
     into ``out [N, OH, OW, O_pad]`` (contiguous, ``nc.out_dtype``); ``b [N, OH, OW, B_pad]``
-    (:data:`INT_DTYPES`) or None."""
+    (:data:`INT_DTYPES`) or None. On AMX-INT8 tiles (csrc/qamxconv.c) when :func:`_amx_kp`
+    takes the conv, else by qp_conv."""
     strides, pads, dil = geometry
     xs, mode = _padded(nc, x.contiguous(), pads)
     b = None if b is None else b.contiguous()
     n, hp, wp = xs.shape[:3]
-    native.library().qp_conv(
-        native.ptr(xs), mode, n, hp, wp, nc.cs, nc.groups,
-        native.ptr(nc.weights), *nc.taps, nc.blocks, nc.out_channels, *strides,
-        dil[0], 1 if nc.row_runs else dil[1], *out.shape[1:3], native.ptr(nc.corr),
-        native.ptr(nc.bias), native.ptr(nc.scale), native.ptr(nc.scale_b), nc.mode, native.ptr(b),
-        0 if b is None else b.shape[3], 0 if b is None else native.code(b),
-        nc.lo, nc.hi, int(nc.half_even),
-        native.ptr(out), native.code(out), out.shape[3])  # fmt: skip
+    lib, ptr = native.library(), native.ptr
+    head = (ptr(xs), mode, n, hp, wp, nc.cs, nc.groups)
+    shape = (*nc.taps, nc.blocks, nc.out_channels, *strides, dil[0],
+             1 if nc.row_runs else dil[1], *out.shape[1:3])  # fmt: skip
+    tail = (ptr(nc.scale), ptr(nc.scale_b), nc.mode, ptr(b), 0 if b is None else b.shape[3],
+            0 if b is None else native.code(b), nc.lo, nc.hi, int(nc.half_even), ptr(out),
+            native.code(out), out.shape[3])  # fmt: skip
+    kp = _amx_kp(nc)
+    if kp and lib.qp_conv_amx(*head, ptr(amx_weights(nc, kp)), *shape, ptr(nc.corr), *tail,
+                              kp) == 0:  # fmt: skip
+        return
+    lib.qp_conv(*head, ptr(nc.weights), *shape, ptr(nc.corr), ptr(nc.bias), *tail)
+
+
+AMX_CONV_MIN = (64, 4)
+"""Bytes per kernel tap and output channel blocks from which a conv runs on AMX tiles.
+qamxconv.c copies every window into its tiles (qp_conv reads it in place), one masked
+move per tap, and a copied byte meets as many products as there are output channels: on
+digits' 16 -> 16 3x3 convs (16-byte taps, one block) the tiles took 0.94 ms a run where
+qp_conv took 0.51, on ResNet-18's 64 -> 64 3x3 at 56 x 56 0.45 where it took 0.62, and
+MobileNetV2's 1x1 convs of 16-32 input channels or 24 output channels ran alike on both
+(``/tmp`` micro-benchmark of one CONV program, AMX host, 2026-12-04)."""
+
+
+def _amx_kp(nc: NativeConv) -> int | None:
+    """The padded window length (K = taps x 4-byte groups x 4, rounded up to 64) with which
+    qamxconv.c runs this conv, or None: no AMX here (:func:`simulator.runtime.native.amx`),
+    int16 inputs (VPDPWSSD in qp_conv), or taps and channels below :data:`AMX_CONV_MIN`."""
+    if nc.in_dtype != torch.int8 or not native.amx():
+        return None
+    if nc.groups * 4 < AMX_CONV_MIN[0] or nc.blocks < AMX_CONV_MIN[1]:
+        return None
+    return -(-nc.taps[0] * nc.taps[1] * nc.groups * 4 // 64) * 64
 
 
 def _padded(nc: NativeConv, x: torch.Tensor, pads) -> tuple[torch.Tensor, int]:

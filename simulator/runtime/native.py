@@ -49,8 +49,9 @@ HINT = (
     "kernels meanwhile (same integers, slower); QPARITY_NATIVE=0 turns the kernels off"
 )
 SOURCES = tuple(Path(__file__).parents[1] / "csrc" / n
-                for n in ("qconv.c", "qdw.c", "qamx.c", "qrows.c", "qbmm.c", "qnorm.c", "qmove.c",
-                          "qplan.c", "qpool.c", "qquant.c", "qstats.c"))  # fmt: skip
+                for n in ("qconv.c", "qdw.c", "qamx.c", "qamxconv.c", "qrows.c", "qbmm.c",
+                          "qnorm.c", "qmove.c", "qplan.c", "qpool.c", "qquant.c",
+                          "qstats.c"))  # fmt: skip
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-fno-strict-aliasing")
 AVX2_FLAGS = ("-mavx2", "-mfma", "-DQPARITY_SIMDE", "-Wno-psabi")
 AVX2_GCC_FLAGS = ("-mtune-ctrl=avx256_move_by_pieces,avx256_store_by_pieces",)
@@ -92,6 +93,8 @@ SIGNATURES = {
     "qp_pad_offset": ([], ctypes.c_int),
     "qp_conv": ([P, *[I64] * 6, P, *[I64] * 10, P, P, P, P, I64, P, *[I64] * 5, P, I64, I64],
                 None),
+    "qp_conv_amx": ([P, *[I64] * 6, P, *[I64] * 10, P, P, P, I64, P, *[I64] * 5, P, *[I64] * 3],
+                    ctypes.c_int),
     "qp_dwconv": ([P, *[I64] * 5, P, *[I64] * 10, P, P, *[I64] * 4, P, I64, I64], None),
     "qp_mean": ([P, I64, I64, I64, F64, F64, F64, F64, I64, P, I64], None),
     "qp_mul": ([P, I64, P, I64, I64, I64, I64, F64, F64, F64, I64, P, I64], None),
@@ -284,9 +287,9 @@ def untraced() -> ctypes.CDLL | None:
 
 
 def amx() -> bool:
-    """Whether the AMX-INT8 linear (qamx.c) runs: the kernels load, this CPU has AMX and the
-    OS grants the tile state, and ``QPARITY_AMX`` is not ``0`` (read on each call, so tests
-    can compare both paths)."""
+    """Whether the AMX-INT8 kernels (qamx.c, qamxconv.c) run: the kernels load, this CPU
+    has AMX and the OS grants the tile state, and ``QPARITY_AMX`` is not ``0`` (read on each
+    call, so tests can compare both paths)."""
     return os.environ.get("QPARITY_AMX", "1") != "0" and amx_supported()
 
 
@@ -306,7 +309,8 @@ def linear_kernel() -> str:
         return f"{build_name()} (this CPU lacks AMX-INT8, or the OS does not grant its tile state)"
     if not amx():
         return f"{build_name()} (QPARITY_AMX=0)"
-    return "AMX-INT8 tiles (AVX-512 VNNI for rows longer than exec_native.AMX_K_MAX)"
+    return ("AMX-INT8 tiles (AVX-512 VNNI for int16 rows longer than exec_native.AMX_K_MAX; "
+            "convs from exec_native.AMX_CONV_MIN on tiles too)")
 
 
 def status() -> str:

@@ -8,12 +8,13 @@ import contextlib
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schemas.errors import SimulatorError
 from simulator.arith.custom_ops import CUSTOM_OPS
 from simulator.kernels import exec_native
+from simulator.kernels.exec_epilogue import Epilogue
 from simulator.program.isa import Instruction, Op, Program
 from simulator.runtime import native
 from simulator.runtime.executor import Executor
@@ -23,11 +24,34 @@ pytestmark = [pytest.mark.skipif(native.library() is None, reason=native.status(
               pytest.mark.usefixtures("pool_threads")]  # conftest.py: 1 and 3 threads
 
 
+NEEDS_AMX = pytest.mark.skipif(
+    not native.amx_supported(),
+    reason=f"AMX-INT8 kernels (qamx.c, qamxconv.c) not tested here: LINEAR runs on "
+    f"{native.linear_kernel()}",
+)
+
+
+@pytest.fixture(params=["vnni", pytest.param("amx", marks=NEEDS_AMX)])
+def conv_path(request, monkeypatch) -> str:
+    """Each int8 conv test on both kernels of an AMX host (QPARITY_AMX=0: qconv.c; 1:
+    qamxconv.c's tiles, for every conv: the small ones too); elsewhere the build's own
+    kernel, the AMX case skipped, saying so."""
+    monkeypatch.setenv("QPARITY_AMX", "1" if request.param == "amx" else "0")
+    monkeypatch.setattr(exec_native, "AMX_CONV_MIN", (0, 0))
+    return request.param
+
+
 def _native_plans(prog, feeds) -> tuple[np.ndarray, list]:
     ex = Executor(prog)
-    out = ex.run(feeds)[0]["out"]
+    with native.tracing() as trace:
+        out = ex.run(feeds)[0]["out"]
     plans = [v for k, v in ex.consts.derived.items() if k[0] == "conv_plan"]
-    return out, [p.native for p in plans if p is not None]
+    plans = [p.native for p in plans if p is not None]
+    names = {fn.__name__ for fn, _, _ in trace.calls}
+    if plans and plans[0] is not None and "qp_dwconv" not in names:  # the path asked for ran
+        tiles = exec_native._amx_kp(plans[0]) is not None
+        assert ("qp_conv_amx" in names) == tiles and ("qp_conv" in names) != tiles, names
+    return out, plans
 
 
 @st.composite
@@ -79,9 +103,12 @@ def _o_pad(o: int) -> int:
     return -(-o // 16) * 16
 
 
-@settings(max_examples=60, deadline=None)
+ONE_PATH = [HealthCheck.function_scoped_fixture]  # conv_path holds for all of a test's examples
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=ONE_PATH)
 @given(case=conv_cases())
-def test_native_conv_equals_qconv(case):
+def test_native_conv_equals_qconv(case, conv_path):
     x, w, bias, mult, shift, attrs, _ = case
     o, c = w.shape[:2]
     want = CUSTOM_OPS["QConv"].evaluate([x, w, bias, mult, shift], attrs)
@@ -115,7 +142,7 @@ def _padded_conv(x, w, rounding_out: tuple[str, str], m: int, shift: int):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("below", [True, False])
-def test_magic_rounding_only_below_its_limit(mode, below):
+def test_magic_rounding_only_below_its_limit(mode, below, conv_path):
     """The float64 epilogue rounds by adding 1.5 * 2**52 (qepi.h's mode 2) only for
     half_even and ``acc_bound * max scale`` below 2**30; just below and just above it, with
     halves to round (``scale = m / 2``, odd m) and outputs past int16, both exact."""
@@ -136,9 +163,9 @@ def test_magic_rounding_only_below_its_limit(mode, below):
     np.testing.assert_array_equal(got, want)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, suppress_health_check=ONE_PATH)
 @given(case=conv_cases(), per_channel=st.booleans())
-def test_native_fused_conv_add_equals_qconv_then_qadd(case, per_channel):
+def test_native_fused_conv_add_equals_qconv_then_qadd(case, per_channel, conv_path):
     x, w, bias, _, _, attrs, rng = case
     attrs = {**attrs, "out_dtype": "int16" if attrs["out_dtype"] == "int32" else attrs["out_dtype"]}
     o, c = w.shape[:2]
@@ -158,7 +185,7 @@ def test_native_fused_conv_add_equals_qconv_then_qadd(case, per_channel):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("below", [True, False])
-def test_float32_epilogue_only_below_its_limit(mode, below):
+def test_float32_epilogue_only_below_its_limit(mode, below, conv_path):
     """``|acc * m|`` just below the float32 limit runs in float32, at it in float64; both
     exact on inputs that reach the bound (all -128 against all -128 weights)."""
     limit = 2**24 if mode == "half_even" else 2**23
@@ -196,10 +223,6 @@ def test_int32_input_stays_on_the_torch_path(in_dtype, b_dtype):
     np.testing.assert_array_equal(got, want)
 
 
-NEEDS_AMX = pytest.mark.skipif(
-    not native.amx_supported(),
-    reason=f"AMX-INT8 linear (qamx.c) not tested here: LINEAR runs on {native.linear_kernel()}",
-)
 LINEAR_CASES = dict(
     rows=st.lists(st.integers(1, 9), min_size=1, max_size=3), k=st.integers(1, 90),
     o=st.integers(1, 40), per_channel=st.booleans(), mode=st.sampled_from(MODES),
@@ -249,6 +272,29 @@ def _linear_case(amx, rows, k, o, per_channel, mode, out_dtype, relu, wide, seed
     assert got.dtype == want.dtype
 
 
+def _plan(wmat, channels: int, in_dtype=torch.int8):
+    """A 3x3 conv's kernel plan, int8 requantized output, small bounds."""
+    epi = Epilogue(None, torch.ones(1, dtype=torch.float64), None, -128, 127, torch.int8,
+                   "half_even")  # fmt: skip
+    return exec_native.plan(wmat, (3, 3), channels, in_dtype, epi, None, None, 2**20, 2**10)
+
+
+def test_amx_takes_int8_convs_from_its_minimum(monkeypatch):
+    """Any machine (native.amx stubbed on): 64-byte taps and 4 output blocks go to the
+    tiles, with K rounded up to 64; 16-byte taps, 3 blocks or int16 inputs stay on qp_conv."""
+    monkeypatch.setattr(native, "amx", lambda: True)
+    wmat = torch.zeros(3 * 3 * 64, 64, dtype=torch.int8)
+    assert exec_native._amx_kp(_plan(wmat, 64)) == 9 * 64
+    assert exec_native._amx_kp(_plan(wmat[: 9 * 16], 16)) is None  # 16-byte taps
+    assert exec_native._amx_kp(_plan(wmat[:, :48], 64)) is None  # 3 blocks of 16 channels
+    assert exec_native._amx_kp(_plan(wmat, 64, torch.int16)) is None
+    monkeypatch.setattr(exec_native, "AMX_CONV_MIN", (0, 0))
+    rgb = _plan(wmat[: 9 * 3], 3)  # row runs: 3 taps of 3 pixels x 3 channels (12 bytes)
+    assert rgb.row_runs and exec_native._amx_kp(rgb) == 64
+    monkeypatch.setattr(native, "amx", lambda: False)
+    assert exec_native._amx_kp(_plan(wmat, 64)) is None
+
+
 def test_linear_kernel_names_the_path_that_runs(monkeypatch):
     monkeypatch.setenv("QPARITY_AMX", "0")
     build = native.build_name()  # "AVX-512 VNNI" or "AVX2"
@@ -269,18 +315,25 @@ def _amx_spy(on: str):
         yield ran
 
 
-def test_linear_rows_past_the_amx_buffers_run_by_vnni():
-    """K = 600 pads to 640 > AMX_K_MAX: the VNNI kernel, the same integers."""
+@pytest.mark.parametrize("dt", [np.int8, np.int16])
+def test_linear_rows_past_the_amx_buffers(dt):
+    """K = 600 pads to 640 > AMX_K_MAX, past qamx.c's buffers: int8 rows run as a 1x1 conv
+    on qamxconv.c's tiles where AMX runs (20 channels: below AMX_CONV_MIN's blocks, so
+    patched), int16 rows on qp_conv; the same integers."""
     rng = np.random.default_rng(3)
-    x = rng.integers(-128, 128, (37, 600)).astype(np.int8)
+    x = rng.integers(np.iinfo(dt).min, np.iinfo(dt).max + 1, (37, 600)).astype(dt)
     w = rng.integers(-8, 8, (20, 600), dtype=np.int8)
-    mult, shift = rng.integers(1, 2**10, 20), np.full(20, 16)
+    mult, shift = rng.integers(1, 2**10, 20), np.full(20, 16 if dt == np.int8 else 24)
     attrs = {"rounding": "half_even", "out_dtype": "int8", "relu": 0}
     instr = Instruction(Op.LINEAR, ("x",), ("out",), ("w", "b", "m", "s"), attrs, ("fc",))
     consts = {"w": w, "b": EMPTY, "m": mult, "s": shift}
-    with _amx_spy("1") as tiles:
+    with _amx_spy("1") as tiles, native.tracing() as trace, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(exec_native, "AMX_CONV_MIN", (0, 0))
         got = Executor(Program("nash-e", {"x": {}}, {"out": {}}, [instr], consts)).run({"x": x})
     assert tiles == [False]
+    names = {fn.__name__ for fn, _, _ in trace.calls}
+    conv_tiles = native.amx() and dt == np.int8
+    assert ("qp_conv_amx" in names) == conv_tiles and ("qp_conv" in names) != conv_tiles
     want = CUSTOM_OPS["QLinear"].evaluate([x, w, EMPTY, mult, shift], attrs)
     np.testing.assert_array_equal(got[0]["out"], want)
 

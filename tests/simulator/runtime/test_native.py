@@ -1,5 +1,5 @@
 """What the compiled kernels tell a test run about this machine: a kernel path the CPU
-cannot run (the AMX-INT8 linear on a CPU without AMX) is reported skipped, with the
+cannot run (the AMX-INT8 kernels on a CPU without AMX) is reported skipped, with the
 reason, in the suite's own output (the README's ``pytest -q``), not only under ``-rs``."""
 
 from __future__ import annotations
@@ -27,5 +27,5 @@ def test_a_run_without_amx_says_the_amx_kernel_was_not_tested(capsys):
         assert "2 passed" in out and "SKIPPED" not in out
     else:
         assert "SKIPPED" in out
-        assert "AMX-INT8 linear (qamx.c) not tested here" in out
+        assert "AMX-INT8 kernels (qamx.c, qamxconv.c) not tested here" in out
         assert " ".join(native.linear_kernel().split()) in out
