@@ -185,11 +185,11 @@ def run(nc: NativeConv, geometry, x: torch.Tensor, b, out: torch.Tensor) -> None
 AMX_CONV_MIN = (64, 4)
 """Bytes per kernel tap and output channel blocks from which a conv runs on AMX tiles.
 qamxconv.c copies every window into its tiles (qp_conv reads it in place), one masked
-move per tap, and a copied byte meets as many products as there are output channels: on
-digits' 16 -> 16 3x3 convs (16-byte taps, one block) the tiles took 0.94 ms a run where
-qp_conv took 0.51, on ResNet-18's 64 -> 64 3x3 at 56 x 56 0.45 where it took 0.62, and
-MobileNetV2's 1x1 convs of 16-32 input channels or 24 output channels ran alike on both
-(``/tmp`` micro-benchmark of one CONV program, AMX host, 2026-12-04)."""
+move per tap, and a copied byte meets as many products as there are output channels.
+``bench/conv_paths.py`` on an AMX host (2026-12-04, bench/README.md): digits' 16 -> 16 3x3
+(16-byte taps, one block) 0.50x on the tiles, the RGB stems 0.72-0.88x, MobileNetV2's 1x1
+convs of 16-24 input or 24 output channels 0.80-1.01x; ResNet's 3x3 convs (64-byte taps
+and up) 1.43-2.25x, ResNet-50's 1x1 convs 1.47-1.76x, MobileNetV2's 960 -> 160 1.48x."""
 
 
 def _amx_kp(nc: NativeConv) -> int | None:
