@@ -25,7 +25,7 @@ def test_ops_lists_every_op():
     assert len(lines) == len(ops.ENTRIES)
     assert lines[0].startswith("conv (weighted, weighted): conv1d.default")
     assert (
-        "[reference int_ops.qconv; torch exec_ops.k_conv; native qp_conv, qp_dwconv, qp_pad]"
+        "[reference int_ops.qconv; torch exec_ops.k_conv; native qp_conv, qp_conv_amx, qp_dwconv, qp_pad]"
         in lines[0]
     )
 
