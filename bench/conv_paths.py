@@ -29,9 +29,13 @@ SHAPES = [  # name, (batch, in channels, out channels, kernel, height = width, s
     ("digits 16->16 3x3 8x8", (256, 16, 16, 3, 8, 1)),
     ("digits 32->32 3x3 8x8", (256, 32, 32, 3, 8, 1)),
     ("MobileNetV2 stem 3->32 3x3 /2", (1, 3, 32, 3, 224, 2)),
+    ("MobileNetV2 32->16 1x1 112", (1, 32, 16, 1, 112, 1)),
     ("MobileNetV2 16->96 1x1 112", (1, 16, 96, 1, 112, 1)),
     ("MobileNetV2 24->144 1x1 56", (1, 24, 144, 1, 56, 1)),
     ("MobileNetV2 144->24 1x1 56", (1, 144, 24, 1, 56, 1)),
+    ("MobileNetV2 192->32 1x1 28", (1, 192, 32, 1, 28, 1)),
+    ("MobileNetV2 320->1280 1x1 7", (1, 320, 1280, 1, 7, 1)),
+    ("digits-like 32->10 1x1 8x8", (256, 32, 10, 1, 8, 1)),
     ("MobileNetV2 960->160 1x1 7", (1, 960, 160, 1, 7, 1)),
     ("ResNet stem 3->64 7x7 /2", (1, 3, 64, 7, 224, 2)),
     ("ResNet 64->64 3x3 56", (1, 64, 64, 3, 56, 1)),
@@ -87,7 +91,8 @@ def main() -> None:
         pairs = [(median_ms(nc, args, "0", 1), median_ms(nc, args, "1", 1)) for _ in range(rounds)]
         vnni, tiles = (float(np.median(v)) for v in zip(*pairs, strict=True))
         exec_native.AMX_CONV_MIN, os.environ["QPARITY_AMX"] = real_min, "1"
-        picks = "tiles" if exec_native._amx_kp(nc) else "qp_conv"
+        flat = shape[3] == 1 and shape[5] == 1  # an unpadded stride-1 1x1 conv
+        picks = "tiles" if exec_native._amx_kp(nc, flat) else "qp_conv"
         exec_native.AMX_CONV_MIN = (0, 0)
         print(f"| {name} | {vnni:.3f} | {tiles:.3f} | {vnni / tiles:.2f}x | {picks} |")
 

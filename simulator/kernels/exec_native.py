@@ -175,11 +175,11 @@ def run(nc: NativeConv, geometry, x: torch.Tensor, b, out: torch.Tensor) -> None
     tail = (ptr(nc.scale), ptr(nc.scale_b), nc.mode, ptr(b), 0 if b is None else b.shape[3],
             0 if b is None else native.code(b), nc.lo, nc.hi, int(nc.half_even), ptr(out),
             native.code(out), out.shape[3])  # fmt: skip
-    kp = _amx_kp(nc)
-    if kp and lib.qp_conv_amx(*head, ptr(amx_weights(nc, kp)), *shape, ptr(nc.corr), *tail,
-                              kp) == 0:  # fmt: skip
+    kp = _amx_kp(nc, nc.taps == (1, 1) and tuple(strides) == (1, 1) and not any(pads))
+    corr = (ptr(nc.corr), ptr(nc.bias))
+    if kp and lib.qp_conv_amx(*head, ptr(amx_weights(nc, kp)), *shape, *corr, *tail, kp) == 0:
         return
-    lib.qp_conv(*head, ptr(nc.weights), *shape, ptr(nc.corr), ptr(nc.bias), *tail)
+    lib.qp_conv(*head, ptr(nc.weights), *shape, *corr, *tail)
 
 
 AMX_CONV_MIN = (64, 4)
@@ -192,13 +192,16 @@ convs of 16-24 input or 24 output channels 0.80-1.01x; ResNet's 3x3 convs (64-by
 and up) 1.43-2.25x, ResNet-50's 1x1 convs 1.47-1.76x, MobileNetV2's 960 -> 160 1.48x."""
 
 
-def _amx_kp(nc: NativeConv) -> int | None:
+def _amx_kp(nc: NativeConv, flat: bool = False) -> int | None:
     """The padded window length (K = taps x 4-byte groups x 4, rounded up to 64) with which
     qamxconv.c runs this conv, or None: no AMX here (:func:`simulator.runtime.native.amx`),
-    int16 inputs (VPDPWSSD in qp_conv), or taps and channels below :data:`AMX_CONV_MIN`."""
+    int16 inputs (VPDPWSSD in qp_conv), or taps and channels below :data:`AMX_CONV_MIN`
+    unless ``flat``: an unpadded stride-1 1x1 conv, whose pixels qamxconv.c loads into its
+    tiles as they lie, without a gather (1.2-2.4x qp_conv on every such conv
+    ``bench/conv_paths.py`` times)."""
     if nc.in_dtype != torch.int8 or not native.amx():
         return None
-    if nc.groups * 4 < AMX_CONV_MIN[0] or nc.blocks < AMX_CONV_MIN[1]:
+    if not flat and (nc.groups * 4 < AMX_CONV_MIN[0] or nc.blocks < AMX_CONV_MIN[1]):
         return None
     return -(-nc.taps[0] * nc.taps[1] * nc.groups * 4 // 64) * 64
 

@@ -49,8 +49,9 @@ def _native_plans(prog, feeds) -> tuple[np.ndarray, list]:
     plans = [p.native for p in plans if p is not None]
     names = {fn.__name__ for fn, _, _ in trace.calls}
     if plans and plans[0] is not None and "qp_dwconv" not in names:  # the path asked for ran
-        tiles = exec_native._amx_kp(plans[0]) is not None
-        assert ("qp_conv_amx" in names) == tiles and ("qp_conv" in names) != tiles, names
+        tiles = native.amx() and plans[0].in_dtype == torch.int8
+        if not tiles or exec_native.AMX_CONV_MIN == (0, 0):  # conv_path: every conv's kernel
+            assert ("qp_conv_amx" in names) == tiles and ("qp_conv" in names) != tiles, names
     return out, plans
 
 
@@ -270,6 +271,36 @@ def _linear_case(amx, rows, k, o, per_channel, mode, out_dtype, relu, wide, seed
     assert tiles == [amx == "1"]  # the path asked for is the path that ran
     np.testing.assert_array_equal(got, want)
     assert got.dtype == want.dtype
+
+
+@NEEDS_AMX
+@pytest.mark.parametrize("c,c_pad", [(24, 24), (96, 96), (64, 64), (24, 32), (144, 160)])
+@pytest.mark.parametrize("nhw", [(1, 1, 1), (1, 3, 11), (2, 4, 8), (2, 10, 10)])
+@pytest.mark.parametrize("mode", MODES)
+def test_amx_loads_an_unpadded_1x1_conv_as_it_lies(c, c_pad, nhw, mode):
+    """An unpadded stride-1 1x1 conv: qamxconv.c loads the pixels themselves into its tiles
+    (raw int8 read in place by TDPBSSD when the stored channels are the kernel's, the
+    offset copy by TDPBUSD when more are stored), gathering only the input's last tile:
+    1, 33, 64 and 200 pixels (every tile gathered; one read in place and one gathered; ...),
+    rows of 24, 96 and 144 bytes (the last 64-byte chunk reads into the next pixel) and 64.
+    Extremes everywhere: -128 inputs against -128 weights; the same integers as QConv."""
+    rng = np.random.default_rng(c * 1000 + sum(nhw))
+    n, h, w = nhw
+    x = rng.integers(-128, 128, (n, c, h, w)).astype(np.int8)
+    x.reshape(-1)[rng.random(x.size) < 0.2] = -128
+    wt = rng.integers(-128, 128, (80, c, 1, 1), dtype=np.int8)
+    wt.reshape(-1)[rng.random(wt.size) < 0.2] = -128
+    attrs = {"rounding": mode, "relu": 0, "strides": [1, 1], "pads": [0, 0, 0, 0],
+             "dilations": [1, 1], "group": 1, "out_dtype": "int8"}  # fmt: skip
+    consts = [rng.integers(-(2**15), 2**15, 80), rng.integers(1, 2**10, 80), np.full(80, 18)]
+    want = CUSTOM_OPS["QConv"].evaluate([x, wt, *consts], attrs)
+    prog = _nhwc_program(x, wt, consts, attrs, c_pad=c_pad, o_pad=80)
+    with pytest.MonkeyPatch.context() as mp, native.tracing() as trace:
+        mp.setenv("QPARITY_AMX", "1")
+        got, plans = _native_plans(prog, {"x": x})
+    assert "qp_conv_amx" in {fn.__name__ for fn, _, _ in trace.calls}
+    assert plans and exec_native._amx_kp(plans[0], True) == -(-c // 64) * 64
+    np.testing.assert_array_equal(got, want)
 
 
 def _plan(wmat, channels: int, in_dtype=torch.int8):
