@@ -183,13 +183,13 @@ def run(nc: NativeConv, geometry, x: torch.Tensor, b, out: torch.Tensor) -> None
 
 
 AMX_CONV_MIN = (64, 4)
-"""Bytes per kernel tap and output channel blocks from which a conv runs on AMX tiles.
-qamxconv.c copies every window into its tiles (qp_conv reads it in place), one masked
-move per tap, and a copied byte meets as many products as there are output channels.
+"""Bytes per kernel tap and output channel blocks from which a conv whose windows
+qamxconv.c gathers runs on AMX tiles (an unpadded stride-1 1x1 conv, loaded as it lies,
+always does). The gather copies every window (qp_conv reads it in place), one masked move
+per tap, and a copied byte meets as many products as there are output channels.
 ``bench/conv_paths.py`` on an AMX host (2026-12-04, bench/README.md): digits' 16 -> 16 3x3
-(16-byte taps, one block) 0.50x on the tiles, the RGB stems 0.72-0.88x, MobileNetV2's 1x1
-convs of 16-24 input or 24 output channels 0.80-1.01x; ResNet's 3x3 convs (64-byte taps
-and up) 1.43-2.25x, ResNet-50's 1x1 convs 1.47-1.76x, MobileNetV2's 960 -> 160 1.48x."""
+(16-byte taps, one block) 0.50x on the tiles, 32 -> 32 0.80x, the RGB stems 0.71-0.89x;
+ResNet's 3x3 convs (64-byte taps and up) 1.42-2.16x."""
 
 
 def _amx_kp(nc: NativeConv, flat: bool = False) -> int | None:
