@@ -21,6 +21,11 @@
  * only while a pixel follows it (the input's last tile is gathered). Raw int8 read in place
  * (wide 2) goes through TDPBSSD (int8 x int8) and the epilogue starts from bias itself;
  * qp_pad's offset copy (wide 0: channels stored past cs) through TDPBUSD and corr.
+ * A stride-1 conv whose taps are whole 64-byte chunks needs no gather either: on the
+ * padded grid (positions g = y * wp + x of an image, x up to wp - 1), the window of g is at
+ * xu + g * pix, so tap t's K chunks of 16 consecutive positions load pix bytes apart from
+ * xu + g0 * pix + toff[t]. The positions x >= ow (kw - 1 of each padded row) are computed
+ * and not stored; a tile whose last rows would read past the input is gathered.
  * The arguments are qp_conv's, with kp added; int16 inputs (wide 1) are not taken. */
 #include <stdint.h>
 #ifdef QPARITY_SIMDE
@@ -42,11 +47,13 @@ int qp_conv_amx(const void *xs, int64_t wide, int64_t n, int64_t hp, int64_t wp,
 
 #define PIX 32          /* output pixels per task: two input tiles */
 #define KP_MAX (1 << 16) /* longest padded window row taken (64 KB; 2 MB of buffer a thread) */
+#define FLAT 1           /* an unpadded stride-1 1x1 conv: pixel q's row at xu + q * pix */
+#define GRID 2           /* stride 1, whole-chunk taps: the padded grid (module comment) */
 
 typedef struct {
     const uint8_t *xu;
     uint8_t flip; /* 0x80 for raw int8 read in place (wide 2), else 0 */
-    int64_t hp, wp, pix, tapb, taps, kp; /* pix: bytes per input pixel; tapb: bytes per tap */
+    int64_t n, hp, wp, pix, tapb, taps, kp; /* pix: bytes per input pixel; tapb: per tap */
     const int64_t *toff;
     const int8_t *w;
     int64_t ob, o, sh, sw, oh, ow, total, tiles, chunk;
@@ -55,17 +62,26 @@ typedef struct {
     char *out;
     int64_t ostride;
     const epi_t *e;
-    epi_t raw;  /* e with corr = bias: the products of raw int8 by TDPBSSD need no offset */
-    int direct; /* an unpadded stride-1 1x1 conv: pixel q's row at xu + q * pix */
+    epi_t raw;   /* e with corr = bias: the products of raw int8 by TDPBSSD need no offset */
+    int form;    /* 0 (gather), FLAT or GRID */
+    const int64_t *grid_off; /* GRID: K chunk c at row + toff[c / (tapb/64)] + c % ... * 64 */
 } aconv_t;
 
-/* The windows of output pixels q0 .. q0+PIX-1 as rows of buf (the module comment); pixels
- * from `total` on repeat the last one (computed, never stored). */
-AMX static void gather(const aconv_t *a, int64_t q0, uint8_t *buf) {
+typedef struct { /* one tile's rows: where they are, and which output pixel each is */
+    const uint8_t *src;  /* row 0 */
+    int64_t stride;      /* bytes from a row to the next */
+    const int64_t *coff; /* K chunk c at src + coff[c]; NULL: c * 64 (gathered rows) */
+    int64_t qs[PIX];     /* output pixel of each row; -1: computed, not stored */
+    int rows, raw;       /* rows up to the last stored one; raw int8 (TDPBSSD) */
+} rows_t;
+
+/* Rows p of buf: the windows of output pixels qs[p] (the module comment); a row not stored
+ * repeats the window of pixel `any`. */
+AMX static void gather(const aconv_t *a, const int64_t *qs, int64_t any, uint8_t *buf) {
     const __m512i flip = _mm512_set1_epi8((char)a->flip);
     int64_t per = a->oh * a->ow;
     for (int p = 0; p < PIX; p++) {
-        int64_t q = q0 + p < a->total ? q0 + p : a->total - 1;
+        int64_t q = qs[p] >= 0 ? qs[p] : any;
         int64_t ni = q / per, y = q % per / a->ow, x = q % a->ow;
         const uint8_t *win = a->xu + ((ni * a->hp + y * a->sh) * a->wp + x * a->sw) * a->pix;
         uint8_t *row = buf + p * a->kp;
@@ -80,20 +96,55 @@ AMX static void gather(const aconv_t *a, int64_t q0, uint8_t *buf) {
     }
 }
 
-/* Channel blocks j0 (and j0+1 when nj is 2) of the np2 (1 or 2) input tiles whose rows
- * start at src, `stride` bytes apart (the gathered rows, or the pixels themselves): the
+/* GRID: tile `tile` (image tile / per, position g0 = tile % per * PIX of its padded grid):
+ * the output pixel of each row, -1 past the grid's rows or at x >= ow. */
+static void grid_pixels(const aconv_t *a, int64_t tile, rows_t *r) {
+    int64_t per = (a->oh * a->wp + PIX - 1) / PIX, ni = tile / per, g0 = tile % per * PIX;
+    for (int p = 0; p < PIX; p++) {
+        int64_t g = g0 + p, y = g / a->wp, x = g % a->wp;
+        r->qs[p] = y < a->oh && x < a->ow ? (ni * a->oh + y) * a->ow + x : -1;
+    }
+    r->src = a->xu + (ni * a->hp * a->wp + g0) * a->pix;
+}
+
+/* Where tile `tile`'s rows are: read in place (FLAT, GRID) when every row's reads stay in
+ * the input, else gathered into buf. */
+AMX static void plan_rows(const aconv_t *a, int64_t tile, uint8_t *buf, rows_t *r) {
+    int64_t end = a->n * a->hp * a->wp * a->pix, any = -1;
+    if (a->form == GRID) {
+        grid_pixels(a, tile, r);
+        r->stride = a->pix, r->coff = a->grid_off;
+        int64_t last = (r->src - a->xu) + (PIX - 1) * a->pix + a->toff[a->taps - 1] + a->tapb;
+        if (last > end) r->coff = 0; /* the input's last rows: gathered */
+    } else {
+        for (int p = 0; p < PIX; p++) r->qs[p] = tile * PIX + p < a->total ? tile * PIX + p : -1;
+        r->src = a->xu + tile * PIX * a->pix, r->stride = a->pix, r->coff = a->grid_off;
+        /* FLAT: the rows' last chunk reads kp - pix bytes on: a pixel must follow the tile */
+        if (a->form != FLAT || (tile + 1) * PIX >= a->total) r->coff = 0;
+    }
+    r->rows = 0;
+    for (int p = 0; p < PIX; p++)
+        if (r->qs[p] >= 0) r->rows = p + 1, any = any < 0 ? r->qs[p] : any;
+    r->raw = r->coff && a->flip;
+    if (r->coff || !r->rows) return;
+    gather(a, r->qs, any, buf);
+    r->src = buf, r->stride = a->kp;
+}
+
+/* Channel blocks j0 (and j0+1 when nj is 2) of r's first np2 (1 or 2) input tiles: the
  * tile products into acc [input tile][channel block][16][16]; SGN: raw int8 rows by
  * TDPBSSD, else offset rows by TDPBUSD. */
-AMX AI void products_of(const aconv_t *a, const uint8_t *src, int64_t stride, int np2,
-                        int64_t j0, int nj, int32_t *acc, int SGN) {
+AMX AI void products_of(const aconv_t *a, const rows_t *r, int np2, int64_t j0, int nj,
+                        int32_t *acc, int SGN) {
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
-    int64_t kp = a->kp, wstride = a->ob * 64;
+    int64_t kp = a->kp, wstride = a->ob * 64, stride = r->stride;
     for (int64_t c = 0; c < kp / 64; c++) {
         const int8_t *wc = a->w + (c * 16 * a->ob + j0) * 64;
-        _tile_loadd(4, src + c * 64, stride);
+        const uint8_t *src = r->src + (r->coff ? r->coff[c] : c * 64);
+        _tile_loadd(4, src, stride);
         _tile_loadd(6, wc, wstride);
         if (SGN) _tile_dpbssd(0, 4, 6); else _tile_dpbusd(0, 4, 6);
         if (nj > 1) {
@@ -101,7 +152,7 @@ AMX AI void products_of(const aconv_t *a, const uint8_t *src, int64_t stride, in
             if (SGN) _tile_dpbssd(1, 4, 7); else _tile_dpbusd(1, 4, 7);
         }
         if (np2 > 1) {
-            _tile_loadd(5, src + 16 * stride + c * 64, stride);
+            _tile_loadd(5, src + 16 * stride, stride);
             if (SGN) _tile_dpbssd(2, 5, 6); else _tile_dpbusd(2, 5, 6);
             if (nj > 1) {
                 if (SGN) _tile_dpbssd(3, 5, 7); else _tile_dpbusd(3, 5, 7);
@@ -114,17 +165,18 @@ AMX AI void products_of(const aconv_t *a, const uint8_t *src, int64_t stride, in
     _tile_stored(3, acc + 768, 64);
 }
 
-AMX static void products(const aconv_t *a, const uint8_t *src, int64_t stride, int sgn,
-                         int np2, int64_t j0, int nj, int32_t *acc) {
-    if (sgn) products_of(a, src, stride, np2, j0, nj, acc, 1);
-    else products_of(a, src, stride, np2, j0, nj, acc, 0);
+AMX static void products(const aconv_t *a, const rows_t *r, int64_t j0, int nj, int32_t *acc) {
+    int np2 = r->rows > 16 ? 2 : 1;
+    if (r->raw) products_of(a, r, np2, j0, nj, acc, 1);
+    else products_of(a, r, np2, j0, nj, acc, 0);
 }
 
-/* The epilogue of pixels q0 .. q0+nq-1, channel blocks j0 .. j0+nj-1, with the epilogue's
- * float type, rounding and output size as given (constants in the copies block_epilogue
+/* The epilogue of r's stored rows, channel blocks j0 .. j0+nj-1, with the epilogue's float
+ * type, rounding and output size as given (constants in the copies block_epilogue
  * dispatches to, as qamx.c's). */
-AMX AI void epilogue_px(const aconv_t *a, const epi_t *e0, const int32_t *acc, int64_t q0,
-                        int nq, int64_t j0, int nj, int f64, int half_even, int out_shift) {
+AMX AI void epilogue_px(const aconv_t *a, const epi_t *e0, const int32_t *acc,
+                        const rows_t *r, int64_t j0, int nj, int f64, int half_even,
+                        int out_shift) {
     epi_t e = *e0;
     e.f64 = f64, e.half_even = half_even, e.out_shift = out_shift;
     const char *b = a->b;
@@ -133,8 +185,9 @@ AMX AI void epilogue_px(const aconv_t *a, const epi_t *e0, const int32_t *acc, i
     for (int jj = 0; jj < nj; jj++) {
         int64_t o0 = (j0 + jj) * 16;
         __mmask16 m = mask16(o - o0), ms = mask16(ostride - o0);
-        for (int p = 0; p < nq; p++) {
-            int64_t q = q0 + p;
+        for (int p = 0; p < r->rows; p++) {
+            int64_t q = r->qs[p];
+            if (q < 0) continue;
             __m512i v = _mm512_loadu_si512(acc + (p / 16 * 2 + jj) * 256 + p % 16 * 16);
             const char *bp = b ? b + ((q * bstride + o0) << e.bshift) : 0;
             epilogue16(v, &e, o0, bp, out + ((q * ostride + o0) << out_shift), m, ms);
@@ -142,22 +195,24 @@ AMX AI void epilogue_px(const aconv_t *a, const epi_t *e0, const int32_t *acc, i
     }
 }
 
-AMX static void block_epilogue(const aconv_t *a, const epi_t *e, const int32_t *acc,
-                               int64_t q0, int nq, int64_t j0, int nj) {
+AMX static void block_epilogue(const aconv_t *a, const rows_t *r, const int32_t *acc,
+                               int64_t j0, int nj) {
+    const epi_t *e = r->raw ? &a->raw : a->e;
 #define EPI_CASE(f, h, s)                                                   \
     if (e->scale && e->f64 == f && e->half_even == h && e->out_shift == s) \
-        return epilogue_px(a, e, acc, q0, nq, j0, nj, f, h, s)
+        return epilogue_px(a, e, acc, r, j0, nj, f, h, s)
     EPI_CASE(0, 1, 0); EPI_CASE(1, 1, 0); EPI_CASE(2, 1, 0); EPI_CASE(0, 1, 1);
     EPI_CASE(1, 1, 1); EPI_CASE(2, 1, 1);
 #undef EPI_CASE
-    epilogue_px(a, e, acc, q0, nq, j0, nj, e->f64, e->half_even, e->out_shift);
+    epilogue_px(a, e, acc, r, j0, nj, e->f64, e->half_even, e->out_shift);
 }
 
-/* Padding channels past the last block (ostride > Ob * 16) of pixels q0 .. q0+nq-1: 0. */
-static void zero_tail(const aconv_t *a, int64_t q0, int nq) {
+/* Padding channels past the last block (ostride > Ob * 16) of r's stored rows: 0. */
+static void zero_tail(const aconv_t *a, const rows_t *r) {
     int64_t tail = a->ostride - a->ob * 16, shift = a->e->out_shift;
-    for (int p = 0; tail > 0 && p < nq; p++)
-        memset(a->out + (((q0 + p) * a->ostride + a->ob * 16) << shift), 0, tail << shift);
+    for (int p = 0; tail > 0 && p < r->rows; p++)
+        if (r->qs[p] >= 0)
+            memset(a->out + ((r->qs[p] * a->ostride + a->ob * 16) << shift), 0, tail << shift);
 }
 
 static __thread uint8_t *tls_buf; /* a thread's gather buffer, PIX * KP_MAX bytes */
@@ -166,24 +221,19 @@ static __thread uint8_t *tls_buf; /* a thread's gather buffer, PIX * KP_MAX byte
 AMX static void conv_part(void *p, int64_t t0, int64_t t1) {
     const aconv_t *a = p;
     int32_t acc[4 * 256];
+    rows_t r;
     if (!tls_buf) tls_buf = aligned_alloc(64, PIX * (size_t)KP_MAX);
     tile_config();
     for (int64_t t = t0; t < t1; t++) {
-        int64_t q0 = t % a->tiles * PIX, blo = t / a->tiles * a->chunk;
+        int64_t blo = t / a->tiles * a->chunk;
         int64_t bhi = blo + a->chunk < a->ob ? blo + a->chunk : a->ob;
-        int nq = a->total - q0 < PIX ? (int)(a->total - q0) : PIX;
-        /* read in place while the rows' last chunk (kp - pix bytes past a pixel: zero
-         * weights) stays inside the input: a pixel after the tile */
-        int direct = a->direct && q0 + PIX < a->total;
-        const uint8_t *src = direct ? a->xu + q0 * a->pix : tls_buf;
-        if (!direct) gather(a, q0, tls_buf);
-        for (int64_t j0 = blo; j0 < bhi; j0 += 2) {
+        plan_rows(a, t % a->tiles, tls_buf, &r);
+        for (int64_t j0 = blo; j0 < bhi && r.rows; j0 += 2) {
             int nj = bhi - j0 < 2 ? 1 : 2;
-            int raw = direct && a->flip; /* raw int8 in place; else offset bytes */
-            products(a, src, direct ? a->pix : a->kp, raw, nq > 16 ? 2 : 1, j0, nj, acc);
-            block_epilogue(a, raw ? &a->raw : a->e, acc, q0, nq, j0, nj);
+            products(a, &r, j0, nj, acc);
+            block_epilogue(a, &r, acc, j0, nj);
         }
-        if (bhi == a->ob) zero_tail(a, q0, nq);
+        if (bhi == a->ob) zero_tail(a, &r);
     }
     _tile_release();
 }
@@ -208,14 +258,20 @@ AMX int qp_conv_amx(const void *xs, int64_t wide, int64_t n, int64_t hp, int64_t
     if (wide == 1 || kp % 64 || kp > KP_MAX || kp < taps * tapb) return 1;
     epi_t e = {corr, scale, scale_b, (double)lo, (double)hi, (int)f64, (int)half_even,
                (int)out_shift, (int)bshift};
-    int64_t toff[taps]; /* read by the pool's threads while this call waits in qp_for */
+    /* read by the pool's threads while this call waits in qp_for */
+    int64_t toff[taps], coff[kp / 64];
     for (int64_t t = 0; t < taps; t++) toff[t] = (t / kw * dh * wp + t % kw * dw) * cs;
-    int64_t total = n * oh * ow, tiles = (total + PIX - 1) / PIX, chunk = chunk_of(tiles, ob);
-    aconv_t a = {(const uint8_t *)xs, wide == 2 ? 0x80 : 0, hp, wp, cs, tapb, taps, kp, toff,
+    int form = taps == 1 && sh == 1 && sw == 1 && hp == oh && wp == ow ? FLAT
+             : sh == 1 && sw == 1 && tapb % 64 == 0 ? GRID : 0;
+    for (int64_t c = 0; c < kp / 64; c++)
+        coff[c] = form == GRID ? toff[c / (tapb / 64)] + c % (tapb / 64) * 64 : c * 64;
+    int64_t total = n * oh * ow;
+    int64_t tiles = form == GRID ? n * ((oh * wp + PIX - 1) / PIX) : (total + PIX - 1) / PIX;
+    int64_t chunk = chunk_of(tiles, ob);
+    aconv_t a = {(const uint8_t *)xs, wide == 2 ? 0x80 : 0, n, hp, wp, cs, tapb, taps, kp, toff,
                  wk, ob, o, sh, sw, oh, ow, total, tiles, chunk, (const char *)b, bstride,
-                 (char *)out, ostride, &e, e, 0};
+                 (char *)out, ostride, &e, e, form, coff};
     a.raw.corr = bias;
-    a.direct = taps == 1 && sh == 1 && sw == 1 && hp == oh && wp == ow;
     int64_t parts = (ob + chunk - 1) / chunk;
     qp_for(tiles * parts, PIX * kp * chunk / 4, conv_part, &a); /* work: products / 64 */
     return 0;

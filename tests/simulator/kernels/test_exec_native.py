@@ -303,6 +303,36 @@ def test_amx_loads_an_unpadded_1x1_conv_as_it_lies(c, c_pad, nhw, mode):
     np.testing.assert_array_equal(got, want)
 
 
+@NEEDS_AMX
+@pytest.mark.parametrize("c,kernel,dil,pads", [
+    (64, (3, 3), [1, 1], [1, 1, 1, 1]), (128, (2, 3), [1, 1], [0, 1, 1, 0]),
+    (64, (3, 3), [2, 2], [2, 2, 2, 2]), (64, (5, 1), [1, 1], [0, 0, 0, 0]),
+    (192, (3, 3), [1, 1], [0, 0, 0, 0])])  # fmt: skip
+@pytest.mark.parametrize("nhw", [(1, 5, 5), (2, 9, 7), (1, 16, 16), (3, 6, 4)])
+def test_amx_reads_a_stride_1_conv_off_its_padded_grid(c, kernel, dil, pads, nhw):
+    """A stride-1 conv whose taps are whole 64-byte chunks: qamxconv.c loads each tap's
+    rows from the padded input at consecutive grid positions (the columns past the output
+    width computed, not stored), gathering only tiles whose rows would read past the input;
+    padded (the offset copy, TDPBUSD) and unpadded (raw int8 in place, TDPBSSD) inputs,
+    dilations, maps smaller than a tile and several images. The same integers as QConv."""
+    rng = np.random.default_rng(c + sum(nhw) + sum(pads))
+    n, h, w = nhw
+    x = rng.integers(-128, 128, (n, c, h, w)).astype(np.int8)
+    x.reshape(-1)[rng.random(x.size) < 0.2] = -128
+    wt = rng.integers(-128, 128, (64, c, *kernel), dtype=np.int8)
+    wt.reshape(-1)[rng.random(wt.size) < 0.2] = -128
+    attrs = {"rounding": "half_even", "relu": 1, "strides": [1, 1], "pads": pads,
+             "dilations": dil, "group": 1, "out_dtype": "int8"}  # fmt: skip
+    consts = [rng.integers(-(2**15), 2**15, 64), rng.integers(1, 2**10, 64), np.full(64, 22)]
+    want = CUSTOM_OPS["QConv"].evaluate([x, wt, *consts], attrs)
+    prog = _nhwc_program(x, wt, consts, attrs, c_pad=c, o_pad=64)
+    with pytest.MonkeyPatch.context() as mp, native.tracing() as trace:
+        mp.setenv("QPARITY_AMX", "1")
+        got, plans = _native_plans(prog, {"x": x})
+    assert "qp_conv_amx" in {fn.__name__ for fn, _, _ in trace.calls}
+    np.testing.assert_array_equal(got, want)
+
+
 def _plan(wmat, channels: int, in_dtype=torch.int8):
     """A 3x3 conv's kernel plan, int8 requantized output, small bounds."""
     epi = Epilogue(None, torch.ones(1, dtype=torch.float64), None, -128, 127, torch.int8,
