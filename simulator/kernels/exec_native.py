@@ -189,7 +189,8 @@ always does). The gather copies every window (qp_conv reads it in place), one ma
 per tap, and a copied byte meets as many products as there are output channels.
 ``bench/conv_paths.py`` on an AMX host (2026-12-04, bench/README.md): digits' 16 -> 16 3x3
 (16-byte taps, one block) 0.50x on the tiles, 32 -> 32 0.80x, the RGB stems 0.71-0.89x;
-ResNet's 3x3 convs (64-byte taps and up) 1.42-2.16x."""
+ResNet's 3x3 convs (64-byte taps and up) 1.42-2.16x gathered, 2.0-2.35x since they load
+off the padded grid (stride 1, whole-chunk taps: no gather)."""
 
 
 def _amx_kp(nc: NativeConv, flat: bool = False) -> int | None:
@@ -197,7 +198,7 @@ def _amx_kp(nc: NativeConv, flat: bool = False) -> int | None:
     qamxconv.c runs this conv, or None: no AMX here (:func:`simulator.runtime.native.amx`),
     int16 inputs (VPDPWSSD in qp_conv), or taps and channels below :data:`AMX_CONV_MIN`
     unless ``flat``: an unpadded stride-1 1x1 conv, whose pixels qamxconv.c loads into its
-    tiles as they lie, without a gather (1.2-2.4x qp_conv on every such conv
+    tiles as they lie, without a gather (1.05-2.3x qp_conv on every such conv
     ``bench/conv_paths.py`` times)."""
     if nc.in_dtype != torch.int8 or not native.amx():
         return None
