@@ -273,6 +273,24 @@ def _linear_case(amx, rows, k, o, per_channel, mode, out_dtype, relu, wide, seed
     assert got.dtype == want.dtype
 
 
+def _extreme_case(rng, x_shape, w_shape):
+    """int8 inputs and weights with a fifth of each at -128 (the offset's edge)."""
+    x = rng.integers(-128, 128, x_shape).astype(np.int8)
+    x.reshape(-1)[rng.random(x.size) < 0.2] = -128
+    wt = rng.integers(-128, 128, w_shape, dtype=np.int8)
+    wt.reshape(-1)[rng.random(wt.size) < 0.2] = -128
+    return x, wt
+
+
+def _on_tiles(prog, x) -> tuple[np.ndarray, list]:
+    """The program run with QPARITY_AMX=1; qamxconv.c must have run its conv."""
+    with pytest.MonkeyPatch.context() as mp, native.tracing() as trace:
+        mp.setenv("QPARITY_AMX", "1")
+        got, plans = _native_plans(prog, {"x": x})
+    assert "qp_conv_amx" in {fn.__name__ for fn, _, _ in trace.calls}
+    return got, plans
+
+
 @NEEDS_AMX
 @pytest.mark.parametrize("c,c_pad", [(24, 24), (96, 96), (64, 64), (24, 32), (144, 160)])
 @pytest.mark.parametrize("nhw", [(1, 1, 1), (1, 3, 11), (2, 4, 8), (2, 10, 10)])
@@ -286,19 +304,13 @@ def test_amx_loads_an_unpadded_1x1_conv_as_it_lies(c, c_pad, nhw, mode):
     Extremes everywhere: -128 inputs against -128 weights; the same integers as QConv."""
     rng = np.random.default_rng(c * 1000 + sum(nhw))
     n, h, w = nhw
-    x = rng.integers(-128, 128, (n, c, h, w)).astype(np.int8)
-    x.reshape(-1)[rng.random(x.size) < 0.2] = -128
-    wt = rng.integers(-128, 128, (80, c, 1, 1), dtype=np.int8)
-    wt.reshape(-1)[rng.random(wt.size) < 0.2] = -128
+    x, wt = _extreme_case(rng, (n, c, h, w), (80, c, 1, 1))
     attrs = {"rounding": mode, "relu": 0, "strides": [1, 1], "pads": [0, 0, 0, 0],
              "dilations": [1, 1], "group": 1, "out_dtype": "int8"}  # fmt: skip
     consts = [rng.integers(-(2**15), 2**15, 80), rng.integers(1, 2**10, 80), np.full(80, 18)]
     want = CUSTOM_OPS["QConv"].evaluate([x, wt, *consts], attrs)
     prog = _nhwc_program(x, wt, consts, attrs, c_pad=c_pad, o_pad=80)
-    with pytest.MonkeyPatch.context() as mp, native.tracing() as trace:
-        mp.setenv("QPARITY_AMX", "1")
-        got, plans = _native_plans(prog, {"x": x})
-    assert "qp_conv_amx" in {fn.__name__ for fn, _, _ in trace.calls}
+    got, plans = _on_tiles(prog, x)
     assert plans and exec_native._amx_kp(plans[0], True) == -(-c // 64) * 64
     np.testing.assert_array_equal(got, want)
 
@@ -317,19 +329,13 @@ def test_amx_reads_a_stride_1_conv_off_its_padded_grid(c, kernel, dil, pads, nhw
     dilations, maps smaller than a tile and several images. The same integers as QConv."""
     rng = np.random.default_rng(c + sum(nhw) + sum(pads))
     n, h, w = nhw
-    x = rng.integers(-128, 128, (n, c, h, w)).astype(np.int8)
-    x.reshape(-1)[rng.random(x.size) < 0.2] = -128
-    wt = rng.integers(-128, 128, (64, c, *kernel), dtype=np.int8)
-    wt.reshape(-1)[rng.random(wt.size) < 0.2] = -128
+    x, wt = _extreme_case(rng, (n, c, h, w), (64, c, *kernel))
     attrs = {"rounding": "half_even", "relu": 1, "strides": [1, 1], "pads": pads,
              "dilations": dil, "group": 1, "out_dtype": "int8"}  # fmt: skip
     consts = [rng.integers(-(2**15), 2**15, 64), rng.integers(1, 2**10, 64), np.full(64, 22)]
     want = CUSTOM_OPS["QConv"].evaluate([x, wt, *consts], attrs)
     prog = _nhwc_program(x, wt, consts, attrs, c_pad=c, o_pad=64)
-    with pytest.MonkeyPatch.context() as mp, native.tracing() as trace:
-        mp.setenv("QPARITY_AMX", "1")
-        got, plans = _native_plans(prog, {"x": x})
-    assert "qp_conv_amx" in {fn.__name__ for fn, _, _ in trace.calls}
+    got, _ = _on_tiles(prog, x)
     np.testing.assert_array_equal(got, want)
 
 
