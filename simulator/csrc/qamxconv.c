@@ -17,8 +17,8 @@
  * block j and K chunk c is 16 rows of 64 bytes at (c * 16 * Ob + j) * 64, row stride Ob * 64.
  * An unpadded stride-1 1x1 conv needs no gather: pixel q's row is its own bytes at
  * xu + q * pix, and a tile loads 16 of them pix bytes apart. Its last K chunk reads
- * kp - pix bytes into the next pixel, which meet zero weights, so a tile reads in place
- * only while a pixel follows it (the input's last tile is gathered). Raw int8 read in place
+ * kp - pix bytes into the next pixels, which meet zero weights, so a tile reads in place
+ * only while those bytes are inside the input (the input's last tiles are gathered). Raw int8 read in place
  * (wide 2) goes through TDPBSSD (int8 x int8) and the epilogue starts from bias itself;
  * qp_pad's offset copy (wide 0: channels stored past cs) through TDPBUSD and corr.
  * A stride-1 conv whose taps are whole 64-byte chunks needs no gather either: on the
@@ -64,7 +64,8 @@ typedef struct {
     const epi_t *e;
     epi_t raw;   /* e with corr = bias: the products of raw int8 by TDPBSSD need no offset */
     int form;    /* 0 (gather), FLAT or GRID */
-    const int64_t *grid_off; /* GRID: K chunk c at row + toff[c / (tapb/64)] + c % ... * 64 */
+    const int64_t *place_off; /* rows read in place: K chunk c at row + place_off[c] (FLAT:
+                               * c * 64; GRID: its tap's toff plus its place in the tap) */
 } aconv_t;
 
 typedef struct { /* one tile's rows: where they are, and which output pixel each is */
@@ -113,14 +114,14 @@ AMX static void plan_rows(const aconv_t *a, int64_t tile, uint8_t *buf, rows_t *
     int64_t end = a->n * a->hp * a->wp * a->pix, any = -1;
     if (a->form == GRID) {
         grid_pixels(a, tile, r);
-        r->stride = a->pix, r->coff = a->grid_off;
+        r->stride = a->pix, r->coff = a->place_off;
         int64_t last = (r->src - a->xu) + (PIX - 1) * a->pix + a->toff[a->taps - 1] + a->tapb;
         if (last > end) r->coff = 0; /* the input's last rows: gathered */
     } else {
         for (int p = 0; p < PIX; p++) r->qs[p] = tile * PIX + p < a->total ? tile * PIX + p : -1;
-        r->src = a->xu + tile * PIX * a->pix, r->stride = a->pix, r->coff = a->grid_off;
-        /* FLAT: the rows' last chunk reads kp - pix bytes on: a pixel must follow the tile */
-        if (a->form != FLAT || (tile + 1) * PIX >= a->total) r->coff = 0;
+        r->src = a->xu + tile * PIX * a->pix, r->stride = a->pix, r->coff = a->place_off;
+        /* FLAT: the last row's last chunk reads kp - pix bytes past its pixel */
+        if (a->form != FLAT || (tile * PIX + PIX - 1) * a->pix + a->kp > end) r->coff = 0;
     }
     r->rows = 0;
     for (int p = 0; p < PIX; p++)

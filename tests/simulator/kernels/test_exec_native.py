@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import mmap
 
 import numpy as np
 import pytest
@@ -339,11 +341,38 @@ def test_amx_reads_a_stride_1_conv_off_its_padded_grid(c, kernel, dil, pads, nhw
     np.testing.assert_array_equal(got, want)
 
 
-def _plan(wmat, channels: int, in_dtype=torch.int8):
-    """A 3x3 conv's kernel plan, int8 requantized output, small bounds."""
-    epi = Epilogue(None, torch.ones(1, dtype=torch.float64), None, -128, 127, torch.int8,
-                   "half_even")  # fmt: skip
-    return exec_native.plan(wmat, (3, 3), channels, in_dtype, epi, None, None, 2**20, 2**10)
+@NEEDS_AMX
+@pytest.mark.parametrize("pixels", [33, 34, 40, 64])
+def test_amx_in_place_reads_stop_at_the_inputs_end(pixels):
+    """A 1x1 conv of 24 channels read in place, its input ending at a page that cannot be
+    read: a tile's rows read kp = 64 bytes from each 24-byte pixel, so the tiles near the
+    end must be gathered (one pixel after the tile is not enough: 40 bytes past the last
+    row's pixel). A read past the end is a crash; the integers are qp_conv's."""
+    page, c = mmap.PAGESIZE, 24
+    buf = mmap.mmap(-1, 2 * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    assert ctypes.CDLL(None).mprotect(ctypes.c_void_p(base + page), page, 0) == 0  # PROT_NONE
+    size = pixels * c
+    x = torch.frombuffer(buf, dtype=torch.int8, count=size, offset=page - size)
+    x.copy_(torch.randint(-128, 128, (size,), dtype=torch.int8))
+    x = x.view(1, 1, pixels, c)
+    nc = _plan(torch.randint(-128, 128, (c, 80), dtype=torch.int8), c, kernel=(1, 1))
+    outs = []
+    for amx, xin in (("0", x.clone()), ("1", x)):
+        out = torch.empty(1, 1, pixels, 80, dtype=torch.int8)
+        with pytest.MonkeyPatch.context() as mp, native.tracing() as trace:
+            mp.setenv("QPARITY_AMX", amx)
+            exec_native.run(nc, ([1, 1], [0, 0, 0, 0], [1, 1]), xin, None, out)
+        assert ("qp_conv_amx" in {fn.__name__ for fn, _, _ in trace.calls}) == (amx == "1")
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+
+
+def _plan(wmat, channels: int, in_dtype=torch.int8, kernel=(3, 3)):
+    """A conv's kernel plan, int8 requantized output (scale 2**-12, float64), small bounds."""
+    epi = Epilogue(None, torch.full((1,), 2.0**-12, dtype=torch.float64), None, -128, 127,
+                   torch.int8, "half_even")  # fmt: skip
+    return exec_native.plan(wmat, kernel, channels, in_dtype, epi, None, None, 2**20, 2**30)
 
 
 def test_amx_takes_int8_convs_from_its_minimum(monkeypatch):
