@@ -211,6 +211,10 @@ def _median_time(fn, repeats: int) -> float:
 # -- main -----------------------------------------------------------------------------------
 
 
+AMX_KERNELS = {"qp_linear_amx", "qp_conv_amx"}
+"""The compiled calls that run on AMX-INT8 tiles (csrc/qamx.c, csrc/qamxconv.c)."""
+
+
 def kernel_variants(sim_exec, x) -> str:
     """Which kernel each instruction ran on, counted by op, from one instruction-by-instruction
     run with every compiled call traced: AMX-INT8 tiles (:data:`AMX_KERNELS`), the loaded
@@ -234,10 +238,6 @@ def kernel_variants(sim_exec, x) -> str:
         f"{kind}: " + (", ".join(f"{op} x{n}" for op, n in sorted(ops.items())) or "none")
         for kind, ops in ran.items()
     )
-
-
-AMX_KERNELS = {"qp_linear_amx", "qp_conv_amx"}
-"""The compiled calls that run on AMX-INT8 tiles (csrc/qamx.c, csrc/qamxconv.c)."""
 
 
 BUSY_LOOP = "import os\nos.sched_setaffinity(0, {%d})\nwhile True:\n    pass\n"

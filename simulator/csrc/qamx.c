@@ -67,6 +67,7 @@ typedef struct {
     const int8_t *w;
     const char *b;
     char *out;
+    const epi_t *e;
 } lin_t;
 
 /* Channel blocks j0, j0+1 (nj of them) of the 16 rows whose inputs hi / lo hold: the tile
@@ -142,15 +143,9 @@ AMX static void block_epilogue(const lin_t *l, const epi_t *e, const int32_t *ac
     epilogue_rows(l, e, acc, r0, nr, j0, nj, l->wide, e->f64, e->half_even, e->out_shift);
 }
 
-typedef struct {
-    const lin_t *l;
-    const epi_t *e;
-} lin_job_t;
-
 /* Row blocks i0 .. i1-1 (16 rows each) on this thread's tiles. */
 AMX static void lin_part(void *p, int64_t i0, int64_t i1) {
-    const lin_job_t *j = p;
-    const lin_t *l = j->l;
+    const lin_t *l = p;
     uint8_t bh[16 * AMX_KP_MAX], bl[16 * AMX_KP_MAX];
     int32_t acc[4 * 256];
     tile_config();
@@ -160,7 +155,7 @@ AMX static void lin_part(void *p, int64_t i0, int64_t i1) {
         for (int64_t j0 = 0; j0 < l->ob; j0 += 2) {
             int nj = l->ob - j0 < 2 ? (int)(l->ob - j0) : 2;
             block_products(l, bh, bl, j0, nj, acc);
-            block_epilogue(l, j->e, acc, r0, nr, j0, nj);
+            block_epilogue(l, l->e, acc, r0, nr, j0, nj);
         }
     }
     _tile_release();
@@ -180,9 +175,8 @@ AMX int qp_linear_amx(const void *x, int64_t wide, int64_t rows, int64_t k, int6
     if (kp > AMX_KP_MAX || kp % 64) return 1;
     epi_t e = {corr, scale, scale_b, (double)lo, (double)hi, (int)f64, (int)half_even,
                (int)out_shift, (int)bshift};
-    lin_t l = {x, (int)wide, rows, k, kp, ob, o, w, (const char *)b, (char *)out};
-    lin_job_t j = {&l, &e};
-    qp_for((rows + 15) / 16, 256 * ob * (1 + kp / 512), lin_part, &j);
+    lin_t l = {x, (int)wide, rows, k, kp, ob, o, w, (const char *)b, (char *)out, &e};
+    qp_for((rows + 15) / 16, 256 * ob * (1 + kp / 512), lin_part, &l);
     return 0;
 }
 #endif /* QPARITY_SIMDE */

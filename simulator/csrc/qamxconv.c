@@ -28,17 +28,7 @@
  * and not stored; a tile whose last rows would read past the input is gathered.
  * The arguments are qp_conv's, with kp added; int16 inputs (wide 1) are not taken. */
 #include <stdint.h>
-#ifdef QPARITY_SIMDE
-int qp_conv_amx(const void *xs, int64_t wide, int64_t n, int64_t hp, int64_t wp, int64_t cs,
-                int64_t groups, const int8_t *wk, int64_t kh, int64_t kw, int64_t ob, int64_t o,
-                int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t oh, int64_t ow,
-                const int32_t *corr, const int32_t *bias, const void *scale,
-                const void *scale_b, int64_t f64, const void *b, int64_t bstride,
-                int64_t bshift, int64_t lo, int64_t hi, int64_t half_even, void *out,
-                int64_t out_shift, int64_t ostride, int64_t kp) {
-    return 1; /* the AVX2 build has no AMX */
-}
-#else
+#ifndef QPARITY_SIMDE /* the AVX2 build has no AMX: qp_conv_amx below returns 1 */
 #include <omp.h>
 #include <stdlib.h>
 
@@ -248,13 +238,21 @@ static int64_t chunk_of(int64_t tiles, int64_t ob) {
     return 2 * ((pairs + groups - 1) / groups);
 }
 
-AMX int qp_conv_amx(const void *xs, int64_t wide, int64_t n, int64_t hp, int64_t wp, int64_t cs,
+#define AMX_FN AMX
+#else
+#define AMX_FN
+#endif
+
+AMX_FN int qp_conv_amx(const void *xs, int64_t wide, int64_t n, int64_t hp, int64_t wp, int64_t cs,
                     int64_t groups, const int8_t *wk, int64_t kh, int64_t kw, int64_t ob, int64_t o,
                     int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t oh, int64_t ow,
                     const int32_t *corr, const int32_t *bias, const void *scale,
                     const void *scale_b, int64_t f64, const void *b, int64_t bstride,
                     int64_t bshift, int64_t lo, int64_t hi, int64_t half_even, void *out,
                     int64_t out_shift, int64_t ostride, int64_t kp) {
+#ifdef QPARITY_SIMDE
+    return 1;
+#else
     int64_t taps = kh * kw, tapb = groups * 4;
     if (wide == 1 || kp % 64 || kp > KP_MAX || kp < taps * tapb) return 1;
     epi_t e = {corr, scale, scale_b, (double)lo, (double)hi, (int)f64, (int)half_even,
@@ -276,5 +274,5 @@ AMX int qp_conv_amx(const void *xs, int64_t wide, int64_t n, int64_t hp, int64_t
     int64_t parts = (ob + chunk - 1) / chunk;
     qp_for(tiles * parts, PIX * kp * chunk / 4, conv_part, &a); /* work: products / 64 */
     return 0;
+#endif
 }
-#endif /* QPARITY_SIMDE */
