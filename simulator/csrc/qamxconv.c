@@ -5,11 +5,12 @@
  *
  * Windows as rows. A task gathers the windows of up to 32 output pixels (flat over N, OH,
  * OW; two input tiles) into a buffer of kp bytes a row: row p is, tap after tap, the
- * tap's groups * 4 bytes at xu + window(p) + toff[t], so K = taps * groups * 4 in the
- * weights' own (tap, channel) order, rounded up to kp (a multiple of 64) with bytes that
- * meet zero weights. xu is offset (x ^ 0x80: qp_pad's copy, wide 0) or raw int8 read in
- * place (wide 2), offset here as it is gathered. Then, per pair of channel blocks, 2 x 2
- * accumulator tiles hold
+ * tap's groups * 4 bytes at xu + window(p) + toff[t] (taps that lie back to back in the
+ * input copied as one run: a 3 x 3 conv over 16 channels, three runs of 48 bytes, not nine
+ * of 16), so K = taps * groups * 4 in the weights' own (tap, channel) order, rounded up to
+ * kp (a multiple of 64) with bytes that meet zero weights. xu is offset (x ^ 0x80: qp_pad's
+ * copy, wide 0) or raw int8 read in place (wide 2), offset here as it is gathered. Then,
+ * per pair of channel blocks, 2 x 2 accumulator tiles hold
  *   acc[p, o] = sum_k xu[p, k] * w[k, o]      (TDPBUSD: uint8 x int8, modulo 2**32)
  * and epilogue16 adds corr[o] = bias[o] - 128 * sum_k w[k, o]: exactly
  * sum_k x[p, k] w[k, o] + bias[o], as qconv.c (the caller proves |acc| < 2**31).
@@ -18,8 +19,9 @@
  * An unpadded stride-1 1x1 conv needs no gather: pixel q's row is its own bytes at
  * xu + q * pix, and a tile loads 16 of them pix bytes apart. Its last K chunk reads
  * kp - pix bytes into the next pixels, which meet zero weights, so a tile reads in place
- * only while those bytes are inside the input (the input's last tiles are gathered). Raw int8 read in place
- * (wide 2) goes through TDPBSSD (int8 x int8) and the epilogue starts from bias itself;
+ * only while those bytes are inside the input (the input's last tiles are gathered). Raw
+ * int8 read in place (wide 2) goes through TDPBSSD (int8 x int8) and the epilogue starts
+ * from bias itself;
  * qp_pad's offset copy (wide 0: channels stored past cs) through TDPBUSD and corr.
  * A stride-1 conv whose taps are whole 64-byte chunks needs no gather either: on the
  * padded grid (positions g = y * wp + x of an image, x up to wp - 1), the window of g is at
@@ -45,6 +47,8 @@ typedef struct {
     uint8_t flip; /* 0x80 for raw int8 read in place (wide 2), else 0 */
     int64_t n, hp, wp, pix, tapb, taps, kp; /* pix: bytes per input pixel; tapb: per tap */
     const int64_t *toff;
+    const int64_t *runs; /* (input offset, bytes) of each run of taps back to back */
+    int64_t nrun;
     const int8_t *w;
     int64_t ob, o, sh, sw, oh, ow, total, tiles, chunk;
     const char *b;
@@ -66,24 +70,39 @@ typedef struct { /* one tile's rows: where they are, and which output pixel each
     int rows, raw;       /* rows up to the last stored one; raw int8 (TDPBSSD) */
 } rows_t;
 
-/* Rows p of buf: the windows of output pixels qs[p] (the module comment); a row not stored
- * repeats the window of pixel `any`. */
+/* len bytes from src to dst, offset by flip: whole 64-byte chunks, then a masked tail. */
+AMX AI void copy_run(uint8_t *dst, const uint8_t *src, int64_t len, __m512i flip) {
+    int64_t j = 0;
+    for (; j + 64 <= len; j += 64)
+        _mm512_storeu_si512(dst + j, _mm512_xor_si512(_mm512_loadu_si512(src + j), flip));
+    if (j < len) {
+        __mmask64 m = (1ULL << (len - j)) - 1;
+        __m512i v = _mm512_maskz_loadu_epi8(m, src + j);
+        _mm512_mask_storeu_epi8(dst + j, m, _mm512_xor_si512(v, flip));
+    }
+}
+
+/* Rows p of buf: the windows of output pixels qs[p] (the module comment), run by run (taps
+ * that lie back to back in the input: a.runs); a row not stored repeats the window of
+ * pixel `any`. A pixel that follows the previous one finds its place by a step, not by
+ * divisions. */
 AMX static void gather(const aconv_t *a, const int64_t *qs, int64_t any, uint8_t *buf) {
     const __m512i flip = _mm512_set1_epi8((char)a->flip);
-    int64_t per = a->oh * a->ow;
+    const int64_t per = a->oh * a->ow, fill = a->taps * a->tapb, kp = a->kp;
+    int64_t prev = -2, ni = 0, y = 0, x = 0;
     for (int p = 0; p < PIX; p++) {
         int64_t q = qs[p] >= 0 ? qs[p] : any;
-        int64_t ni = q / per, y = q % per / a->ow, x = q % a->ow;
+        if (q == prev + 1 && x + 1 < a->ow) x++;
+        else if (q == prev + 1 && y + 1 < a->oh) x = 0, y++;
+        else ni = q / per, y = q % per / a->ow, x = q % a->ow;
+        prev = q;
         const uint8_t *win = a->xu + ((ni * a->hp + y * a->sh) * a->wp + x * a->sw) * a->pix;
-        uint8_t *row = buf + p * a->kp;
-        for (int64_t t = 0; t < a->taps; t++)
-            for (int64_t j = 0; j < a->tapb; j += 64) {
-                int64_t left = a->tapb - j;
-                __mmask64 m = left >= 64 ? ~0ULL : (1ULL << left) - 1;
-                __m512i v = _mm512_maskz_loadu_epi8(m, win + a->toff[t] + j);
-                _mm512_mask_storeu_epi8(row + t * a->tapb + j, m, _mm512_xor_si512(v, flip));
-            }
-        memset(row + a->taps * a->tapb, 0, a->kp - a->taps * a->tapb);
+        uint8_t *row = buf + p * kp;
+        for (int64_t r = 0, at = 0; r < a->nrun; at += a->runs[2 * r + 1], r++)
+            copy_run(row + at, win + a->runs[2 * r], a->runs[2 * r + 1], flip);
+        for (int64_t j = fill; j < kp; j += 64) /* K's padding: zeros */
+            _mm512_mask_storeu_epi8(row + j, kp - j >= 64 ? ~0ULL : (1ULL << (kp - j)) - 1,
+                                    _mm512_setzero_si512());
     }
 }
 
@@ -259,7 +278,14 @@ AMX_FN int qp_conv_amx(const void *xs, int64_t wide, int64_t n, int64_t hp, int6
                (int)out_shift, (int)bshift};
     /* read by the pool's threads while this call waits in qp_for */
     int64_t toff[taps], coff[kp / 64];
-    for (int64_t t = 0; t < taps; t++) toff[t] = (t / kw * dh * wp + t % kw * dw) * cs;
+    int64_t runs[2 * taps], nrun = 0;
+    for (int64_t t = 0; t < taps; t++) {
+        toff[t] = (t / kw * dh * wp + t % kw * dw) * cs;
+        if (nrun && runs[2 * nrun - 2] + runs[2 * nrun - 1] == toff[t]) /* follows: one copy */
+            runs[2 * nrun - 1] += tapb;
+        else
+            runs[2 * nrun] = toff[t], runs[2 * nrun + 1] = tapb, nrun++;
+    }
     int form = taps == 1 && sh == 1 && sw == 1 && hp == oh && wp == ow ? FLAT
              : sh == 1 && sw == 1 && tapb % 64 == 0 ? GRID : 0;
     for (int64_t c = 0; c < kp / 64; c++)
@@ -268,8 +294,8 @@ AMX_FN int qp_conv_amx(const void *xs, int64_t wide, int64_t n, int64_t hp, int6
     int64_t tiles = form == GRID ? n * ((oh * wp + PIX - 1) / PIX) : (total + PIX - 1) / PIX;
     int64_t chunk = chunk_of(tiles, ob);
     aconv_t a = {(const uint8_t *)xs, wide == 2 ? 0x80 : 0, n, hp, wp, cs, tapb, taps, kp, toff,
-                 wk, ob, o, sh, sw, oh, ow, total, tiles, chunk, (const char *)b, bstride,
-                 (char *)out, ostride, &e, e, form, coff};
+                 runs, nrun, wk, ob, o, sh, sw, oh, ow, total, tiles, chunk, (const char *)b,
+                 bstride, (char *)out, ostride, &e, e, form, coff};
     a.raw.corr = bias;
     int64_t parts = (ob + chunk - 1) / chunk;
     qp_for(tiles * parts, PIX * kp * chunk / 4, conv_part, &a); /* work: products / 64 */

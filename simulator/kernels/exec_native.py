@@ -185,12 +185,13 @@ def run(nc: NativeConv, geometry, x: torch.Tensor, b, out: torch.Tensor) -> None
 AMX_CONV_MIN = (64, 4)
 """Bytes per kernel tap and output channel blocks from which a conv whose windows
 qamxconv.c gathers runs on AMX tiles (an unpadded stride-1 1x1 conv, loaded as it lies,
-always does). The gather copies every window (qp_conv reads it in place), one masked move
-per tap, and a copied byte meets as many products as there are output channels.
-``bench/conv_paths.py`` on an AMX host (2026-12-04, bench/README.md): digits' 16 -> 16 3x3
-(16-byte taps, one block) 0.50x on the tiles, 32 -> 32 0.80x, the RGB stems 0.71-0.89x;
-ResNet's 3x3 convs (64-byte taps and up) 1.42-2.16x gathered, 2.0-2.35x since they load
-off the padded grid (stride 1, whole-chunk taps: no gather)."""
+always does). The gather copies every window (qp_conv reads it in place), one move per run
+of taps back to back in the input, and a copied byte meets as many products as there are
+output channels. ``bench/conv_paths.py`` on an AMX host (2026-12-04, bench/README.md), with
+the taps copied in runs: digits' 16 -> 16 3x3 (16-byte taps, one block) 0.92x on the
+tiles, 32 -> 32 0.99x, the RGB stems 0.75-0.91x (tap by tap they were 0.48x, 0.75x and
+0.65-0.85x); ResNet's stride-2 3x3 convs (64-byte taps and up) 1.53-1.72x gathered, its
+stride-1 3x3 convs 2.0-2.4x off the padded grid (whole-chunk taps: no gather)."""
 
 
 def _amx_kp(nc: NativeConv, flat: bool = False) -> int | None:
