@@ -76,20 +76,31 @@ class Slots:
     def run(self, xs: list[torch.Tensor], timings: list | None) -> bool:
         """All calls on inputs ``xs``; False when one returned another value than recorded.
         ``timings`` gets ``(instruction, op, seconds)`` per instruction."""
-        n = self.kernel.numel()
-        if n == 0:  # views only (a plan needs no compiled library then)
+        if self.kernel.numel() == 0:  # views only (a plan needs no compiled library then)
             return True
         inputs = (ctypes.c_int64 * len(xs))(*(x.data_ptr() for x in xs))
-        done = native.library().qp_run_plan(
-            n, *map(native.ptr, (self.kernel, self.start, self.slots, self.rc)),
-            self.fill.numel() // 3, native.ptr(self.fill), ctypes.addressof(inputs),
-            native.ptr(self.group), None if timings is None else native.ptr(self.seconds))  # fmt: skip
-        if done == n and timings is not None:
+        return self.call(native.library(), self.pointers(), ctypes.addressof(inputs), timings)
+
+    def pointers(self) -> tuple[int, ...]:
+        """``qp_run_plan``'s arguments but the input pointers, as integers: the call count,
+        the tensors' addresses and the fill count (torch does not move them, so a caller may
+        keep these: :mod:`simulator.runtime.fast`)."""
+        return (self.kernel.numel(), self.kernel.data_ptr(), self.start.data_ptr(),
+                self.slots.data_ptr(), self.rc.data_ptr(), self.fill.numel() // 3,
+                self.fill.data_ptr(), self.group.data_ptr(), self.seconds.data_ptr())  # fmt: skip
+
+    def call(self, lib, pointers: tuple[int, ...], inputs: int, timings: list | None) -> bool:
+        """``qp_run_plan`` of ``lib`` with :meth:`pointers` and the input pointers at address
+        ``inputs`` (int64 each); False when a call returned another value than recorded.
+        ``timings`` gets ``(instruction, op, seconds)`` per instruction."""
+        *head, group, seconds = pointers
+        done = lib.qp_run_plan(*head, inputs, group, None if timings is None else seconds)
+        if done == head[0] and timings is not None:
             timings.extend(
                 (i, op, s)
                 for (i, op), s in zip(self.instructions, self.seconds.tolist(), strict=True)
             )
-        return done == n
+        return done == head[0]
 
 
 @dataclass(frozen=True)

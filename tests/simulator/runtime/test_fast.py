@@ -1,0 +1,119 @@
+"""simulator.runtime.fast: the frozen plan run straight from numpy gives exactly what the
+kernels give, and every input it does not cover goes the executor's own way."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simulator.runtime import native
+from simulator.runtime.executor import Executor
+from simulator.runtime.fast import FastRun, geometry, raw_view
+from tests.simulator.runtime.test_frozen import _assert_same, _batches, _fresh, _program
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="no compiled kernels here")
+
+
+def _warm(prog, runs: int = 5, **kw) -> Executor:
+    ex = Executor(prog, **kw)
+    for x in _batches(runs):
+        ex.run({"x": x})
+    return ex
+
+
+def _served(ex: Executor, x, monkeypatch) -> bool:
+    """Whether the fast run served ``x`` (FastRun.run returned outputs)."""
+    got = []
+    real = FastRun.run
+    monkeypatch.setattr(FastRun, "run", lambda self, *a: got.append(real(self, *a)) or got[-1])
+    ex.run({"x": x})
+    monkeypatch.setattr(FastRun, "run", real)
+    return bool(got) and got[-1] is not None
+
+
+@pytest.mark.parametrize("dequantize", [True, False], ids=["float-output", "int8-output"])
+def test_the_fast_run_equals_the_kernels_and_serves_repeated_runs(dequantize, monkeypatch):
+    prog = _program(dequantize)
+    ex = _warm(prog)
+    assert isinstance(ex._fast, FastRun)
+    for x in _batches(4, seed=7):
+        assert _served(ex, x, monkeypatch)
+        _assert_same(ex.run({"x": x})[0], _fresh(prog, x)[0])
+        assert ex.last_path == "frozen plan"
+
+
+def test_outputs_are_the_callers_own_copies():
+    prog = _program()
+    ex = _warm(prog)
+    a, b = _batches(2, seed=8)
+    first = ex.run({"x": a})[0]
+    kept = {k: v.copy() for k, v in first.items()}
+    ex.run({"x": b})
+    _assert_same(first, kept)
+
+
+def test_inputs_it_does_not_cover_go_the_executors_way(monkeypatch):
+    """Another geometry, another dtype (the executor converts it), a read-only array, a
+    list: the executor's own path, with the same outputs as a fresh executor's."""
+    prog = _program()
+    ex = _warm(prog)
+    x = _batches(1, seed=9)[0]
+    readonly = x.copy()
+    readonly.flags.writeable = False
+    for other in (_batches(1, rows=6)[0], x.astype(np.float64), readonly, x.tolist()):
+        assert not _served(ex, other, monkeypatch)
+        _assert_same(ex.run({"x": other})[0], _fresh(prog, np.asarray(other, np.float32))[0])
+    assert _served(ex, x, monkeypatch)
+
+
+def test_a_plan_built_on_converted_inputs_has_no_fast_run():
+    """float64 inputs reach the plan as float32 copies: their pointers must not."""
+    prog = _program()
+    ex = Executor(prog)
+    for x in _batches(5):
+        ex.run({"x": x.astype(np.float64)})
+    assert ex._fast is False
+    x = _batches(1, seed=10)[0].astype(np.float64)
+    _assert_same(ex.run({"x": x})[0], _fresh(prog, x.astype(np.float32))[0])
+
+
+def test_a_changed_return_value_and_a_held_capture_step_aside(monkeypatch):
+    prog = _program(dequantize=False)
+    ex = _warm(prog)
+    bad = _batches(1, seed=4)[0]
+    bad[2, 3] = np.inf  # QUANTIZE reports it: the plan stops, the kernels run
+    assert not _served(ex, bad, monkeypatch)
+    _assert_same(ex.run({"x": bad})[0], _fresh(prog, bad)[0])
+    x, y = _batches(2, seed=11)
+    outs, caps = ex.run({"x": x}, capture=True)  # the capture views a watched buffer
+    assert not _served(ex, y, monkeypatch)
+    _assert_same(ex.run({"x": y})[0], _fresh(prog, y)[0])
+    _assert_same(caps, _fresh(prog, x, capture=True)[1])
+
+
+def test_timings_come_per_instruction_from_the_fast_run(monkeypatch):
+    prog = _program()
+    ex = _warm(prog, timings=True)
+    x = _batches(1, seed=12)[0]
+    assert _served(ex, x, monkeypatch)
+    ex.run({"x": x})
+    assert [i for i, _, _ in ex.timings] == sorted({i for i, _, _ in ex.timings})
+    assert ex.timings and all(s >= 0 for *_, s in ex.timings)
+
+
+def test_geometry_names_what_the_plan_needs():
+    x = np.zeros((4, 8), np.float32)
+    assert geometry([x, x])[-1] == (0, 0)  # both inputs share one pointer
+    assert geometry([x, x.copy()])[-1] == (0, 1)
+    assert geometry([x[:, ::-1]]) is None
+    assert geometry([x.tolist()]) is None
+
+
+def test_a_raw_view_holds_no_reference_and_reads_the_memory():
+    import torch
+
+    t = torch.arange(24, dtype=torch.int16).reshape(2, 3, 4).permute(0, 2, 1)[:, 1:]
+    v = raw_view(t)
+    np.testing.assert_array_equal(v, t.numpy())
+    t.add_(1)
+    np.testing.assert_array_equal(v, t.numpy())
