@@ -110,21 +110,36 @@ class Executor:
         """
         n = threads.kernel_count()  # first: a bad QPARITY_THREADS is named before anything runs
         if not capture:
-            outputs = self._fast.run(inputs, n, self.timings) if self._fast else None
+            outputs = self._run_fast(inputs, n)
             if outputs is not None:
-                self.last_path = "frozen plan"
                 return outputs, {}
             outputs = self.split.run(inputs, n)
             if outputs is not None:
                 self.last_path = self.split.last
                 return outputs, {}
-        result = self.run_batch(inputs, n, capture)
+        return self.run_batch(inputs, n, capture)
+
+    def _run_fast(self, inputs: dict[str, np.ndarray], n: int) -> dict | None:
+        """The outputs from the plan run straight from numpy (:mod:`simulator.runtime.fast`),
+        or None when it does not take these inputs."""
+        outputs = self._fast.run(inputs, n, self.timings) if self._fast else None
+        if outputs is not None:
+            self.last_path = "frozen plan"
+        return outputs
+
+    def run_batch(self, inputs: dict[str, np.ndarray], n: int, capture: bool = False):
+        """:meth:`run` of the whole batch at once on ``n`` OpenMP threads (a batch split's
+        chunks come here too)."""
+        outputs = None if capture else self._run_fast(inputs, n)
+        if outputs is not None:
+            return outputs, {}
+        result = self._run_batch(inputs, n, capture)
         if self._fast is None and not capture and self.last_path == "frozen plan":
             self._fast = FastRun.build(self._frozen, self.program, inputs) or False
         return result
 
-    def run_batch(self, inputs: dict[str, np.ndarray], n: int, capture: bool = False):
-        """:meth:`run` of the whole batch at once on ``n`` OpenMP threads."""
+    def _run_batch(self, inputs: dict[str, np.ndarray], n: int, capture: bool):
+        """:meth:`run_batch` through torch: the kernels, the replays or the frozen plan."""
         bufs = self._load(inputs)
         with threads.kernel_threads(native.untraced(), n):
             frozen = None if capture else self._run_frozen(bufs)

@@ -117,3 +117,27 @@ def test_a_raw_view_holds_no_reference_and_reads_the_memory():
     np.testing.assert_array_equal(v, t.numpy())
     t.add_(1)
     np.testing.assert_array_equal(v, t.numpy())
+
+
+def test_a_batch_splits_chunks_take_the_fast_run_too(monkeypatch):
+    """Chunks of a split batch reach each executor's run_batch as numpy slices of one
+    geometry: after the first runs the plan from numpy serves them, and the batch's outputs
+    stay the whole batch's."""
+    from simulator.runtime import split
+    from tests.simulator.runtime.test_split import _batch, _whole
+    from tests.simulator.runtime.test_split import _program as _split_program
+
+    monkeypatch.setattr(split, "SAMPLE_BYTES", 0)
+    monkeypatch.setattr(split, "CHUNK_BYTES", 64)  # 2 samples of 32 bytes a chunk
+    prog = _split_program()
+    ex = Executor(prog)
+    served = []
+    real = FastRun.run
+    monkeypatch.setattr(
+        FastRun, "run", lambda self, *a: served.append(real(self, *a)) or served[-1]
+    )
+    for seed in range(8):
+        x = _batch(8, seed)
+        np.testing.assert_array_equal(ex.run({"x": x})[0]["y"], _whole(prog, x))
+    assert any(r is not None for r in served[-4:])
+    assert "batch split" in ex.last_path
