@@ -94,8 +94,7 @@ def main() -> None:
         pairs = [(median_ms(nc, args, "0", 1), median_ms(nc, args, "1", 1)) for _ in range(rounds)]
         vnni, tiles = (float(np.median(v)) for v in zip(*pairs, strict=True))
         exec_native.AMX_CONV_MIN, os.environ["QPARITY_AMX"] = real_min, "1"
-        flat = shape[3] == 1 and shape[5] == 1  # an unpadded stride-1 1x1 conv
-        picks = "tiles" if exec_native._amx_kp(nc, flat) else "qp_conv"
+        picks = "tiles" if exec_native.amx_kp(nc, *args[0][:2]) else "qp_conv"
         exec_native.AMX_CONV_MIN = (0, 0)
         print(f"| {name} | {vnni:.3f} | {tiles:.3f} | {vnni / tiles:.2f}x | {picks} |")
 

@@ -162,7 +162,7 @@ def _layout(wmat, kernel, channels: int, in_dtype, unit_w_dilation: bool):
 def run(nc: NativeConv, geometry, x: torch.Tensor, b, out: torch.Tensor) -> None:
     """``out[..., :O] = conv(x) (+ b)`` and ``out[..., O:] = 0`` for ``x [N, H, W, C_stored]``
     into ``out [N, OH, OW, O_pad]`` (contiguous, ``nc.out_dtype``); ``b [N, OH, OW, B_pad]``
-    (:data:`INT_DTYPES`) or None. On AMX-INT8 tiles (csrc/qamxconv.c) when :func:`_amx_kp`
+    (:data:`INT_DTYPES`) or None. On AMX-INT8 tiles (csrc/qamxconv.c) when :func:`amx_kp`
     takes the conv, else by qp_conv."""
     strides, pads, dil = geometry
     xs, mode = _padded(nc, x.contiguous(), pads)
@@ -175,7 +175,7 @@ def run(nc: NativeConv, geometry, x: torch.Tensor, b, out: torch.Tensor) -> None
     tail = (ptr(nc.scale), ptr(nc.scale_b), nc.mode, ptr(b), 0 if b is None else b.shape[3],
             0 if b is None else native.code(b), nc.lo, nc.hi, int(nc.half_even), ptr(out),
             native.code(out), out.shape[3])  # fmt: skip
-    kp = _amx_kp(nc, nc.taps == (1, 1) and tuple(strides) == (1, 1) and not any(pads))
+    kp = amx_kp(nc, strides, pads)
     corr = (ptr(nc.corr), ptr(nc.bias))
     if kp and lib.qp_conv_amx(*head, ptr(amx_weights(nc, kp)), *shape, *corr, *tail, kp) == 0:
         return
@@ -194,15 +194,16 @@ tiles, 32 -> 32 0.99x, the RGB stems 0.75-0.91x (tap by tap they were 0.48x, 0.7
 stride-1 3x3 convs 2.0-2.4x off the padded grid (whole-chunk taps: no gather)."""
 
 
-def _amx_kp(nc: NativeConv, flat: bool = False) -> int | None:
+def amx_kp(nc: NativeConv, strides, pads) -> int | None:
     """The padded window length (K = taps x 4-byte groups x 4, rounded up to 64) with which
-    qamxconv.c runs this conv, or None: no AMX here (:func:`simulator.runtime.native.amx`),
-    int16 inputs (VPDPWSSD in qp_conv), or taps and channels below :data:`AMX_CONV_MIN`
-    unless ``flat``: an unpadded stride-1 1x1 conv, whose pixels qamxconv.c loads into its
-    tiles as they lie, without a gather (1.05-2.3x qp_conv on every such conv
-    ``bench/conv_paths.py`` times)."""
+    qamxconv.c runs this conv at ``strides`` and ``pads``, or None: no AMX here
+    (:func:`simulator.runtime.native.amx`), int16 inputs (VPDPWSSD in qp_conv), or taps and
+    channels below :data:`AMX_CONV_MIN` unless the conv is an unpadded stride-1 1x1 one,
+    whose pixels qamxconv.c loads into its tiles as they lie, without a gather (1.05-2.3x
+    qp_conv on every such conv ``bench/conv_paths.py`` times)."""
     if nc.in_dtype != torch.int8 or not native.amx():
         return None
+    flat = nc.taps == (1, 1) and tuple(strides) == (1, 1) and not any(pads)
     if not flat and (nc.groups * 4 < AMX_CONV_MIN[0] or nc.blocks < AMX_CONV_MIN[1]):
         return None
     return -(-nc.taps[0] * nc.taps[1] * nc.groups * 4 // 64) * 64

@@ -313,7 +313,7 @@ def test_amx_loads_an_unpadded_1x1_conv_as_it_lies(c, c_pad, nhw, mode):
     want = CUSTOM_OPS["QConv"].evaluate([x, wt, *consts], attrs)
     prog = _nhwc_program(x, wt, consts, attrs, c_pad=c_pad, o_pad=80)
     got, plans = _on_tiles(prog, x)
-    assert plans and exec_native._amx_kp(plans[0], True) == -(-c // 64) * 64
+    assert plans and exec_native.amx_kp(plans[0], [1, 1], [0] * 4) == -(-c // 64) * 64
     np.testing.assert_array_equal(got, want)
 
 
@@ -375,20 +375,27 @@ def _plan(wmat, channels: int, in_dtype=torch.int8, kernel=(3, 3)):
     return exec_native.plan(wmat, kernel, channels, in_dtype, epi, None, None, 2**20, 2**30)
 
 
+PADDED = ([1, 1], [1, 1, 1, 1])  # stride 1, padded: never the in-place 1x1 form
+
+
 def test_amx_takes_int8_convs_from_its_minimum(monkeypatch):
     """Any machine (native.amx stubbed on): 64-byte taps and 4 output blocks go to the
     tiles, with K rounded up to 64; 16-byte taps, 3 blocks or int16 inputs stay on qp_conv."""
     monkeypatch.setattr(native, "amx", lambda: True)
     wmat = torch.zeros(3 * 3 * 64, 64, dtype=torch.int8)
-    assert exec_native._amx_kp(_plan(wmat, 64)) == 9 * 64
-    assert exec_native._amx_kp(_plan(wmat[: 9 * 16], 16)) is None  # 16-byte taps
-    assert exec_native._amx_kp(_plan(wmat[:, :48], 64)) is None  # 3 blocks of 16 channels
-    assert exec_native._amx_kp(_plan(wmat, 64, torch.int16)) is None
+    assert exec_native.amx_kp(_plan(wmat, 64), *PADDED) == 9 * 64
+    assert exec_native.amx_kp(_plan(wmat[: 9 * 16], 16), *PADDED) is None  # 16-byte taps
+    assert exec_native.amx_kp(_plan(wmat[:, :48], 64), *PADDED) is None  # 3 blocks of 16 channels
+    assert exec_native.amx_kp(_plan(wmat, 64, torch.int16), *PADDED) is None
+    one = _plan(wmat[:16, :16], 16, kernel=(1, 1))  # 16-byte taps, one block
+    assert exec_native.amx_kp(one, [1, 1], [0] * 4) == 64  # read in place: always tiles
+    assert exec_native.amx_kp(one, [2, 2], [0] * 4) is None  # strided: gathered
+    assert exec_native.amx_kp(one, [1, 1], [0, 1, 0, 1]) is None  # padded: gathered
     monkeypatch.setattr(exec_native, "AMX_CONV_MIN", (0, 0))
     rgb = _plan(wmat[: 9 * 3], 3)  # row runs: 3 taps of 3 pixels x 3 channels (12 bytes)
-    assert rgb.row_runs and exec_native._amx_kp(rgb) == 64
+    assert rgb.row_runs and exec_native.amx_kp(rgb, *PADDED) == 64
     monkeypatch.setattr(native, "amx", lambda: False)
-    assert exec_native._amx_kp(_plan(wmat, 64)) is None
+    assert exec_native.amx_kp(_plan(wmat, 64), *PADDED) is None
 
 
 def test_linear_kernel_names_the_path_that_runs(monkeypatch):
