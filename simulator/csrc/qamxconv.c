@@ -50,7 +50,7 @@ typedef struct {
     const int64_t *runs; /* (input offset, bytes) of each run of taps back to back */
     int64_t nrun;
     const int8_t *w;
-    int64_t ob, o, sh, sw, oh, ow, total, tiles, chunk;
+    int64_t ob, o, sh, sw, oh, ow, total, tiles, chunk, parts;
     const char *b;
     int64_t bstride;
     char *out;
@@ -227,7 +227,8 @@ static void zero_tail(const aconv_t *a, const rows_t *r) {
 
 static __thread uint8_t *tls_buf; /* a thread's gather buffer, PIX * KP_MAX bytes */
 
-/* Tasks t0 .. t1: pixel tile t % tiles, channel chunk t / tiles. */
+/* Tasks t0 .. t1: pixel tile t / parts, channel chunk t % parts (tile major: qconv.c's
+ * conv_part). */
 AMX static void conv_part(void *p, int64_t t0, int64_t t1) {
     const aconv_t *a = p;
     int32_t acc[4 * 256];
@@ -235,9 +236,9 @@ AMX static void conv_part(void *p, int64_t t0, int64_t t1) {
     if (!tls_buf) tls_buf = aligned_alloc(64, PIX * (size_t)KP_MAX);
     tile_config();
     for (int64_t t = t0; t < t1; t++) {
-        int64_t blo = t / a->tiles * a->chunk;
+        int64_t blo = t % a->parts * a->chunk;
         int64_t bhi = blo + a->chunk < a->ob ? blo + a->chunk : a->ob;
-        plan_rows(a, t % a->tiles, tls_buf, &r);
+        plan_rows(a, t / a->parts, tls_buf, &r);
         for (int64_t j0 = blo; j0 < bhi && r.rows; j0 += 2) {
             int nj = bhi - j0 < 2 ? 1 : 2;
             products(a, &r, j0, nj, acc);
@@ -294,11 +295,10 @@ AMX_FN int qp_conv_amx(const void *xs, int64_t wide, int64_t n, int64_t hp, int6
     int64_t tiles = form == GRID ? n * ((oh * wp + PIX - 1) / PIX) : (total + PIX - 1) / PIX;
     int64_t chunk = chunk_of(tiles, ob);
     aconv_t a = {(const uint8_t *)xs, wide == 2 ? 0x80 : 0, n, hp, wp, cs, tapb, taps, kp, toff,
-                 runs, nrun, wk, ob, o, sh, sw, oh, ow, total, tiles, chunk, (const char *)b,
-                 bstride, (char *)out, ostride, &e, e, form, coff};
+                 runs, nrun, wk, ob, o, sh, sw, oh, ow, total, tiles, chunk, (ob + chunk - 1) / chunk,
+                 (const char *)b, bstride, (char *)out, ostride, &e, e, form, coff};
     a.raw.corr = bias;
-    int64_t parts = (ob + chunk - 1) / chunk;
-    qp_for(tiles * parts, PIX * kp * chunk / 4, conv_part, &a); /* work: products / 64 */
+    qp_for(tiles * a.parts, PIX * kp * chunk / 4, conv_part, &a); /* work: products / 64 */
     return 0;
 #endif
 }

@@ -312,17 +312,18 @@ static int nonneg(const void *x, int64_t size) {
 typedef struct {
     const conv_t *c;
     const epi_t *e;
-    int64_t tiles, total, chunk;
+    int64_t tiles, total, chunk, parts;
     int np, wide;
 } conv_job_t;
 
-/* Tasks t0 .. t1, channel chunk major (tile major, a 7 x 7 map at batch 1 went as its first
- * tile, 48 pixels, to one thread and its second, 1 pixel, to the other). */
+/* Tasks t0 .. t1: pixel tile t / parts, channel chunk t % parts. Tile major, so that the
+ * pool's caller, claiming from the first task, and its worker, from the last, each take a
+ * run of whole pixels: the rows the next kernel reads from the same core's cache (qpool.c). */
 TGT static void conv_part(void *p, int64_t t0, int64_t t1) {
     const conv_job_t *j = p;
     const conv_t *c = j->c;
     for (int64_t t = t0; t < t1; t++) {
-        int64_t first = t % j->tiles * c->tile, blo = t / j->tiles * j->chunk;
+        int64_t first = t / j->parts * c->tile, blo = t % j->parts * j->chunk;
         int64_t bhi = blo + j->chunk < c->ob ? blo + j->chunk : c->ob;
         if (j->wide == 1) tile_i16(c, j->e, first, j->total, j->np, blo, bhi);
 #ifdef QPARITY_SIMDE
@@ -371,6 +372,6 @@ TGT void qp_conv(const void *xs, int64_t wide, int64_t n, int64_t hp, int64_t wp
     }
 #endif
     int64_t chunk = block_chunk(tiles, ob, np), parts = (ob + chunk - 1) / chunk;
-    conv_job_t j = {&c, &e, tiles, total, chunk, np, (int)wide};
+    conv_job_t j = {&c, &e, tiles, total, chunk, parts, np, (int)wide};
     qp_for(tiles * parts, QP_CHUNK_WORK, conv_part, &j); /* a task is a chunk */
 }

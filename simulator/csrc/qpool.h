@@ -19,4 +19,8 @@ void qp_for(int64_t n, int64_t work, qp_part_fn fn, void *args);
 
 /* The two sizes above (0: as defined), for the tests: a small chunk splits every loop. */
 void qp_pool_sizes(int64_t min_work, int64_t chunk);
+
+/* For the tests: out[i] = the thread that ran item i of a loop of n items (0: the calling
+ * thread, 1 + i: worker i), each busy for spin_ns. */
+void qp_pool_owners(int64_t n, int64_t work, int64_t spin_ns, int64_t *out);
 #endif

@@ -100,3 +100,29 @@ def test_a_woken_worker_gets_back_the_core_it_was_kept_off(small_chunks):
         assert time.monotonic() < deadline, "a worker kept a narrowed core set"
         assert np.array_equal(_quantize(x, 2), want)  # a job wakes it if it went back to sleep
         time.sleep(0.001)
+
+
+def _owners(n: int) -> np.ndarray:
+    """Which thread ran each of n items, one chunk each (small_chunks), busy for 50 us
+    (0: the caller)."""
+    out = np.full(n, -1, dtype=np.int64)
+    with threads.kernel_threads(native.library(), 2):
+        native.library().qp_pool_owners(n, 64, 50_000, native.ptr(torch.from_numpy(out)))
+    return out
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a worker needs a second core")
+def test_the_caller_takes_the_first_items_and_the_worker_the_last(small_chunks):
+    """The caller claims chunks from the front and the worker from the back (qpool.c), so
+    each runs one run of neighbouring items: the rows a kernel writes on a core are the
+    rows the next kernel reads there. Taken in turn from the front, they interleave."""
+    shared = 0
+    for _ in range(50):
+        owners = _owners(64)
+        assert set(owners) <= {0, 1}, "every item ran once, by the caller or its worker"
+        k = int(np.argmax(owners != 0)) if (owners != 0).any() else len(owners)
+        assert (owners[:k] == 0).all() and (owners[k:] == 1).all(), owners
+        shared += 0 < k < len(owners)
+        if shared >= 3:
+            break
+    assert shared >= 3, "the worker never took part"
