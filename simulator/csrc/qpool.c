@@ -17,11 +17,12 @@
  * threads interleaved: a MobileNetV2 depthwise conv at batch 1 then read half its input
  * from the other core's cache, and ran slower on two threads than on one (0.130 against
  * 0.114 ms; 0.067 ms front and back). A worker reads the job's fields after its claim:
- * the job cannot end (and its fields change) before that chunk is done. After a job a worker spins
- * SPIN_NS for the next one, then sleeps on a futex that the next job wakes. The kernels of a
- * frozen plan follow each other within microseconds, but a run that is not frozen has gaps
- * of a millisecond or more between them (the transformer at batch 256 after 50 ms idle:
- * 14.5 ms a run with a 1 ms spin, its worker asleep 2-3 times a run; 9.8 ms with 5 ms).
+ * the job cannot end (and its fields change) before that chunk is done. After a job a
+ * worker spins SPIN_NS for the next one, then sleeps on a futex that the next job wakes.
+ * The kernels of a frozen plan follow each other within microseconds, but a run that is
+ * not frozen has gaps of a millisecond or more between them (the transformer at batch 256
+ * after 50 ms idle: 14.5 ms a run with a 1 ms spin, its worker asleep 2-3 times a run;
+ * 9.8 ms with 5 ms).
  *
  * A job that wakes sleeping workers first keeps them off the caller's core (steer_workers),
  * and each gives that core back once awake. Woken freely, Linux put the worker on the
