@@ -172,12 +172,30 @@ _INT8: dict[str, tuple] = {}
 """Each model's ORT int8 session (dynamic batch), built once for all its batches."""
 
 
-def engines(name: str, store: Path, run_id: str, batch: int):
-    """(x, {engine: fn() -> logits}, timed sim executor, labels, notes) for one model."""
-    from schemas.artifacts import HbmModel, QatOnnxModel
+def sim_engine(name: str, store: Path, run_id: str, batch: int):
+    """(x, labels, timed sim executor, its input's name) of one model's compiled run: the
+    first ``batch`` evaluation frames and ``Executor(timings=True)`` on its model.hbm."""
+    from schemas.artifacts import HbmModel
     from schemas.store import RunStore
     from simulator.program import hbm
     from simulator.runtime.executor import Executor
+    from stages.data import load_splits
+
+    d = bench_spec(name).data
+    run = RunStore(store).open(run_id)
+    ev = load_splits(d.dataset, d.calibration_samples, d.evaluation_samples)["evaluation"]
+    x = np.ascontiguousarray(ev.x[:batch])
+    if len(x) < batch:
+        raise SystemExit(f"{name}: only {len(x)} evaluation frames for batch {batch}")
+    program = hbm.load(run.path(run.load_artifact("compile", HbmModel).hbm_file))
+    executor = Executor(program, timings=True)  # 1 perf_counter per instruction: negligible
+    return x, ev.y[:batch], executor, next(iter(program.inputs))
+
+
+def engines(name: str, store: Path, run_id: str, batch: int):
+    """(x, {engine: fn() -> logits}, timed sim executor, labels, notes) for one model."""
+    from schemas.artifacts import QatOnnxModel
+    from schemas.store import RunStore
     from stages.data import load_splits
     from stages.modelio import build_float
     from stages.onnx_runner import DOMAIN, OnnxRunner
@@ -185,14 +203,7 @@ def engines(name: str, store: Path, run_id: str, batch: int):
     spec = bench_spec(name)
     run = RunStore(store).open(run_id)
     d = spec.data
-    ev = load_splits(d.dataset, d.calibration_samples, d.evaluation_samples)["evaluation"]
-    x = np.ascontiguousarray(ev.x[:batch])
-    if len(x) < batch:
-        raise SystemExit(f"{name}: only {len(x)} evaluation frames for batch {batch}")
-
-    program = hbm.load(run.path(run.load_artifact("compile", HbmModel).hbm_file))
-    executor = Executor(program, timings=True)  # 1 perf_counter per instruction: negligible
-    in_name = next(iter(program.inputs))
+    x, labels, executor, in_name = sim_engine(name, store, run_id, batch)
     model = build_float(spec.model.factory, spec.model.weights, spec.model.kwargs)
     xt = torch.from_numpy(x)
 
@@ -219,7 +230,7 @@ def engines(name: str, store: Path, run_id: str, batch: int):
         notes.append(f"ORT n/a: qat.onnx holds {DOMAIN}-domain custom ops "
                      f"({', '.join(custom)}) that onnxruntime cannot load; the chain runs it "
                      "with onnx's ReferenceEvaluator instead (not a speed reference)")  # fmt: skip
-    return x, fns, (executor, in_name), ev.y[:batch], notes
+    return x, fns, (executor, in_name), labels, notes
 
 
 def time_batch(name: str, batch: int, store: Path, run_id: str, args) -> tuple:
