@@ -47,11 +47,15 @@ def to_nhwc(x: torch.Tensor, padded: int):
 
 def contiguous(x: torch.Tensor) -> torch.Tensor:
     """``x.contiguous()``, a strided view of up to 6 axes copied in one compiled pass
-    (torch's copy of a permuted int8 tensor is several times slower)."""
+    (torch's copy of a permuted int8 tensor is several times slower). The kernel splits
+    its two outer axes over the threads, so the axes of size 1 that pad a view to 6 go
+    after the view's first two (after its first of two): ``[B, H, T, D]`` as ``[B, H, 1,
+    1, T, D]``, not ``[1, 1, B, H, T, D]``, which ran on one thread."""
     if x.is_contiguous() or native.library() is None or x.ndim > 6 or not x.numel():
         return x.contiguous()
-    shape = native.int64s(*(1,) * (6 - x.ndim), *x.shape)
-    stride = native.int64s(*(0,) * (6 - x.ndim), *x.stride())
+    k, pad = min(2, x.ndim - 1), 6 - x.ndim
+    shape = native.int64s(*x.shape[:k], *(1,) * pad, *x.shape[k:])
+    stride = native.int64s(*x.stride()[:k], *(0,) * pad, *x.stride()[k:])
     out = native.empty(x.shape, dtype=x.dtype)
     base = native.ptr(x)  # the view's first element (storage offset applied)
     native.library().qp_copy(base, x.element_size(), shape, stride, native.ptr(out))
