@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from bench.sim_report import instruction_kind  # noqa: E402
+from bench.sim_report import by_kind, instruction_kind  # noqa: E402
 from bench.simulator import MODELS, run_chain_limited, sim_engine  # noqa: E402
 
 THREADS = (1, 2)
@@ -69,17 +69,16 @@ def lost(one: float, two: float) -> float:
     return two - one / 2
 
 
-def by_kind_rows(times: dict[int, dict], kind_of) -> list[tuple[str, float, float, float]]:
-    """(kind, 1-thread s, 2-thread s, lost s) per instruction kind, most lost first."""
-    rows: dict[str, list[float]] = {}
-    for i, one in times[1].items():
-        if i == "run" or i not in times[2]:
-            continue
-        acc = rows.setdefault(kind_of(i), [0.0, 0.0])
-        acc[0] += one
-        acc[1] += times[2][i]
-    out = [(k, a, b, lost(a, b)) for k, (a, b) in rows.items()]
-    return sorted(out, key=lambda r: -r[3])
+def instructions(times: dict[int, dict]) -> dict[int, tuple[float, float]]:
+    """Per instruction timed on both thread counts: (1-thread s, 2-thread s)."""
+    return {i: (one, times[2][i]) for i, one in times[1].items() if i != "run" and i in times[2]}
+
+
+def kind_rows(one: dict[str, float], two: dict[str, float]) -> list[tuple]:
+    """(kind, 1-thread s, 2-thread s, lost s) from seconds per instruction kind on each
+    thread count (bench/sim_report.py's ``by_kind``), most lost first."""
+    rows = [(k, a, two[k], lost(a, two[k])) for k, a in one.items()]
+    return sorted(rows, key=lambda r: -r[3])
 
 
 def model_report(name: str, store: Path, batch: int, args) -> None:
@@ -87,7 +86,6 @@ def model_report(name: str, store: Path, batch: int, args) -> None:
     if "error" in chain:
         raise SystemExit(f"{name}: chain stopped in stage {chain['stage']} ({chain['error']})")
     x, _, executor, in_name = sim_engine(name, store, chain["run_id"], batch)
-    program = executor.program
     times = time_blocks(lambda: executor.run({in_name: x}), lambda: executor.timings,
                         args.rounds, args.blocks)  # fmt: skip
     one, two = times[1]["run"], times[2]["run"]
@@ -95,20 +93,19 @@ def model_report(name: str, store: Path, batch: int, args) -> None:
           f"{two * 1e3:.2f} ms on two: {one / two:.2f}x (lost {lost(one, two) * 1e3:.2f} ms)")
     print("| instruction kind | 1 thread ms | 2 threads ms | ratio | lost ms |")
     print("|---|---|---|---|---|")
-
-    def kind_of(i: int) -> str:
-        return instruction_kind(program.instructions[i], program)
-
-    for kind, a, b, gone in by_kind_rows(times, kind_of):
+    pairs, program = instructions(times), executor.program
+    sums = [by_kind({i: p[t] for i, p in pairs.items()}, program) for t in (0, 1)]
+    for kind, a, b, gone in kind_rows(*sums):
         print(f"| {kind} | {a * 1e3:.3f} | {b * 1e3:.3f} | {a / b:.2f}x | {gone * 1e3:.3f} |")
-    worst = sorted((i for i in times[1] if i != "run" and i in times[2]),
-                   key=lambda i: -lost(times[1][i], times[2][i]))[: args.top]  # fmt: skip
-    print(f"most lost ({args.top} instructions):")
-    for i in worst:
-        a, b = times[1][i], times[2][i]
-        ins = program.instructions[i]
-        print(f"  #{i:<3} {kind_of(i):<16} {a * 1e3:7.3f} -> {b * 1e3:7.3f} ms  {a / b:5.2f}x  "
-              f"{','.join(ins.layer_ids)[:50]}")
+    print_most_lost(pairs, program, args.top)
+
+
+def print_most_lost(pairs: dict[int, tuple[float, float]], program, top: int) -> None:
+    print(f"most lost ({top} instructions):")
+    for i in sorted(pairs, key=lambda i: -lost(*pairs[i]))[:top]:
+        (a, b), ins = pairs[i], program.instructions[i]
+        print(f"  #{i:<3} {instruction_kind(ins, program):<16} {a * 1e3:7.3f} -> "
+              f"{b * 1e3:7.3f} ms  {a / b:5.2f}x  {','.join(ins.layer_ids)[:50]}")
 
 
 def main() -> None:

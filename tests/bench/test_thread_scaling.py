@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from bench.thread_scaling import by_kind_rows, lost, time_blocks
+from bench.thread_scaling import instructions, kind_rows, lost, time_blocks
 
 
 @pytest.mark.parametrize("before", [None, "3"])
@@ -32,7 +32,11 @@ def test_lost_is_the_time_beyond_the_ideal_split():
     assert lost(1.0, 1.2) == pytest.approx(0.7)  # slower on two threads than on one
 
 
-def test_kinds_are_summed_and_ordered_by_what_they_lose():
-    times = {1: {"run": 9.0, 0: 2.0, 1: 2.0, 2: 4.0}, 2: {"run": 5.0, 0: 1.5, 1: 1.5, 2: 2.0}}
-    kind = {0: "depthwise", 1: "depthwise", 2: "1x1"}.__getitem__
-    assert by_kind_rows(times, kind) == [("depthwise", 4.0, 3.0, 1.0), ("1x1", 4.0, 2.0, 0.0)]
+def test_instructions_timed_on_both_counts_are_paired():
+    times = {1: {"run": 9.0, 0: 2.0, 1: 4.0, 2: 1.0}, 2: {"run": 5.0, 0: 1.5, 1: 2.0}}
+    assert instructions(times) == {0: (2.0, 1.5), 1: (4.0, 2.0)}
+
+
+def test_kinds_are_ordered_by_what_they_lose():
+    rows = kind_rows({"1x1": 4.0, "depthwise": 4.0}, {"1x1": 2.0, "depthwise": 3.0})
+    assert rows == [("depthwise", 4.0, 3.0, 1.0), ("1x1", 4.0, 2.0, 0.0)]
