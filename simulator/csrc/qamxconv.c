@@ -293,13 +293,12 @@ AMX_FN int qp_conv_amx(const void *xs, int64_t wide, int64_t n, int64_t hp, int6
         coff[c] = form == GRID ? toff[c / (tapb / 64)] + c % (tapb / 64) * 64 : c * 64;
     int64_t total = n * oh * ow;
     int64_t tiles = form == GRID ? n * ((oh * wp + PIX - 1) / PIX) : (total + PIX - 1) / PIX;
-    int64_t chunk = chunk_of(tiles, ob);
+    int64_t chunk = chunk_of(tiles, ob), parts = (ob + chunk - 1) / chunk;
     aconv_t a = {(const uint8_t *)xs, wide == 2 ? 0x80 : 0, n, hp, wp, cs, tapb, taps, kp, toff,
-                 runs, nrun, wk, ob, o, sh, sw, oh, ow, total, tiles, chunk,
-                 (ob + chunk - 1) / chunk, (const char *)b, bstride, (char *)out, ostride, &e, e,
-                 form, coff};
+                 runs, nrun, wk, ob, o, sh, sw, oh, ow, total, tiles, chunk, parts,
+                 (const char *)b, bstride, (char *)out, ostride, &e, e, form, coff};
     a.raw.corr = bias;
-    qp_for(tiles * a.parts, PIX * kp * chunk / 4, conv_part, &a); /* work: products / 64 */
+    qp_for(tiles * parts, PIX * kp * chunk / 4, conv_part, &a); /* work: products / 64 */
     return 0;
 #endif
 }
