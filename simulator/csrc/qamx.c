@@ -139,6 +139,7 @@ AMX static void block_epilogue(const lin_t *l, const epi_t *e, const int32_t *ac
         return epilogue_rows(l, e, acc, r0, nr, j0, nj, w, f, h, s)
     EPI_CASE(0, 0, 1, 0); EPI_CASE(0, 1, 1, 0); EPI_CASE(0, 0, 1, 1); EPI_CASE(0, 1, 1, 1);
     EPI_CASE(1, 0, 1, 0); EPI_CASE(1, 1, 1, 0); EPI_CASE(1, 0, 1, 1); EPI_CASE(1, 1, 1, 1);
+    EPI_CASE(0, 3, 1, 0); EPI_CASE(0, 3, 1, 1);
 #undef EPI_CASE
     epilogue_rows(l, e, acc, r0, nr, j0, nj, l->wide, e->f64, e->half_even, e->out_shift);
 }

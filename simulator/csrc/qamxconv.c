@@ -211,8 +211,8 @@ AMX static void block_epilogue(const aconv_t *a, const rows_t *r, const int32_t 
 #define EPI_CASE(f, h, s)                                                   \
     if (e->scale && e->f64 == f && e->half_even == h && e->out_shift == s) \
         return epilogue_px(a, e, acc, r, j0, nj, f, h, s)
-    EPI_CASE(0, 1, 0); EPI_CASE(1, 1, 0); EPI_CASE(2, 1, 0); EPI_CASE(0, 1, 1);
-    EPI_CASE(1, 1, 1); EPI_CASE(2, 1, 1);
+    EPI_CASE(0, 1, 0); EPI_CASE(1, 1, 0); EPI_CASE(2, 1, 0); EPI_CASE(3, 1, 0);
+    EPI_CASE(0, 1, 1); EPI_CASE(1, 1, 1); EPI_CASE(2, 1, 1); EPI_CASE(3, 1, 1);
 #undef EPI_CASE
     epilogue_px(a, e, acc, r, j0, nj, e->f64, e->half_even, e->out_shift);
 }

@@ -8,7 +8,12 @@
  * round by adding 1.5 * 2**52 to the exact value: the sum's one rounding is round half to
  * even onto an integer, which is then the low 32 bits of the double (two's complement for
  * |v| < 2**31), gathered by one permute and clamped in int32. Fewer instructions than a
- * float clamp and a conversion per half, same integers. */
+ * float clamp and a conversion per half, same integers.
+ *
+ * f64 == 3 (float32 scales, half_even, no fused add, and the caller proves |acc| < 2**24 and
+ * |acc * scale| < 2**22: exec_native.magic32): the same rounding in float32, in one FMA of
+ * the exact product and 1.5 * 2**23, all 16 lanes in one register: the float's bits are
+ * 0x4B400000 + the integer. About half the instructions of f64 == 2. */
 #ifndef QPARITY_QEPI_H
 #define QPARITY_QEPI_H
 #include "qsimd.h"
@@ -51,6 +56,16 @@ TGT AI __m512i magic_pd16(__m512i acc, __m512i bi, const epi_t *e, int64_t o0, i
     }
     const __m512i low = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
     __m512i r = _mm512_permutex2var_epi32(_mm512_castpd_si512(y0), low, _mm512_castpd_si512(y1));
+    r = _mm512_max_epi32(r, _mm512_set1_epi32((int32_t)e->lo));
+    return _mm512_min_epi32(r, _mm512_set1_epi32((int32_t)e->hi));
+}
+
+/* round_half_even(acc * scale) of 16 lanes as int32, clamped (f64 == 3 above). */
+TGT AI __m512i magic_ps16(__m512i acc, const epi_t *e, int64_t o0) {
+    __m512 y = _mm512_fmadd_round_ps(_mm512_cvtepi32_ps(acc), _mm512_loadu_ps((const float *)e->scale + o0),
+                                     _mm512_set1_ps(12582912.0f), /* 1.5 * 2**23 */
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512i r = _mm512_sub_epi32(_mm512_castps_si512(y), _mm512_set1_epi32(0x4B400000));
     r = _mm512_max_epi32(r, _mm512_set1_epi32((int32_t)e->lo));
     return _mm512_min_epi32(r, _mm512_set1_epi32((int32_t)e->hi));
 }
@@ -117,8 +132,17 @@ AI __m256i half_f32(__m256i a, __m256i b, const float *s, const float *sb, const
     return _mm256_cvtps_epi32(y);
 }
 
+/* f64 == 3 (magic_ps16) on 8 lanes, clamped. */
+AI __m256i half_magic32(__m256i a, const float *s, const epi_t *e) {
+    __m256 y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_loadu_ps(s), _mm256_set1_ps(12582912.0f));
+    __m256i r = _mm256_sub_epi32(_mm256_castps_si256(y), _mm256_set1_epi32(0x4B400000));
+    r = _mm256_max_epi32(r, _mm256_set1_epi32((int32_t)e->lo));
+    return _mm256_min_epi32(r, _mm256_set1_epi32((int32_t)e->hi));
+}
+
 /* Lanes 8h .. 8h+7 requantized (int32, clamped to [lo, hi]); f64 == 2: in MIXED order. */
 AI __m256i half_requant(__m256i a, __m256i b, const epi_t *e, int64_t o, int has_b) {
+    if (e->f64 == 3) return half_magic32(a, (const float *)e->scale + o, e);
     if (!e->f64)
         return half_f32(a, b, (const float *)e->scale + o,
                         has_b ? (const float *)e->scale_b + o : 0, e, has_b);
@@ -207,7 +231,9 @@ TGT AI void epilogue16_corr(__m512i acc, const epi_t *e, int64_t o0, const char 
     }
     __m512i bi = b ? load16(b, 0, e->bshift, m) : _mm512_setzero_si512();
     __m512i r;
-    if (e->f64 == 2) {
+    if (e->f64 == 3) {
+        r = magic_ps16(acc, e, o0);
+    } else if (e->f64 == 2) {
         r = magic_pd16(acc, bi, e, o0, b != 0);
     } else if (!e->f64) {
         __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_loadu_ps((const float *)e->scale + o0));

@@ -14,7 +14,8 @@ in float32 or float64, with the bounds of :mod:`simulator.kernels.exec_epilogue`
   kernel's sums wrap modulo 2**32 and land on the true value);
 - ``T = A * max|scale numerator| (+ max|b| * max|b numerator|) < exact_limit(mode, ftype)``:
   the product, the sum and the rounding are exact in ``ftype``; float32 when ``T`` is below
-  the float32 limit (2**24 half_even, 2**23 bpu_round), else float64.
+  the float32 limit (2**24 half_even, 2**23 bpu_round) or :func:`magic32` holds (then one
+  FMA rounds the exact product: ``A < 2**24``, ``A * max|scale| < 2**22``), else float64.
 
 int8 or int16 inputs (int8 weights), int8 / int16 requantized outputs or an int32
 output without requantize (``acc + bias``, relu; ``A < 2**31`` makes its saturation a
@@ -67,25 +68,60 @@ class NativeConv:
     groups: int  # 4-byte groups per kernel tap
     taps: tuple[int, int]  # the kernel as the kernel runs it: (kh, 1) for row runs
     row_runs: bool
-    mode: int = 0  # the epilogue's float type code (epi_mode): 0 float32, 1 float64, 2 magic
+    mode: int = 0  # the epilogue's code (epi_mode): 0 float32, 1 float64, 2/3 magic 64/32
 
 
 MAGIC_LIMIT = 2**30
 """``|acc * scale + b * scale_b|`` below which qepi.h rounds a float64 half_even epilogue
 by adding ``1.5 * 2**52`` and reads the integer from the low 32 bits (its mode 2)."""
 
+MAGIC32_LIMITS = (2**24, 2**22)
+"""Mode 3 (float32, rounded by adding ``1.5 * 2**23`` in the product's FMA) needs the
+accumulator bound below the first (every int32 accumulator is then a float32) and
+``bound * max|scale|`` below the second (the sum stays in ``[2**22, 2**23) + 2**23``, whose
+float32 spacing is 1)."""
+
 
 def epi_mode(scale, scale_b, bound: int, b_dtype, half_even: bool) -> int:
     """qepi.h's ``f64`` code for the kernel's ``scale`` lanes: 0 float32, 1 float64, 2
     float64 rounded by the 1.5 * 2**52 addition, when half_even and ``bound * max|scale| +
     max|b| * max|scale_b|`` (``bound``: the accumulator's, ``max|b|`` from ``b_dtype``) is
-    below :data:`MAGIC_LIMIT`: then every value and its rounding stay within int32."""
-    if scale is None or scale.dtype != torch.float64:
+    below :data:`MAGIC_LIMIT`: then every value and its rounding stay within int32; 3 for
+    float32 lanes of :func:`magic32`."""
+    if scale is None:
         return 0
+    if scale.dtype != torch.float64:
+        return 3 if magic32(scale, scale_b, bound, half_even) else 0
     top = bound * float(scale.abs().max())
     if scale_b is not None:
         top += 2 ** (torch.iinfo(b_dtype).bits - 1) * float(scale_b.abs().max())
     return 2 if half_even and top < MAGIC_LIMIT else 1
+
+
+def magic32(scale, scale_b, bound: int, half_even: bool) -> bool:
+    """Whether qepi.h's mode 3 rounds ``acc * scale`` exactly: ``round_half_even(acc *
+    scale) = fma(float32(acc), float32(scale), 1.5 * 2**23) - 1.5 * 2**23``.
+
+    FORMULA: exact when half_even, no fused add, ``bound < 2**24`` (``float32(acc) = acc``),
+    every ``scale`` a float32 (``m * 2**-s`` with ``m`` of at most 24 significant bits) and
+    ``bound * max|scale| < 2**22``: the FMA rounds the exact ``acc * scale + 1.5 * 2**23``
+    once, to nearest even, in ``[2**23, 2**24)`` where float32 holds every integer and no
+    fraction; the sum's parity is the rounded product's, 1.5 * 2**23 being even. The
+    float's bits are then ``0x4B400000 +`` the integer (qepi.h's magic_ps16)."""
+    if not half_even or scale_b is not None or scale is None or bound >= MAGIC32_LIMITS[0]:
+        return False
+    s = scale.double()
+    exact = bool(torch.equal(s.float().double(), s))
+    return exact and bound * float(s.abs().max()) < MAGIC32_LIMITS[1]
+
+
+def scale_lanes(epi, o: int, bound: int, top: int, block: int = LANES):
+    """``(scale, scale_b)`` lanes (:func:`lanes`) of a requantizing epilogue: float32 when
+    ``top`` (``T``) is below the float32 limit or :func:`magic32` holds, else float64."""
+    f32 = top < exact_limit(epi.rounding, torch.float32) or magic32(
+        epi.scale, epi.scale_b, bound, epi.rounding == "half_even")
+    ftype = torch.float32 if f32 else torch.float64
+    return tuple(None if v is None else lanes(v, o, ftype, block) for v in (epi.scale, epi.scale_b))
 
 
 def lanes(v: torch.Tensor, o: int, dtype: torch.dtype, block: int = LANES) -> torch.Tensor:
@@ -129,10 +165,7 @@ def plan(wmat, kernel, channels: int, in_dtype, epi, bias, b_dtype, bound: int, 
             return None
         if epi.rounding not in fp.ROUNDING_MODES:
             return None
-        f32 = top < exact_limit(epi.rounding, torch.float32)
-        ftype = torch.float32 if f32 else torch.float64
-        scale, scale_b = (None if v is None else lanes(v, o, ftype)
-                          for v in (epi.scale, epi.scale_b))  # fmt: skip
+        scale, scale_b = scale_lanes(epi, o, bound, top)
     weights, cs, blocks, groups, taps = _layout(wmat, kernel, channels, in_dtype, unit_w_dilation)
     offset = 128 * wmat.long().sum(0) if in_dtype == torch.int8 else 0  # the uint8 offset
     corr, bias_lanes = lanes(b - offset, o, torch.int32), lanes(b, o, torch.int32)

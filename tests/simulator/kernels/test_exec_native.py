@@ -91,8 +91,10 @@ def conv_cases(draw):
         while (top := _acc_bound(x, wt, bias)) >= 2**21:
             wt, bias = (wt / 2).astype(np.int8), bias // 2  # toward 0: reaches 0
         mult = rng.integers(1, max(2**23 // top, 2), o)
-    else:
+    elif x.dtype == np.int16 or draw(st.booleans()):  # float32 scales: mode 3 within bounds
         mult = rng.integers(1, 2**20, o)
+    else:  # odd multipliers past 2**24: not float32, the float64 modes
+        mult = rng.integers(2**24, 2**25, o) | 1
     shift = rng.integers(8, 24, o) + np.log2(mult.max()).astype(int)
     return x, wt, bias, mult, shift, attrs, rng
 
@@ -100,6 +102,13 @@ def conv_cases(draw):
 def _acc_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> int:
     col = int(np.abs(w.astype(np.int64)).reshape(len(w), -1).sum(1).max())
     return col * -int(np.iinfo(x.dtype).min) + int(np.abs(bias).max())
+
+
+def _magic32(a: int, scale: np.ndarray, rounding: str) -> bool:
+    """qepi.h's mode 3 applies (exec_native.magic32): half_even, every accumulator and every
+    scale a float32, the products below 2**22."""
+    exact = (scale.astype(np.float32).astype(np.float64) == scale).all()
+    return rounding == "half_even" and a < 2**24 and exact and a * scale.max() < 2**22
 
 
 def _o_pad(o: int) -> int:
@@ -122,9 +131,11 @@ def test_native_conv_equals_qconv(case, conv_path):
     runs = w.shape[3] > 1 and c % per_group != 0 and attrs["dilations"][1] == 1
     assert plans[0].row_runs == runs
     if mult.size:
-        top = _acc_bound(x, w, bias) * int(mult.max())
-        f32 = top < 2 ** (23 + (attrs["rounding"] == "half_even"))
-        assert plans[0].scale.dtype == (torch.float32 if f32 else torch.float64)
+        a = _acc_bound(x, w, bias)
+        f32 = a * int(mult.max()) < 2 ** (23 + (attrs["rounding"] == "half_even"))
+        magic = _magic32(a, mult * 2.0 ** -shift.astype(np.float64), attrs["rounding"])
+        assert plans[0].scale.dtype == (torch.float32 if f32 or magic else torch.float64)
+        assert plans[0].mode == 3 if magic else plans[0].mode in ((0,) if f32 else (1, 2))
     else:
         assert plans[0].scale is None
     np.testing.assert_array_equal(got, want)
@@ -139,7 +150,8 @@ def _padded_conv(x, w, rounding_out: tuple[str, str], m: int, shift: int):
              "dilations": [1, 1], "group": 1, "out_dtype": out_dtype}  # fmt: skip
     consts = [np.zeros(2, np.int64), np.full(2, m), np.full(2, shift)]
     want = CUSTOM_OPS["QConv"].evaluate([x, w, *consts], attrs)
-    got, plans = _native_plans(_nhwc_program(x, w, consts, attrs), {"x": x})
+    prog = _nhwc_program(x, w, consts, attrs, c_pad=_o_pad(x.shape[1]))
+    got, plans = _native_plans(prog, {"x": x})
     return want, got, plans
 
 
@@ -199,7 +211,36 @@ def test_float32_epilogue_only_below_its_limit(mode, below, conv_path):
     w = np.full((2, c, k, k), -128, np.int8)
     w[1] = 127
     want, got, plans = _padded_conv(x, w, (mode, "int8"), m, 22)
-    assert [p.scale.dtype for p in plans] == [torch.float32 if below else torch.float64]
+    magic = mode == "half_even"  # past the limit, half_even still runs in float32: mode 3
+    assert [p.scale.dtype for p in plans] == [torch.float32 if below or magic else torch.float64]
+    assert [p.mode for p in plans] == [3 if magic else 0 if below else 1]
+    np.testing.assert_array_equal(got, want)
+
+
+MAGIC32_CASES = {  # name: (input channels, multiplier, shift, mode); A = channels * 9 * 2**14
+    "accumulators below 2**24": (113, 1, 3, 3),
+    "accumulators at 2**24": (114, 1, 3, 2),
+    "products below 2**22": (8, 27, 3, 3),  # A * 27 / 8 = 0.95 * 2**22 (A * 27 > 2**24)
+    "products past 2**22": (8, 29, 3, 2),
+    "a scale that is no float32": (8, 2**24 + 1, 29, 2),
+}
+
+
+@pytest.mark.parametrize("case", MAGIC32_CASES)
+def test_float32_magic_rounding_only_within_its_bounds(case, conv_path):
+    """qepi.h's mode 3 (one float32 FMA adds 1.5 * 2**23 to the exact product) only while
+    every accumulator and scale is a float32 and the products stay below 2**22; just inside
+    and just past each bound, with halves to round and outputs past int16, both exact."""
+    c, m, shift, mode = MAGIC32_CASES[case]
+    rng = np.random.default_rng(c + m)
+    x = rng.integers(-1, 2, (1, c, 6, 6)).astype(np.int8)  # small sums: halves unclamped
+    x[..., :3, :3] = -128  # the first output pixels reach the bound
+    w = np.full((2, c, 3, 3), -128, np.int8)
+    w[1] = rng.integers(-2, 3, (c, 3, 3))
+    want, got, plans = _padded_conv(x, w, ("half_even", "int16"), m, shift)
+    assert [p.mode for p in plans] == [mode]
+    inside = np.abs(want) < 2**15 - 1
+    assert (~inside).any() and (want[inside] % 2).any()  # clamped ones, and odd unclamped ones
     np.testing.assert_array_equal(got, want)
 
 
