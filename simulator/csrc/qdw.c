@@ -169,6 +169,97 @@ TGT static void dw_row(const dw_t *dp, const epi_t *ep, int64_t ni, int64_t y, i
     }
 }
 
+#ifndef QPARITY_SIMDE
+/* The widened form (3 x 3, unit dilation, rows of at most DW_COLS padded columns): a task is
+ * DW_BAND output rows of one channel block. Each input row it needs is widened once into a
+ * ring of three int16 rows, zero columns for the left and right padding and zero rows for
+ * the top and bottom, so every pixel's 9 taps are plain loads (a row-at-a-time task widened
+ * each input pixel once per tap: 9 times at stride 1). The widening also permutes the 32
+ * channels to the lanes (k, 16 + k) of int16 pair k, and the weights alike, so VPDPWSSD's
+ * int32 lane k sums channel k against the even-lane weights and channel 16 + k against the
+ * odd-lane ones: the two sums come out in channel order, with no interleave per pixel. */
+#define DW_BAND 8
+#define DW_COLS 320
+
+/* int16 pair k <- channels (k, 16 + k): VPERMW's index. */
+TGT AI __m512i pair_order(void) {
+    return _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                            23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+}
+
+/* Input row iy (of image ni; outside the input: zeros) of channels o0.. (m) widened into
+ * `row` over `cols` padded columns: column sc holds input column sc - pl. */
+TGT static void widen_row(const dw_t *d, int64_t ni, int64_t iy, int64_t o0, __mmask32 m,
+                          int64_t cols, int16_t *row) {
+    const __m512i order = pair_order();
+    for (int64_t sc = 0; sc < cols; sc++) {
+        int64_t ix = sc - d->pl;
+        __m512i v = _mm512_setzero_si512();
+        if (iy >= 0 && iy < d->h && ix >= 0 && ix < d->w) {
+            const int8_t *px = d->x + ((ni * d->h + iy) * d->w + ix) * d->cx + o0;
+            v = _mm512_permutexvar_epi16(order, _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, px)));
+        }
+        _mm512_store_si512(row + sc * 32, v);
+    }
+}
+
+/* One output row from the widened rows r[0..2]: per pixel 9 loads and 18 VPDPWSSD against
+ * the weights in registers (we: channels o0.., wo: o0 + 16..), then the epilogue. */
+TGT AI void widened_row(const epi_t *e, int16_t *const r[3], const __m512i we[9],
+                        const __m512i wo[9], int64_t ow, int64_t sw, int64_t o0, char *out,
+                        int64_t ostep, __mmask32 m, __mmask32 s) {
+    __m512i ce = _mm512_loadu_si512(e->corr + o0), co = _mm512_loadu_si512(e->corr + o0 + 16);
+    for (int64_t xo = 0; xo < ow; xo++, out += ostep) {
+        __m512i ae = ce, ao = co;
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < 3; j++) {
+                __m512i xv = _mm512_load_si512(r[i] + (xo * sw + j) * 32);
+                ae = _mm512_dpwssd_epi32(ae, xv, we[i * 3 + j]);
+                ao = _mm512_dpwssd_epi32(ao, xv, wo[i * 3 + j]);
+            }
+        epilogue16_corr(ae, e, o0, 0, out, (__mmask16)m, (__mmask16)s);
+        if (s >> 16)
+            epilogue16_corr(ao, e, o0 + 16, 0, out + (16 << e->out_shift), (__mmask16)(m >> 16),
+                            (__mmask16)(s >> 16));
+    }
+}
+
+/* Output rows y0 .. y1-1 of image ni, channel block b, by the widened form. */
+TGT static void dw_band(const dw_t *dp, const epi_t *ep, int64_t ni, int64_t y0, int64_t y1,
+                        int64_t b) {
+    const dw_t dl = *dp, *d = &dl; /* copies, as in dw_run3 */
+    const epi_t el = *ep, *e = &el;
+    int16_t ring[3][DW_COLS * 32] __attribute__((aligned(64)));
+    int64_t tag[3] = {INT64_MIN, INT64_MIN, INT64_MIN}, o0 = b * 32;
+    int64_t cols = (d->ow - 1) * d->sw + 3, tstep = ((d->c + 31) / 32) * 64;
+    __mmask32 m = mask32(d->c - o0), s = mask32(d->ostride - o0);
+    const __m512i order = pair_order();
+    __m512i we[9], wo[9];
+    for (int t = 0; t < 9; t++) { /* the paired layout's two halves, summed: channel order */
+        const int16_t *wt = d->wk + b * 64 + t * tstep;
+        __m512i w = _mm512_permutexvar_epi16(order, _mm512_add_epi16(_mm512_loadu_si512(wt),
+                                                                     _mm512_loadu_si512(wt + 32)));
+        we[t] = _mm512_maskz_mov_epi16(0x55555555u, w), wo[t] = _mm512_maskz_mov_epi16(0xAAAAAAAAu, w);
+    }
+    int64_t ostep = d->ostride << e->out_shift;
+    for (int64_t y = y0; y < y1; y++) {
+        int16_t *r[3];
+        for (int i = 0; i < 3; i++) {
+            int64_t iy = y * d->sh - d->pt + i, slot = (iy % 3 + 3) % 3;
+            if (tag[slot] != iy) widen_row(d, ni, iy, o0, m, cols, ring[slot]), tag[slot] = iy;
+            r[i] = ring[slot];
+        }
+        char *out = d->out + ((((ni * d->oh + y) * d->ow) * d->ostride + o0) << e->out_shift);
+        widened_row(e, r, we, wo, d->ow, d->sw, o0, out, ostep, m, s);
+    }
+}
+
+/* Whether the widened form takes this conv. */
+static int widened(const dw_t *d) {
+    return d->sw == 1 && d->kh == 3 && d->kw == 3 && d->dh == 1 && d->dw == 1 && (d->ow - 1) * d->sw + 3 <= DW_COLS;
+}
+#endif
+
 #ifdef QPARITY_SIMDE
 /* The AVX2 build (no VPDPWSSD over 512 bits): taps in pairs (t, t + 1). Each channel's two
  * inputs, widened to int16, are interleaved with VPUNPCKLWD / VPUNPCKHWD and multiplied by
@@ -266,30 +357,45 @@ static void dw_row_avx2(const dw_t *dp, const epi_t *ep, int64_t ni, int64_t y, 
 typedef struct {
     const dw_t *d;
     const epi_t *e;
-    int64_t cb, tail;
+    int64_t cb, tail, band; /* band: output rows per task (widened form), 0: one row */
 } dw_job_t;
 
-/* Tasks t0 .. t1: task t is channel block t % cb of output row t / cb (of all images). */
+/* Output row r (flat over images) of channel block b, by the form of its build. */
+TGT static void dw_one_row(const dw_t *d, const epi_t *e, int64_t r, int64_t b) {
+#ifdef QPARITY_SIMDE
+    if (d->kh * d->kw <= 2 * DW_PAIRS) {
+        dw_row_avx2(d, e, r / d->oh, r % d->oh, b);
+        return;
+    }
+#endif
+    dw_row(d, e, r / d->oh, r % d->oh, b);
+}
+
+/* Tasks t0 .. t1: task t is channel block t % cb of output row t / cb (of all images), or
+ * with a band, of output rows band * (t / cb % bands) .. of image t / cb / bands. */
 TGT static void dw_part(void *p, int64_t t0, int64_t t1) {
     const dw_job_t *j = p;
     const dw_t *d = j->d;
-    int64_t oh = d->oh, ow = d->ow, cb = j->cb, shift = j->e->out_shift;
+    int64_t oh = d->oh, ow = d->ow, cb = j->cb, shift = j->e->out_shift, band = j->band;
+    int64_t bands = band ? (oh + band - 1) / band : oh;
     for (int64_t t = t0; t < t1; t++) {
-        int64_t r = t / cb, b = t % cb;
-#ifdef QPARITY_SIMDE
-        if (d->kh * d->kw <= 2 * DW_PAIRS) dw_row_avx2(d, j->e, r / oh, r % oh, b);
+        int64_t ni = t / cb / bands, y0 = band ? t / cb % bands * band : t / cb % oh, b = t % cb;
+        int64_t y1 = band ? (y0 + band < oh ? y0 + band : oh) : y0 + 1;
+#ifndef QPARITY_SIMDE
+        if (band) dw_band(d, j->e, ni, y0, y1, b);
         else
 #endif
-            dw_row(d, j->e, r / oh, r % oh, b);
-        if (j->tail > 0 && b == cb - 1) /* padding channels past the last block */
-            for (int64_t xo = 0; xo < ow; xo++)
+            dw_one_row(d, j->e, ni * oh + y0, b);
+        for (int64_t r = ni * oh + y0; j->tail > 0 && b == cb - 1 && r < ni * oh + y1; r++)
+            for (int64_t xo = 0; xo < ow; xo++) /* padding channels past the last block */
                 memset(d->out + (((r * ow + xo) * d->ostride + cb * 32) << shift), 0,
                        j->tail << shift);
     }
 }
 
-/* The depthwise conv of the module comment; one task per output row and channel block (a
- * 7 x 7 map of 960 channels: 210 tasks, not 7). corr and scale hold cb * 32 lanes. */
+/* The depthwise conv of the module comment; one task per output row (or band of rows: the
+ * widened form) and channel block (a 7 x 7 map of 960 channels: 210 tasks, not 7). corr and
+ * scale hold cb * 32 lanes. */
 TGT void qp_dwconv(const void *x, int64_t n, int64_t h, int64_t w, int64_t cx, int64_t c,
                    const int16_t *wk, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
                    int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t oh, int64_t ow,
@@ -299,7 +405,11 @@ TGT void qp_dwconv(const void *x, int64_t n, int64_t h, int64_t w, int64_t cx, i
                (int)out_shift, 0};
     dw_t d = {(const int8_t *)x, h, w, cx, c, wk, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow,
               (char *)out, ostride};
-    int64_t cb = (c + 31) / 32;
-    dw_job_t j = {&d, &e, cb, ostride - cb * 32};
-    qp_for(n * oh * cb, ow * 32 * kh * kw, dw_part, &j);
+    int64_t cb = (c + 31) / 32, band = 0;
+#ifndef QPARITY_SIMDE
+    band = widened(&d) ? DW_BAND : 0;
+#endif
+    dw_job_t j = {&d, &e, cb, ostride - cb * 32, band};
+    int64_t rows = band ? (oh + band - 1) / band : oh;
+    qp_for(n * rows * cb, ow * 32 * kh * kw * (band ? band : 1), dw_part, &j);
 }

@@ -160,3 +160,26 @@ def test_a_kernel_of_more_taps_than_the_avx2_pairs_equals_qconv():
     ex = Executor(_program(x, w, bias, mult, shift, attrs))
     for _ in range(2):
         np.testing.assert_array_equal(ex.run({"x": x})[0]["out"], want)
+
+
+@pytest.mark.parametrize(
+    ("c", "shape", "pads", "out_dtype"),
+    [(37, (2, 21, 13), [1, 1, 1, 1], "int8"), (16, (1, 9, 30), [0, 2, 1, 0], "int16"),
+     (64, (1, 17, 5), [2, 0, 0, 2], "int8"), (8, (1, 4, 330), [1, 1, 1, 1], "int8")],
+)  # fmt: skip
+def test_depthwise_3x3_bands_of_widened_rows(c, shape, pads, out_dtype):
+    """qdw.c's widened form (3x3, stride 1: tasks of DW_BAND output rows whose input rows are
+    widened once into a ring, zero rows and columns for the padding): bands that end inside
+    the map, asymmetric pads, a last block of 5 channels, two images, int16 outputs; and a row
+    wider than DW_COLS (the row-at-a-time form) agree with QConv."""
+    rng = np.random.default_rng(c + shape[1])
+    x = rand_ints(rng, (shape[0], c, *shape[1:]), np.int8)
+    w = rand_ints(rng, (c, 1, 3, 3), np.int8)
+    bias = rng.integers(-5000, 5000, c).astype(np.int32)
+    mult, shift = rng.integers(1, 2**15, c), rng.choice([9, 17], c).astype(np.int64)
+    attrs = {"rounding": "half_even", "out_dtype": out_dtype, "relu": 0, "group": c,
+             "strides": [1, 1], "pads": pads, "dilations": [1, 1]}  # fmt: skip
+    want = CUSTOM_OPS["QConv"].evaluate([x, w, bias, mult, shift], attrs)
+    ex = Executor(_program(x, w, bias, mult, shift, attrs))
+    for _ in range(2):
+        np.testing.assert_array_equal(ex.run({"x": x})[0]["out"], want)
