@@ -60,14 +60,16 @@ TGT AI __m512i magic_pd16(__m512i acc, __m512i bi, const epi_t *e, int64_t o0, i
     return _mm512_min_epi32(r, _mm512_set1_epi32((int32_t)e->hi));
 }
 
-/* round_half_even(acc * scale) of 16 lanes as int32, clamped (f64 == 3 above). */
+/* round_half_even(acc * scale) of 16 lanes, clamped, as the bits 0x4B400000 + value of
+ * f64 == 3 above: the clamp compares the bits (positive floats of one binade order as
+ * their bits), and the narrowing store keeps their low 8 or 16 bits, the value's own, so
+ * no subtraction is needed. */
 TGT AI __m512i magic_ps16(__m512i acc, const epi_t *e, int64_t o0) {
     __m512 y = _mm512_fmadd_round_ps(_mm512_cvtepi32_ps(acc), _mm512_loadu_ps((const float *)e->scale + o0),
                                      _mm512_set1_ps(12582912.0f), /* 1.5 * 2**23 */
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512i r = _mm512_sub_epi32(_mm512_castps_si512(y), _mm512_set1_epi32(0x4B400000));
-    r = _mm512_max_epi32(r, _mm512_set1_epi32((int32_t)e->lo));
-    return _mm512_min_epi32(r, _mm512_set1_epi32((int32_t)e->hi));
+    __m512i r = _mm512_max_epi32(_mm512_castps_si512(y), _mm512_set1_epi32(0x4B400000 + (int32_t)e->lo));
+    return _mm512_min_epi32(r, _mm512_set1_epi32(0x4B400000 + (int32_t)e->hi));
 }
 
 /* The epilogue of 16 channels o0.. of one pixel: lanes in m (real channels) computed,
