@@ -86,12 +86,31 @@ class Executor:
         self.program = program
         _check_program(program)
         self.consts = consts or ConstPool(program.constants, program.layouts)
-        self.timings: list[tuple[int, Op, float]] | None = [] if timings else None
+        self._timings: list[tuple[int, Op, float]] | None = [] if timings else None
+        self._plan_times = None  # the frozen plan's Slots whose seconds are the last run's
         self.replays = Replays()  # how each instruction's next run skips its kernel
         self._frozen: Frozen | bool | None = None  # the whole-run plan; False: none to build
         self._fast: FastRun | bool | None = None  # the plan from numpy (fast.py); False: none
         self.split = BatchSplit(self)  # a batch as chunks of samples (simulator.runtime.split)
         self.last_path = ""  # how the last run executed (_path)
+
+    @property
+    def timings(self) -> list[tuple[int, Op, float]] | None:
+        """``(index, op, seconds)`` per instruction of the last run, None when off. A run of
+        the frozen plan leaves its seconds in the plan's array; the list is built on the
+        first read after it, outside the timed run."""
+        if self._plan_times is not None:
+            self._timings = self._plan_times.timings()
+            self._plan_times = None
+        return self._timings
+
+    @timings.setter
+    def timings(self, value: list | None) -> None:
+        self._timings, self._plan_times = value, None
+
+    def _timed_by(self, slots) -> None:
+        """The last run was the plan of ``slots``: its seconds are the timings (when on)."""
+        self._plan_times = slots if self._timings is not None else None
 
     def twin(self) -> Executor:
         """Another executor of the same program sharing these constants, with replays and a
@@ -122,9 +141,10 @@ class Executor:
     def _run_fast(self, inputs: dict[str, np.ndarray], n: int) -> dict | None:
         """The outputs from the plan run straight from numpy (:mod:`simulator.runtime.fast`),
         or None when it does not take these inputs."""
-        outputs = self._fast.run(inputs, n, self.timings) if self._fast else None
+        outputs = self._fast.run(inputs, n, self._timings is not None) if self._fast else None
         if outputs is not None:
             self.last_path = "frozen plan"
+            self._timed_by(self._fast.frozen.slots)
         return outputs
 
     def run_batch(self, inputs: dict[str, np.ndarray], n: int, capture: bool = False):
@@ -190,15 +210,16 @@ class Executor:
         """The program outputs from the frozen plan (:mod:`simulator.runtime.frozen`), or None."""
         if not isinstance(self._frozen, Frozen):
             return None
-        if self.timings is not None:
-            self.timings.clear()
-        return self._frozen.run([bufs[n] for n in self.program.inputs], self.timings)
+        outputs = self._frozen.run([bufs[n] for n in self.program.inputs], self._timings is not None)
+        if outputs is not None:
+            self._timed_by(self._frozen.slots)
+        return outputs
 
     def _run(self, bufs: dict[str, torch.Tensor]) -> None:
         """Execute every instruction in order, writing its outputs into ``bufs``; record
         the run for a frozen plan once the last run replayed every instruction."""
-        if self.timings is not None:
-            self.timings.clear()
+        if self._timings is not None:
+            self.timings = []
         n = len(self.program.instructions)
         recording = self._frozen is None and self.replays.served == n
         self.replays.record, self.replays.served = [] if recording else None, 0
@@ -229,8 +250,8 @@ class Executor:
                     self._zero_padding(y, name) for y, name in zip(ys, instr.outputs, strict=True)
                 ]
             bufs.update(zip(instr.outputs, ys, strict=True))
-            if self.timings is not None:
-                self.timings.append((i, instr.op, time.perf_counter() - t0))
+            if self._timings is not None:
+                self._timings.append((i, instr.op, time.perf_counter() - t0))
 
     def _zero_padding(self, y: torch.Tensor, name: str) -> torch.Tensor:
         """Padding channels ``C..C_pad`` of an nhwc buffer set back to 0."""

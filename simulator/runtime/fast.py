@@ -96,10 +96,10 @@ class FastRun:
         return cls(names, key, frozen, native.library(), s.pointers(),
                    (ctypes.c_int64 * len(names))(), outs)  # fmt: skip
 
-    def run(self, inputs: dict, n: int, timings: list | None) -> dict[str, np.ndarray] | None:
+    def run(self, inputs: dict, n: int, timed: bool) -> dict[str, np.ndarray] | None:
         """The program outputs (the caller's own copies) for ``inputs`` on ``n`` threads, or
-        None when this run is not the fast run's (module docstring). ``timings`` (cleared)
-        gets ``(instruction, op, seconds)`` per instruction."""
+        None when this run is not the fast run's (module docstring). ``timed``: each
+        instruction's seconds kept (``frozen.slots.timings()``)."""
         xs = [inputs.get(name) for name in self.names]
         if geometry(xs) != self.key or native.library() is not self.lib:
             return None
@@ -107,11 +107,9 @@ class FastRun:
             return None
         for i, x in enumerate(xs):
             self.inputs[i] = x.__array_interface__["data"][0]
-        if timings is not None:
-            timings.clear()
         with threads.kernel_threads(native.untraced(), n):
             done = self.frozen.slots.call(self.lib, self.pointers,
-                                          ctypes.addressof(self.inputs), timings)  # fmt: skip
+                                          ctypes.addressof(self.inputs), timed)  # fmt: skip
         if not done:
             return None
         return {name: v.copy() for name, v in self.outs.items()}

@@ -101,6 +101,25 @@ def test_timings_come_per_instruction_from_the_fast_run(monkeypatch):
     assert ex.timings and all(s >= 0 for *_, s in ex.timings)
 
 
+def test_timings_are_the_last_runs_whichever_path_ran(monkeypatch):
+    """The plan's timings are built when read, after the run: a run through the plan, then a
+    capture (instruction by instruction: every instruction timed, views too), then the plan
+    again: each read gives the run just before it, and a list read earlier stays as read."""
+    prog = _program()
+    ex = _warm(prog, timings=True)
+    x = _batches(1, seed=13)[0]
+    assert _served(ex, x, monkeypatch)
+    planned = [i for i, _, _ in ex.timings]
+    ex.run({"x": x}, capture=True)
+    stepped = ex.timings
+    assert [i for i, _, _ in stepped] == list(range(len(prog.instructions)))
+    assert len(planned) < len(stepped)  # the plan times instructions with calls only
+    ex.run({"x": x})
+    assert [i for i, _, _ in ex.timings] == planned
+    assert [i for i, _, _ in stepped] == list(range(len(prog.instructions)))
+    assert Executor(prog).timings is None
+
+
 def test_geometry_names_what_the_plan_needs():
     x = np.zeros((4, 8), np.float32)
     assert geometry([x, x])[-1] == (0, 0)  # both inputs share one pointer
