@@ -111,6 +111,7 @@ static void wait_job(uint64_t gen) {
             if (generation() == gen)
                 syscall(SYS_futex, &P.wake, FUTEX_WAIT_PRIVATE, w, NULL, NULL, 0);
             atomic_fetch_sub(&P.sleepers, 1);
+            clock_gettime(CLOCK_MONOTONIC, &t0); /* woken ahead of a job (qp_pool_wake) */
         }
     }
 }
@@ -174,6 +175,26 @@ static void after_fork_child(void) {
 __attribute__((constructor)) static void pool_init(void) {
     pthread_atfork(NULL, NULL, after_fork_child);
 }
+
+/* Wakes the sleeping workers of the team this thread would call (steered as a job steers
+ * them), so that they spin by the time its first job comes: the frozen plan's run calls it
+ * as it begins, before its checks and its first kernel (a worker woken by a job joins it
+ * tens of microseconds late, after a VM's idle core wakes up). Nothing when none sleeps or
+ * a job is in progress. */
+int qp_pool_wake(void) {
+    int team = omp_get_max_threads();
+    if (team < 2) return 3;
+    if (!atomic_load(&P.sleepers)) return 0;
+    if (pthread_mutex_trylock(&P.busy)) return 2;
+    steer_workers(sched_getcpu(), team > MAX_WORKERS + 1 ? MAX_WORKERS + 1 : team);
+    atomic_fetch_add(&P.wake, 1);
+    syscall(SYS_futex, &P.wake, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+    pthread_mutex_unlock(&P.busy);
+    return 1;
+}
+
+/* For the tests: workers asleep now. */
+int64_t qp_pool_sleepers(void) { return atomic_load(&P.sleepers); }
 
 void qp_for(int64_t n, int64_t work, qp_part_fn fn, void *args) {
     int team = omp_get_max_threads();

@@ -17,6 +17,13 @@ typedef void (*qp_part_fn)(void *args, int64_t lo, int64_t hi);
  * items of about QP_CHUNK_WORK elements (at least one item). */
 void qp_for(int64_t n, int64_t work, qp_part_fn fn, void *args);
 
+/* Wakes sleeping workers ahead of a run's first job (qpool.c): 1 woken, 0 none asleep,
+ * 2 a job in progress, 3 one thread. */
+int qp_pool_wake(void);
+
+/* For the tests: how many workers sleep now. */
+int64_t qp_pool_sleepers(void);
+
 /* The two sizes above (0: as defined), for the tests: a small chunk splits every loop. */
 void qp_pool_sizes(int64_t min_work, int64_t chunk);
 

@@ -126,3 +126,33 @@ def test_the_caller_takes_the_first_items_and_the_worker_the_last(small_chunks):
         if shared >= 3:
             break
     assert shared >= 3, "the worker never took part"
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a worker needs a second core")
+def test_a_wake_keeps_sleeping_workers_spinning_for_the_next_job():
+    """qp_pool_wake (the frozen plan's run calls it as it begins) wakes the workers that
+    sleep, and a woken worker spins for the next job (its 5 ms again) instead of going back
+    to sleep at once: awake a millisecond after it woke. A few tries, for a loaded host."""
+    lib, (x, want) = native.library(), _case(5)
+    stayed = []
+    for _ in range(5):
+        assert np.array_equal(_quantize(x, 2), want)  # the worker exists
+        asleep = len(_workers())  # every worker, past its 5 ms spin
+        _wait_for(lambda: lib.qp_pool_sleepers() == asleep, "slept")  # noqa: B023
+        with threads.kernel_threads(lib, 2):
+            woke = lib.qp_pool_wake()
+        assert woke == 1, f"qp_pool_wake returned {woke} with {asleep} asleep"
+        _wait_for(lambda: lib.qp_pool_sleepers() < asleep, "woke")  # noqa: B023
+        time.sleep(0.001)
+        stayed.append(lib.qp_pool_sleepers() < asleep)
+        if stayed[-1]:
+            break
+    assert any(stayed), "a woken worker went back to sleep at once"
+
+
+def _wait_for(ready, state: str, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not ready():
+        sleepers = native.library().qp_pool_sleepers()
+        assert time.monotonic() < deadline, f"the pool's workers never {state} ({sleepers} asleep)"
+        time.sleep(0.0005)
