@@ -14,8 +14,9 @@ memory the plan writes it to, already in the reference layout (NCHW, padding cha
 dropped). A run checks the numpy inputs against the geometry (dtype, shape, strides,
 writeable, which share memory), checks that nothing else holds the plan's watched buffers,
 sets the kernels' thread count, makes the one ctypes call of ``qp_run_plan`` and copies the
-output views. It first wakes the kernels' pool (``qp_pool_wake``) when it will use more
-than one thread, so that a worker asleep since the last run spins by the first kernel.
+output views. Once the geometry matches it wakes the kernels' pool (``qp_pool_wake``) when
+it will use more than one thread, so that a worker asleep since the last run spins by the
+first kernel.
 Anything else returns None and the executor's own path runs, as before: another geometry or
 dtype, an input that is not a writeable numpy array, a watched buffer
 in use, another compiled library (tracing), a call that returns another value than
@@ -102,11 +103,12 @@ class FastRun:
         """The program outputs (the caller's own copies) for ``inputs`` on ``n`` threads, or
         None when this run is not the fast run's (module docstring). ``timed``: each
         instruction's seconds kept (``frozen.slots.timings()``)."""
-        if n > 1:  # first: the pool's sleeping workers wake while the checks below run
-            self.lib.qp_pool_wake()
         xs = [inputs.get(name) for name in self.names]
         if geometry(xs) != self.key or native.library() is not self.lib:
-            return None
+            return None  # another geometry (a batch split's whole batch): no wake, whose
+            # worker would spin on a core the split's threads need
+        if n > 1:  # the pool's sleeping workers wake while the rest runs up to the kernels
+            self.lib.qp_pool_wake()
         if not all(map(unshared, self.frozen.watched)):
             return None
         for i, x in enumerate(xs):
