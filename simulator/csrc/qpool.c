@@ -176,6 +176,14 @@ __attribute__((constructor)) static void pool_init(void) {
     pthread_atfork(NULL, NULL, after_fork_child);
 }
 
+/* Wakes the sleeping workers, those of a team of `team` threads steered off the caller's
+ * core first (the caller holds `busy`). */
+static void wake_sleepers(int team) {
+    steer_workers(sched_getcpu(), team);
+    atomic_fetch_add(&P.wake, 1);
+    syscall(SYS_futex, &P.wake, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
 /* Wakes the sleeping workers of the team this thread would call (steered as a job steers
  * them), so that they spin by the time its first job comes: the frozen plan's run calls it
  * as it begins, before its checks and its first kernel (a worker woken by a job joins it
@@ -186,9 +194,7 @@ int qp_pool_wake(void) {
     if (team < 2) return 3;
     if (!atomic_load(&P.sleepers)) return 0;
     if (pthread_mutex_trylock(&P.busy)) return 2;
-    steer_workers(sched_getcpu(), team > MAX_WORKERS + 1 ? MAX_WORKERS + 1 : team);
-    atomic_fetch_add(&P.wake, 1);
-    syscall(SYS_futex, &P.wake, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+    wake_sleepers(team > MAX_WORKERS + 1 ? MAX_WORKERS + 1 : team);
     pthread_mutex_unlock(&P.busy);
     return 1;
 }
@@ -212,11 +218,7 @@ void qp_for(int64_t n, int64_t work, qp_part_fn fn, void *args) {
     atomic_store_explicit(&P.done, 0, memory_order_relaxed);
     atomic_store_explicit(&P.team, team, memory_order_relaxed);
     atomic_store(&P.ticket, (generation() + 1) << (2 * CHUNK_BITS) | (uint64_t)chunks << CHUNK_BITS);
-    if (atomic_load(&P.sleepers)) {
-        steer_workers(sched_getcpu(), team);
-        atomic_fetch_add(&P.wake, 1);
-        syscall(SYS_futex, &P.wake, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-    }
+    if (atomic_load(&P.sleepers)) wake_sleepers(team);
     run_chunks(0);
     while (atomic_load_explicit(&P.done, memory_order_acquire) < chunks) __builtin_ia32_pause();
     pthread_mutex_unlock(&P.busy);

@@ -11,7 +11,8 @@ FORMULA: ``acc[n, p, c] = sum_{i, j} x_pad[n, p*stride + (i, j)*dilation, c] * w
 + bias[c]`` (exact int32), then ``y = clamp(round(acc * scale[c]), lo, hi)`` in float32
 or float64, with the bounds of :mod:`simulator.kernels.exec_native`: ``A = acc_bound <
 2**31`` and ``T = A * max|mult| < exact_limit(mode, ftype)``, float32 when ``T`` is below
-the float32 limit or :func:`~simulator.kernels.exec_native.magic32` holds. The padding is zero: taps outside the input are skipped.
+the float32 limit or :func:`~simulator.kernels.exec_native.magic32` holds. The padding is
+zero: taps outside the input are skipped.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from simulator.arith import fixedpoint as fp
 from simulator.kernels import exec_kernels as ek
 from simulator.kernels.exec_epilogue import acc_bound, gemm_epilogue
 from simulator.kernels.exec_kernels import exact_limit
-from simulator.kernels.exec_native import OUT_DTYPES, epi_mode, lanes, scale_lanes
+from simulator.kernels.exec_native import OUT_DTYPES, lanes, scale_lanes
 from simulator.program.isa import Instruction
 from simulator.runtime import native
 
@@ -47,7 +48,7 @@ class DepthwisePlan:
     hi: int
     half_even: bool
     out_dtype: torch.dtype
-    mode: int  # the epilogue's float type code (exec_native.epi_mode)
+    mode: int  # the epilogue's code (exec_native.scale_lanes)
 
 
 def conv(instr: Instruction, x: torch.Tensor, consts) -> torch.Tensor | None:
@@ -87,10 +88,10 @@ def build(instr: Instruction, consts, in_dtype: torch.dtype, nhwc: bool) -> Dept
     if a >= 2**31 or epi.rounding not in fp.ROUNDING_MODES or top >= exact_limit(epi.rounding):
         return None
     b = bias.long() if bias is not None else torch.zeros(c, dtype=torch.long)
-    scale, half_even = scale_lanes(epi, c, a, top, BLOCK)[0], epi.rounding == "half_even"
+    scale, _, mode = scale_lanes(epi, c, a, top, block=BLOCK)
     return DepthwisePlan(pair_weights(w[..., 0]), lanes(b, c, torch.int32, BLOCK), scale, c,
                          tuple(w.shape[1:3]), ek.geometry(2, instr.attrs), epi.lo, epi.hi,
-                         half_even, epi.dtype, epi_mode(scale, None, a, None, half_even))  # fmt: skip
+                         epi.rounding == "half_even", epi.dtype, mode)  # fmt: skip
 
 
 def pair_weights(w: torch.Tensor) -> torch.Tensor:

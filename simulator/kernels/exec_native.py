@@ -68,7 +68,7 @@ class NativeConv:
     groups: int  # 4-byte groups per kernel tap
     taps: tuple[int, int]  # the kernel as the kernel runs it: (kh, 1) for row runs
     row_runs: bool
-    mode: int = 0  # the epilogue's code (epi_mode): 0 float32, 1 float64, 2/3 magic 64/32
+    mode: int = 0  # the epilogue's code (scale_lanes): 0 float32, 1 float64, 2/3 magic 64/32
 
 
 MAGIC_LIMIT = 2**30
@@ -83,15 +83,11 @@ float32 spacing is 1)."""
 
 
 def epi_mode(scale, scale_b, bound: int, b_dtype, half_even: bool) -> int:
-    """qepi.h's ``f64`` code for the kernel's ``scale`` lanes: 0 float32, 1 float64, 2
-    float64 rounded by the 1.5 * 2**52 addition, when half_even and ``bound * max|scale| +
-    max|b| * max|scale_b|`` (``bound``: the accumulator's, ``max|b|`` from ``b_dtype``) is
-    below :data:`MAGIC_LIMIT`: then every value and its rounding stay within int32; 3 for
-    float32 lanes of :func:`magic32`."""
-    if scale is None:
-        return 0
-    if scale.dtype != torch.float64:
-        return 3 if magic32(scale, scale_b, bound, half_even) else 0
+    """qepi.h's ``f64`` code for float64 ``scale`` lanes: 1, or 2 (rounded by the 1.5 *
+    2**52 addition) when half_even and ``bound * max|scale| + max|b| * max|scale_b|``
+    (``bound``: the accumulator's, ``max|b|`` from ``b_dtype``) is below
+    :data:`MAGIC_LIMIT`: then every value and its rounding stay within int32. Float32
+    lanes take 0 or 3 (:func:`scale_lanes`)."""
     top = bound * float(scale.abs().max())
     if scale_b is not None:
         top += 2 ** (torch.iinfo(b_dtype).bits - 1) * float(scale_b.abs().max())
@@ -115,13 +111,17 @@ def magic32(scale, scale_b, bound: int, half_even: bool) -> bool:
     return exact and bound * float(s.abs().max()) < MAGIC32_LIMITS[1]
 
 
-def scale_lanes(epi, o: int, bound: int, top: int, block: int = LANES):
-    """``(scale, scale_b)`` lanes (:func:`lanes`) of a requantizing epilogue: float32 when
-    ``top`` (``T``) is below the float32 limit or :func:`magic32` holds, else float64."""
-    f32 = top < exact_limit(epi.rounding, torch.float32) or magic32(
-        epi.scale, epi.scale_b, bound, epi.rounding == "half_even")
+def scale_lanes(epi, o: int, bound: int, top: int, b_dtype=None, block: int = LANES):
+    """``(scale, scale_b, mode)`` of a requantizing epilogue: its lanes (:func:`lanes`) and
+    qepi.h's code for them: 3 (float32) when :func:`magic32` holds, 0 (float32) when ``top``
+    (``T``) is below the float32 limit, else float64 with :func:`epi_mode`'s code."""
+    half_even = epi.rounding == "half_even"
+    magic = magic32(epi.scale, epi.scale_b, bound, half_even)
+    f32 = magic or top < exact_limit(epi.rounding, torch.float32)
     ftype = torch.float32 if f32 else torch.float64
-    return tuple(None if v is None else lanes(v, o, ftype, block) for v in (epi.scale, epi.scale_b))
+    scale, scale_b = (None if v is None else lanes(v, o, ftype, block) for v in (epi.scale, epi.scale_b))
+    mode = 3 if magic else 0 if f32 else epi_mode(scale, scale_b, bound, b_dtype, half_even)
+    return scale, scale_b, mode
 
 
 def lanes(v: torch.Tensor, o: int, dtype: torch.dtype, block: int = LANES) -> torch.Tensor:
@@ -159,20 +159,19 @@ def plan(wmat, kernel, channels: int, in_dtype, epi, bias, b_dtype, bound: int, 
         return None
     o, has_bias = wmat.shape[1], bias is not None and bias.numel() > 0
     b = bias.reshape(-1).long() if has_bias else torch.zeros(o, dtype=torch.long)
-    scale = scale_b = None
+    scale, scale_b, mode = None, None, 0
     if epi.int_bias is None:  # requantize: float32 or float64 as proven exact
         if epi.scale is None or epi.dtype not in OUT_DTYPES or top >= exact_limit(epi.rounding):
             return None
         if epi.rounding not in fp.ROUNDING_MODES:
             return None
-        scale, scale_b = scale_lanes(epi, o, bound, top)
+        scale, scale_b, mode = scale_lanes(epi, o, bound, top, b_dtype)
     weights, cs, blocks, groups, taps = _layout(wmat, kernel, channels, in_dtype, unit_w_dilation)
     offset = 128 * wmat.long().sum(0) if in_dtype == torch.int8 else 0  # the uint8 offset
     corr, bias_lanes = lanes(b - offset, o, torch.int32), lanes(b, o, torch.int32)
     half_even = epi.rounding == "half_even"
     return NativeConv(weights, corr, bias_lanes, scale, scale_b, channels, cs, blocks, o, epi.lo, epi.hi,
-                      half_even, in_dtype, epi.dtype, groups, taps, taps != tuple(kernel),
-                      epi_mode(scale, scale_b, bound, b_dtype, half_even))  # fmt: skip
+                      half_even, in_dtype, epi.dtype, groups, taps, taps != tuple(kernel), mode)
 
 
 def _layout(wmat, kernel, channels: int, in_dtype, unit_w_dilation: bool):

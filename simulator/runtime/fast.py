@@ -16,9 +16,8 @@ writeable, which share memory), checks that nothing else holds the plan's watche
 sets the kernels' thread count, makes the one ctypes call of ``qp_run_plan`` and copies the
 output views. Once the geometry matches it wakes the kernels' pool (``qp_pool_wake``) when
 it will use more than one thread, so that a worker asleep since the last run spins by the
-first kernel.
-Anything else returns None and the executor's own path runs, as before: another geometry or
-dtype, an input that is not a writeable numpy array, a watched buffer
+first kernel. Anything else returns None and the executor's own path runs, as before:
+another geometry or dtype, an input that is not a writeable numpy array, a watched buffer
 in use, another compiled library (tracing), a call that returns another value than
 recorded. Same calls on the same memory as :meth:`Frozen.run`, so the same outputs.
 """
