@@ -12,7 +12,8 @@ Python and need none of them. So when, and only when, that exact failure happens
 :func:`torchvision` imports the package with an empty ``_meta_registrations`` module: the
 models work, the detection post-processing ops (nms, roi_align) stay unavailable, as they
 already were. timm imports ``torchvision.ops.misc`` from its layers, so it goes through the
-same function.
+same function; a model factory runs through :func:`call`, since transformers imports
+torchvision lazily, inside the factory.
 """
 
 from __future__ import annotations
@@ -43,9 +44,30 @@ def timm() -> types.ModuleType:
     return importlib.import_module("timm")
 
 
-def missing_compiled_ops(e: BaseException) -> bool:
-    """Whether ``e`` is torchvision's import failure over compiled ops it could not load."""
-    return isinstance(e, RuntimeError) and "torchvision::" in str(e) and "does not exist" in str(e)
+def missing_compiled_ops(e: BaseException | None) -> bool:
+    """Whether ``e``, or an exception it was raised from, is torchvision's import failure
+    over compiled ops it could not load (transformers re-raises it as a ModuleNotFoundError
+    when its lazy ``BertModel`` import pulls torchvision in)."""
+    for _ in range(16):  # a chain, not a cycle
+        if e is None:
+            return False
+        if isinstance(e, RuntimeError) and "torchvision::" in str(e) and "does not exist" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def call(fn, /, *args, **kwargs):
+    """``fn(*args, **kwargs)``; when it fails on torchvision's missing compiled ops (user
+    code whose library imports torchvision on first use, as transformers' models do), once
+    more after :func:`torchvision`."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - re-raised unless it is that one failure
+        if not missing_compiled_ops(e):
+            raise
+    torchvision()
+    return fn(*args, **kwargs)
 
 
 def import_module(name: str) -> types.ModuleType:

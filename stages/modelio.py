@@ -23,6 +23,7 @@ from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 from schemas.errors import ArtifactError, SpecError, StageError
 from schemas.fileio import atomic_save, sha256_bytes
 from schemas.paths import checked_file
+from stages import libs
 from stages.constant_fold import fold_constants
 from stages.decompose import decompose_attention, einsum_to_matmul
 from stages.fake_quant import QFakeQuantize, quantizers
@@ -48,7 +49,7 @@ def build_float(
     path = None if weights is None else checked_file(weights, "model.weights")
     fn = import_object(factory, field="model.factory")
     try:
-        model = fn(**(kwargs or {}))
+        model = libs.call(fn, **(kwargs or {}))
     except Exception as e:  # user code
         raise StageError(
             f"model factory {factory} raised {type(e).__name__}: {e}",

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from examples.bert.data import SEQ, split
+from stages import libs
 
 CONFIG = {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64}
 MAX_TOKENS = 14
@@ -81,7 +82,12 @@ class IdsEncoder(Encoder):
 
 @cache
 def encoder(seed: int = 0) -> Encoder:
-    """The seeded encoder of :data:`CONFIG` (eval mode)."""
+    """The seeded encoder of :data:`CONFIG` (eval mode), through :func:`stages.libs.call`:
+    transformers imports torchvision on the first use of BertModel."""
+    return libs.call(_encoder, seed)
+
+
+def _encoder(seed: int) -> Encoder:
     os.environ["HF_HUB_OFFLINE"] = "1"
     from transformers import BertModel
 

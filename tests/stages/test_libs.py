@@ -43,3 +43,36 @@ def test_torchvision_and_a_timm_factory_import_beside_a_torch_whose_compiled_ops
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().endswith("(1, 3) (1, 3)")
+
+
+def test_a_factory_whose_library_imports_torchvision_inside_it_builds():
+    """transformers imports torchvision on first use of BertModel, inside the factory, and
+    re-raises the compiled-ops failure as a ModuleNotFoundError: the factory fails when
+    called plainly and builds through build_float (stages.libs.call)."""
+    script = textwrap.dedent(
+        """
+        import torch
+        real = torch.ops.load_library
+        def load_library(path):
+            if "torchvision" in str(path):
+                raise OSError("libcudart.so.13: cannot open shared object file")
+            return real(path)
+        torch.ops.load_library = load_library
+        from examples.bert import model
+        small = dict(layers=1, hidden=32, heads=2, intermediate=64)
+        try:
+            model.build(**small)
+            raise SystemExit("expected the plain factory call to fail")
+        except ModuleNotFoundError as e:
+            from stages import libs
+            assert libs.missing_compiled_ops(e), e
+        from stages.modelio import build_float
+        net = build_float("examples.bert.model:build", kwargs=small)
+        print(type(net).__name__)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("SentenceEncoder")
