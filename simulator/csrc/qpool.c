@@ -50,6 +50,7 @@ static struct {
     _Atomic int64_t done;    /* chunks of the job in progress that have run */
     _Atomic uint32_t wake;   /* futex word: bumped by a job that finds workers asleep */
     _Atomic int sleepers;
+    _Atomic int64_t woken_spin; /* ns a woken worker spun before it slept again (the tests) */
     _Atomic int team;        /* the job's threads: workers 0 .. team - 2 take part */
     qp_part_fn fn;           /* the job: set before its ticket, unchanged until it ends */
     void *args;
@@ -101,17 +102,21 @@ static int64_t ns_since(const struct timespec *t0) {
  * sleepers is raised before the last look at the ticket, and the publisher looks at
  * sleepers after its ticket (both sequentially consistent): one of them sees the other. */
 static void wait_job(uint64_t gen) {
-    struct timespec t0;
+    struct timespec t0, woke; /* woke: when the futex last let it go (woken: it has) */
+    int woken = 0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (unsigned i = 1; generation() == gen; i++) {
         __builtin_ia32_pause();
         if (i % 256 == 0 && ns_since(&t0) > SPIN_NS) {
+            if (woken) atomic_store(&P.woken_spin, ns_since(&woke));
             uint32_t w = atomic_load(&P.wake);
             atomic_fetch_add(&P.sleepers, 1);
             if (generation() == gen)
                 syscall(SYS_futex, &P.wake, FUTEX_WAIT_PRIVATE, w, NULL, NULL, 0);
             atomic_fetch_sub(&P.sleepers, 1);
-            clock_gettime(CLOCK_MONOTONIC, &t0); /* woken ahead of a job (qp_pool_wake) */
+            clock_gettime(CLOCK_MONOTONIC, &woke);
+            t0 = woke; /* woken ahead of a job (qp_pool_wake): spins its SPIN_NS again */
+            woken = 1;
         }
     }
 }
@@ -201,6 +206,11 @@ int qp_pool_wake(void) {
 
 /* For the tests: workers asleep now. */
 int64_t qp_pool_sleepers(void) { return atomic_load(&P.sleepers); }
+
+/* For the tests: how long the last worker woken from its sleep (by qp_pool_wake or a job
+ * that ended at once) spun before it slept again, in ns; 0 when none has since the last
+ * call. */
+int64_t qp_pool_woken_spin(void) { return atomic_exchange(&P.woken_spin, 0); }
 
 void qp_for(int64_t n, int64_t work, qp_part_fn fn, void *args) {
     int team = omp_get_max_threads();

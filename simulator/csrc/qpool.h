@@ -24,6 +24,10 @@ int qp_pool_wake(void);
 /* For the tests: how many workers sleep now. */
 int64_t qp_pool_sleepers(void);
 
+/* For the tests: ns the last woken worker stayed awake before it slept again; 0: none
+ * since the last call. */
+int64_t qp_pool_woken_spin(void);
+
 /* The two sizes above (0: as defined), for the tests: a small chunk splits every loop. */
 void qp_pool_sizes(int64_t min_work, int64_t chunk);
 
