@@ -7,7 +7,10 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "qpool.h"
+
 extern int64_t (*const qp_packed[])(const int64_t *);
+int qp_threads(int64_t n);
 
 static double seconds_since(const struct timespec *t0) {
     struct timespec t1;
@@ -32,6 +35,22 @@ int64_t qp_run_plan(int64_t n, const int64_t *kernel, const int64_t *start, int6
         if (r != rc[i]) return i;
     }
     return n;
+}
+
+/* qp_run_plan from a frozen plan's fast run (simulator/runtime/fast.py) in one call: its
+ * arguments but inputs and seconds in plan[0 .. 8] (Slots.pointers()), the calling thread's
+ * OpenMP thread count n for the calls (restored after), and the pool's sleeping workers
+ * woken first when n > 1 (qp_pool_wake) so that they spin by its first parallel job.
+ * seconds: plan[8] when timed, else NULL. Returns what qp_run_plan returns. */
+int64_t qp_run_fast(const int64_t *plan, const int64_t *inputs, int64_t n, int64_t timed) {
+    int prev = qp_threads(n);
+    if (n > 1) qp_pool_wake();
+    int64_t done = qp_run_plan(plan[0], (const int64_t *)plan[1], (const int64_t *)plan[2],
+                               (int64_t *)plan[3], (const int64_t *)plan[4], plan[5],
+                               (const int64_t *)plan[6], inputs, (const int64_t *)plan[7],
+                               timed ? (double *)plan[8] : NULL);
+    qp_threads(prev);
+    return done;
 }
 
 /* OpenMP's thread count for the regions the calling thread opens from now on (n > 0; 0

@@ -25,7 +25,7 @@
  * 9.8 ms with 5 ms).
  *
  * A job that wakes sleeping workers first keeps them off the caller's core (steer_workers),
- * and each gives that core back once awake. Woken freely, Linux put the worker on the
+ * and they stay off it until a caller on another core steers them again. Woken freely, Linux put the worker on the
  * caller's core in 365 of 588 jobs when onnxruntime and torch had just kept both cores busy
  * (digits at batch 256: 8.4 ms a run against 2.3 ms; 2.6 ms steered). */
 #define _GNU_SOURCE
@@ -56,7 +56,7 @@ static struct {
     void *args;
     int64_t n, grain;
     pthread_t threads[MAX_WORKERS]; /* set by the thread that starts them */
-    _Atomic int off[MAX_WORKERS];   /* 1 + the core steer_workers kept a worker off; 0: none */
+    _Atomic int off[MAX_WORKERS];   /* 1 + the core steer_workers keeps a worker off; 0: none */
     int workers;             /* started; only the thread holding `busy` starts more */
     pthread_mutex_t busy;    /* held by the calling thread of the job in progress */
 } P = {.busy = PTHREAD_MUTEX_INITIALIZER};
@@ -123,25 +123,21 @@ static void wait_job(uint64_t gen) {
 
 /* Before a job wakes sleeping workers: keeps them off core `cpu`, the caller's, for the
  * wake-up. Else Linux may wake a worker onto the caller's core when both cores were busy
- * of late (another engine's threads spinning): its idle-core search is skipped then. */
+ * of late (another engine's threads spinning): its idle-core search is skipped then. A
+ * worker keeps the narrowed set until a caller on another core steers it again: setting it
+ * took 5-25 us after idle on this VM, on the caller's way to its first kernel (and as much
+ * again on the worker's, when each gave the core back once awake). */
 static void steer_workers(int cpu, int team) {
+    int n = team - 1 < P.workers ? team - 1 : P.workers, stale = 0;
+    for (int i = 0; i < n; i++) stale |= atomic_load(&P.off[i]) != cpu + 1;
     cpu_set_t others;
-    if (cpu < 0 || cpu >= CPU_SETSIZE || sched_getaffinity(0, sizeof others, &others)) return;
+    if (!stale || cpu < 0 || cpu >= CPU_SETSIZE || sched_getaffinity(0, sizeof others, &others))
+        return;
     CPU_CLR(cpu, &others);
     if (CPU_COUNT(&others) == 0) return;
-    for (int i = 0; i < team - 1 && i < P.workers; i++) {
-        atomic_store(&P.off[i], cpu + 1);
-        pthread_setaffinity_np(P.threads[i], sizeof others, &others);
-    }
-}
-
-/* A worker gives itself back the core steer_workers kept it off: it stays where it woke. */
-static void unsteer(int index) {
-    int off = atomic_exchange(&P.off[index], 0);
-    cpu_set_t mine;
-    if (!off || sched_getaffinity(0, sizeof mine, &mine)) return;
-    CPU_SET(off - 1, &mine);
-    sched_setaffinity(0, sizeof mine, &mine);
+    for (int i = 0; i < n; i++)
+        if (atomic_exchange(&P.off[i], cpu + 1) != cpu + 1)
+            pthread_setaffinity_np(P.threads[i], sizeof others, &others);
 }
 
 static void *worker(void *arg) {
@@ -149,7 +145,6 @@ static void *worker(void *arg) {
     pool_thread = index + 1;
     for (;;) {
         uint64_t gen = generation();
-        if (atomic_load_explicit(&P.off[index], memory_order_relaxed)) unsteer(index);
         if (index < atomic_load_explicit(&P.team, memory_order_relaxed) - 1) run_chunks(1);
         wait_job(gen);
     }

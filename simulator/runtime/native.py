@@ -120,6 +120,7 @@ SIGNATURES = {
                      ctypes.c_int),
     "qp_pair_sums": ([P, I64, P, I64, I64, I64, F64, F64, F64, I64, P, P, P], None),
     packed.RUNNER: ([I64, P, P, P, P, I64, P, P, P, P], I64),
+    packed.FAST_RUNNER: ([P, P, I64, I64], I64),
 }  # fmt: skip
 """Every exported kernel's ctypes signature; simulator.runtime.packed writes the frozen plan's
 wrappers from it, so a kernel's arguments are stated here only."""

@@ -261,7 +261,18 @@ def _view(buf: torch.Tensor, size, stride, offset: int) -> torch.Tensor:
 
 def unshared(t: torch.Tensor) -> bool:
     """No tensor but ``t`` refers to its memory (no view, no numpy array of it is alive)."""
-    return _USE_COUNT is not None and _USE_COUNT(t.untyped_storage()._cdata) <= _ALONE
+    return _USE_COUNT is not None and _USE_COUNT(storage_id(t)) <= _ALONE
+
+
+def storage_id(t: torch.Tensor) -> int:
+    """The address of ``t``'s storage, for :func:`unshared_storage` (valid while ``t`` lives)."""
+    return t.untyped_storage()._cdata
+
+
+def unshared_storage(storage: int) -> bool:
+    """:func:`unshared` of the tensor whose :func:`storage_id` is ``storage`` (the caller holds
+    it), without the storage object each ``untyped_storage()`` call makes."""
+    return _USE_COUNT is not None and _USE_COUNT(storage) <= _ALONE
 
 
 def _same(first: tuple, second: _Calls) -> bool:

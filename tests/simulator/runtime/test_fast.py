@@ -8,7 +8,7 @@ import pytest
 
 from simulator.runtime import native
 from simulator.runtime.executor import Executor
-from simulator.runtime.fast import FastRun, geometry, raw_view
+from simulator.runtime.fast import FastRun, geometry, pointers, raw_view
 from tests.simulator.runtime.test_frozen import _assert_same, _batches, _fresh, _program
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no compiled kernels here")
@@ -128,6 +128,26 @@ def test_geometry_names_what_the_plan_needs():
     assert geometry([x.tolist()]) is None
 
 
+def test_pointers_pass_exactly_the_inputs_of_the_geometry():
+    """pointers(xs, key) gives the data pointers where geometry(xs) == key, else None, over
+    inputs that differ in each part of the geometry."""
+    x = np.zeros((4, 8), np.float32)
+    readonly = x.copy()
+    readonly.flags.writeable = False
+    arrays = [x, x.copy(), x[:, :4], x.T, x.astype(np.float64), x.reshape(8, 4), readonly,
+              np.zeros((4, 8), np.int32), x.tolist()]  # fmt: skip
+    cases = [[a] for a in arrays] + [[x, x], [x, x.copy()], [x.copy(), x]]
+    for xs in cases:
+        for ys in cases:
+            key = geometry(ys)
+            if key is None or len(xs) != len(ys):
+                continue
+            got = pointers(xs, key)
+            assert (got is not None) == (geometry(xs) == key), (xs, ys)
+            if got is not None:
+                assert got == [a.__array_interface__["data"][0] for a in xs]
+
+
 def test_a_raw_view_holds_no_reference_and_reads_the_memory():
     import torch
 
@@ -160,3 +180,15 @@ def test_a_batch_splits_chunks_take_the_fast_run_too(monkeypatch):
         np.testing.assert_array_equal(ex.run({"x": x})[0]["y"], _whole(prog, x))
     assert any(r is not None for r in served[-4:])
     assert "batch split" in ex.last_path
+
+
+def test_the_fast_run_leaves_the_callers_thread_count_as_it_was(monkeypatch):
+    """qp_run_fast sets the kernels' thread count for the calls and restores it after."""
+    lib = native.library()
+    ex = _warm(_program())
+    before = lib.qp_threads(3)
+    try:
+        assert _served(ex, _batches(1, seed=14)[0], monkeypatch)
+        assert lib.qp_threads(0) == 3
+    finally:
+        lib.qp_threads(before)

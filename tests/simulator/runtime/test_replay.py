@@ -157,3 +157,19 @@ def test_inputs_sharing_memory_are_part_of_the_key():
     b = torch.flip(a, (0,)).contiguous()
     key_same, key_two = rp.input_key([a, a]), rp.input_key([a, b])
     assert key_same != key_two
+
+
+@pytest.mark.skipif(rp._USE_COUNT is None, reason="this torch has no storage use count")
+def test_unshared_storage_agrees_with_unshared_as_views_come_and_go():
+    """unshared_storage(storage_id(t)) is unshared(t): alone, with a tensor view, with a
+    numpy view, and alone again once they are gone."""
+    t = torch.zeros(16, dtype=torch.int32)
+    sid = rp.storage_id(t)
+    assert rp.unshared(t) and rp.unshared_storage(sid)
+    view = t[4:]
+    assert not rp.unshared(t) and not rp.unshared_storage(sid)
+    del view
+    array = t.numpy()
+    assert not rp.unshared(t) and not rp.unshared_storage(sid)
+    del array
+    assert rp.unshared(t) and rp.unshared_storage(sid)
