@@ -108,9 +108,19 @@ class Executor:
     def timings(self, value: list | None) -> None:
         self._timings, self._plan_times = value, None
 
-    def _timed_by(self, slots) -> None:
-        """The last run was the plan of ``slots``: its seconds are the timings (when on)."""
-        self._plan_times = slots if self._timings is not None else None
+    def _timed_by(self, source) -> None:
+        """The last run's timings are ``source.timings()`` (when on), built when read: the
+        plan's Slots, whose seconds it ran, or a batch split's sum over its chunks."""
+        self._plan_times = source if self._timings is not None else None
+
+    def kept_timings(self) -> Callable[[], list] | None:
+        """The last run's timings as a call that builds them, which later runs leave as
+        they are (a copy of the plan's seconds, made into the list only when called); None
+        when timings are off. A batch split keeps its chunks' this way, in the run."""
+        if self._plan_times is not None:
+            return self._plan_times.kept()
+        listed = self._timings
+        return None if listed is None else lambda: listed
 
     def twin(self) -> Executor:
         """Another executor of the same program sharing these constants, with replays and a

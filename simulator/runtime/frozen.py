@@ -32,6 +32,8 @@ and the executor runs the program instruction by instruction instead.
 from __future__ import annotations
 
 import ctypes
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -101,8 +103,14 @@ class Slots:
         read, not in the run (:attr:`Executor.timings
         <simulator.runtime.executor.Executor.timings>`): its 90 tuples were 0.1 ms of a
         MobileNetV2 run timed after idle, 5% of it, on bench/simulator.py's clock."""
-        seconds = self.seconds.tolist()
-        return [(i, op, s) for (i, op), s in zip(self.instructions, seconds, strict=True)]
+        return self._listed(self.seconds)
+
+    def kept(self) -> Callable[[], list[tuple[int, Op, float]]]:
+        """:meth:`timings` of the last run, as a call that a later run does not change."""
+        return functools.partial(self._listed, self.seconds.clone())
+
+    def _listed(self, seconds: torch.Tensor) -> list[tuple[int, Op, float]]:
+        return [(i, op, s) for (i, op), s in zip(self.instructions, seconds.tolist(), strict=True)]
 
 
 @dataclass(frozen=True)

@@ -158,19 +158,30 @@ class BatchSplit:
             if j >= len(parts):
                 return
             outs = ex.run_batch(parts[j], n_threads)[0]
-            timed = list(ex.timings) if ex is self.owner and ex.timings is not None else None
+            timed = ex.kept_timings() if ex is self.owner else None
             runs[j] = (outs, ex.last_path, timed)
 
     def _sum_timings(self, runs: list) -> None:
         """The owner's :attr:`timings`: each instruction's seconds summed over the chunks it
-        ran itself (the calling thread's share of the batch)."""
-        if self.owner.timings is None:
-            return
+        ran itself (the calling thread's share of the batch), summed when read."""
+        self.owner._timed_by(_Summed(runs))
+
+
+class _Summed:
+    """Timings summed over chunks (``Executor.kept_timings()`` of each), built when read."""
+
+    def __init__(self, runs: list) -> None:
+        self.runs = runs
+
+    def timings(self) -> list[tuple]:
         total: dict[tuple, float] = {}
-        for run in runs:
-            for i, op, s in run or []:
+        for run in self.runs:
+            for i, op, s in run():
                 total[i, op] = total.get((i, op), 0.0) + s
-        self.owner.timings = [(i, op, s) for (i, op), s in total.items()]
+        return [(i, op, s) for (i, op), s in total.items()]
+
+    def kept(self):
+        return self.timings
 
 
 def _pool(n: int) -> ThreadPoolExecutor:

@@ -119,3 +119,30 @@ def test_captures_run_the_whole_batch(monkeypatch):
     outs, caps = Executor(prog).run({"x": x}, capture=True)
     assert set(caps) == {"quant", "fc", "dq"}
     np.testing.assert_array_equal(outs["y"], _whole(prog, x))
+
+
+def test_the_owners_timings_sum_the_seconds_each_chunk_left(monkeypatch):
+    """The owner's timings, summed when read, add each chunk's seconds as that chunk's run
+    left them: the next chunk's run of the same plan does not change the ones kept."""
+    monkeypatch.setattr(split, "SAMPLE_BYTES", 0)
+    monkeypatch.setattr(split, "CHUNK_BYTES", 64)  # 2 samples of 32 bytes a chunk
+    monkeypatch.setenv("QPARITY_THREADS", "1")  # the owner runs all 4
+    ex = Executor(_program(), timings=True)
+    for seed in range(8):
+        ex.run({"x": _batch(8, seed)})
+    assert isinstance(ex._frozen, Frozen)
+    seen, real = [], Executor.kept_timings
+
+    def spy(self):
+        kept = real(self)
+        seen.append(kept())  # as the chunk left them
+        return kept
+
+    monkeypatch.setattr(Executor, "kept_timings", spy)
+    ex.run({"x": _batch(8, 99)})
+    assert len(seen) == 4
+    want: dict[int, float] = {}
+    for run in seen:
+        for i, _, s in run:
+            want[i] = want.get(i, 0.0) + s
+    assert {i: s for i, _, s in ex.timings} == pytest.approx(want, rel=1e-12)
