@@ -141,18 +141,26 @@ def test_a_wake_keeps_sleeping_workers_spinning_for_the_next_job():
     """qp_pool_wake (the frozen plan's run calls it as it begins) wakes the workers that
     sleep, and a woken worker spins for the next job (its 5 ms again) instead of going back
     to sleep at once. The pool reports how long a woken worker stayed awake (measured by the
-    worker, so a loaded host that runs this thread late does not change it)."""
+    worker, so a loaded host that runs this thread late does not change it). A try in which
+    no woken worker goes back to sleep within a second (a job of another thread woke it
+    first: its spin then ends in that job) is made again."""
     lib, (x, want) = native.library(), _case(5)
-    assert np.array_equal(_quantize(x, 2), want)  # the worker exists
-    asleep = len(_workers())  # every worker, past its 5 ms spin
-    _wait_for(lambda: lib.qp_pool_sleepers() == asleep, "slept")
-    lib.qp_pool_woken_spin()  # forgets any wake before this one
-    with threads.kernel_threads(lib, 2):
-        woke = lib.qp_pool_wake()
-    assert woke == 1, f"qp_pool_wake returned {woke} with {asleep} asleep"
-    spins = []
-    _wait_for(lambda: spins.append(lib.qp_pool_woken_spin()) or max(spins) > 0, "woke")
-    assert max(spins) >= 5_000_000, f"a woken worker slept again after {max(spins)} ns"
+    for _ in range(3):  # a try another thread's job cuts short records nothing: again
+        assert np.array_equal(_quantize(x, 2), want)  # the worker exists
+        asleep = len(_workers())  # every worker, past its 5 ms spin
+        _wait_for(lambda: lib.qp_pool_sleepers() == asleep, "slept")  # noqa: B023
+        lib.qp_pool_woken_spin()  # forgets any wake before this one
+        with threads.kernel_threads(lib, 2):
+            woke = lib.qp_pool_wake()
+        assert woke == 1, f"qp_pool_wake returned {woke} with {asleep} asleep"
+        deadline, spun = time.monotonic() + 1.0, 0
+        while not spun and time.monotonic() < deadline:
+            time.sleep(0.0005)
+            spun = lib.qp_pool_woken_spin()
+        if spun:
+            break
+    assert spun, "no woken worker slept again within a second, three times"
+    assert spun >= 5_000_000, f"a woken worker slept again after {spun} ns"
 
 
 def _wait_for(ready, state: str, seconds: float = 5.0) -> None:
