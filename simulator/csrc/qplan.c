@@ -4,7 +4,9 @@
  * from the kernels' ctypes signatures at build time, holds one wrapper per kernel that
  * unpacks its slots and calls it. */
 #include <omp.h>
+#include <stdatomic.h>
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 
 #include "qpool.h"
@@ -51,6 +53,61 @@ int64_t qp_run_fast(const int64_t *plan, const int64_t *inputs, int64_t n, int64
                                timed ? (double *)plan[8] : NULL);
     qp_threads(prev);
     return done;
+}
+
+/* A batch split's chunks (simulator/runtime/split.py) on the pool in one call. Task t runs
+ * plan t (one executor's frozen plan, qp_run_fast's plan array) on chunk after chunk while
+ * one is left: chunk j's input k at in_base[k] + j * in_step[k]; after each run it copies
+ * output m from out_src[t * nout + m] to out_dst[m] + j * out_bytes[m], before its plan's
+ * next run writes there again. Task 0 (the caller claims it first: qpool.c) adds its
+ * plan's seconds per instruction (ngroups of them) into acc when timed. */
+typedef struct {
+    const int64_t *const *plans;
+    int64_t nchunks, nin, nout, ngroups, timed;
+    const int64_t *in_base, *in_step, *out_src, *out_bytes, *out_dst;
+    double *acc;
+    _Atomic int64_t next, failed;
+} chunks_t;
+
+static int run_chunk(chunks_t *c, int64_t t, int64_t j) {
+    const int64_t *plan = c->plans[t];
+    int64_t inputs[c->nin > 0 ? c->nin : 1];
+    for (int64_t k = 0; k < c->nin; k++) inputs[k] = c->in_base[k] + j * c->in_step[k];
+    double *seconds = c->timed && t == 0 ? (double *)plan[8] : NULL;
+    if (qp_run_plan(plan[0], (const int64_t *)plan[1], (const int64_t *)plan[2], (int64_t *)plan[3],
+                    (const int64_t *)plan[4], plan[5], (const int64_t *)plan[6], inputs,
+                    (const int64_t *)plan[7], seconds) != plan[0])
+        return 0;
+    for (int64_t m = 0; m < c->nout; m++)
+        memcpy((char *)c->out_dst[m] + j * c->out_bytes[m],
+               (const char *)c->out_src[t * c->nout + m], (size_t)c->out_bytes[m]);
+    for (int64_t g = 0; seconds && g < c->ngroups; g++) c->acc[g] += seconds[g];
+    return 1;
+}
+
+static void chunk_tasks(void *p, int64_t t0, int64_t t1) {
+    chunks_t *c = p;
+    for (int64_t t = t0; t < t1; t++) {
+        int prev = qp_threads(1); /* each chunk on its task's thread alone */
+        for (int64_t j; !atomic_load(&c->failed) && (j = atomic_fetch_add(&c->next, 1)) < c->nchunks;)
+            if (!run_chunk(c, t, j)) atomic_store(&c->failed, 1);
+        qp_threads(prev);
+    }
+}
+
+/* Runs the chunks on nplans tasks over n threads; 1 when every chunk ran, 0 when a call
+ * of some plan returned another value than recorded (the caller then runs the batch its
+ * own way: what was written here is the caller's scratch). */
+int64_t qp_run_chunks(int64_t nplans, const int64_t *const *plans, int64_t nchunks, int64_t n,
+                      int64_t nin, const int64_t *in_base, const int64_t *in_step, int64_t nout,
+                      const int64_t *out_src, const int64_t *out_bytes, const int64_t *out_dst,
+                      int64_t ngroups, double *acc) {
+    chunks_t c = {plans, nchunks, nin, nout, ngroups, acc != NULL, in_base, in_step, out_src,
+                  out_bytes, out_dst, acc, 0, 0};
+    int prev = qp_threads(n);
+    qp_for(nplans, INT64_C(1) << 40, chunk_tasks, &c); /* a task a chunk of the pool's */
+    qp_threads(prev);
+    return !atomic_load(&c.failed);
 }
 
 /* OpenMP's thread count for the regions the calling thread opens from now on (n > 0; 0

@@ -108,6 +108,11 @@ class Executor:
     def timings(self, value: list | None) -> None:
         self._timings, self._plan_times = value, None
 
+    @property
+    def timed(self) -> bool:
+        """Whether runs keep their timings (``Executor(timings=True)``)."""
+        return self._timings is not None
+
     def _timed_by(self, source) -> None:
         """The last run's timings are ``source.timings()`` (when on), built when read: the
         plan's Slots, whose seconds it ran, or a batch split's sum over its chunks."""

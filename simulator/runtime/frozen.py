@@ -103,13 +103,15 @@ class Slots:
         read, not in the run (:attr:`Executor.timings
         <simulator.runtime.executor.Executor.timings>`): its 90 tuples were 0.1 ms of a
         MobileNetV2 run timed after idle, 5% of it, on bench/simulator.py's clock."""
-        return self._listed(self.seconds)
+        return self.listed(self.seconds)
 
     def kept(self) -> Callable[[], list[tuple[int, Op, float]]]:
         """:meth:`timings` of the last run, as a call that a later run does not change."""
-        return functools.partial(self._listed, self.seconds.clone())
+        return functools.partial(self.listed, self.seconds.clone())
 
-    def _listed(self, seconds: torch.Tensor) -> list[tuple[int, Op, float]]:
+    def listed(self, seconds) -> list[tuple[int, Op, float]]:
+        """``(instruction, op, seconds)`` per instruction of ``seconds`` (this plan's, or a sum
+        of them: a tensor or an array)."""
         return [(i, op, s) for (i, op), s in zip(self.instructions, seconds.tolist(), strict=True)]
 
 

@@ -121,6 +121,7 @@ SIGNATURES = {
     "qp_pair_sums": ([P, I64, P, I64, I64, I64, F64, F64, F64, I64, P, P, P], None),
     packed.RUNNER: ([I64, P, P, P, P, I64, P, P, P, P], I64),
     packed.FAST_RUNNER: ([P, P, I64, I64], I64),
+    packed.CHUNK_RUNNER: ([I64, P, I64, I64, I64, P, P, I64, P, P, P, I64, P], I64),
 }  # fmt: skip
 """Every exported kernel's ctypes signature; simulator.runtime.packed writes the frozen plan's
 wrappers from it, so a kernel's arguments are stated here only."""

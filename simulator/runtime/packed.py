@@ -18,6 +18,8 @@ import struct
 
 RUNNER = "qp_run_plan"
 FAST_RUNNER = "qp_run_fast"  # qp_run_plan with its thread count and pool wake-up
+CHUNK_RUNNER = "qp_run_chunks"  # a batch split's chunks, several plans on the pool
+RUNNERS = (RUNNER, FAST_RUNNER, CHUNK_RUNNER)
 _C_TYPES = {ctypes.c_void_p: "const void *", ctypes.c_int64: "int64_t", ctypes.c_double: "double"}
 _UNPACK = {ctypes.c_void_p: "(const void *)a[{}]", ctypes.c_int64: "a[{}]",
            ctypes.c_double: "d_(a[{}])"}  # fmt: skip
@@ -25,7 +27,7 @@ _UNPACK = {ctypes.c_void_p: "(const void *)a[{}]", ctypes.c_int64: "a[{}]",
 
 def names(signatures: dict) -> tuple[str, ...]:
     """The kernels with a wrapper, in the order of the C table ``qp_packed``."""
-    return tuple(n for n in signatures if n not in (RUNNER, FAST_RUNNER))
+    return tuple(n for n in signatures if n not in RUNNERS)
 
 
 def source(signatures: dict) -> str:

@@ -9,7 +9,10 @@ Run as chunks of one or two samples, each chunk's activations stay in cache, and
 :func:`simulator.runtime.threads.kernel_count` threads (a core each) runs whole chunks
 through its own executor's frozen plan on one OpenMP thread, taking the next chunk when
 done: nothing shared per instruction (data parallel). A worker on a core another process
-holds still adds its share; ``QPARITY_THREADS=1`` runs the chunks in turn.
+holds still adds its share; ``QPARITY_THREADS=1`` runs the chunks in turn. Once the owner and
+each twin have a fast run for the chunks (:class:`~simulator.runtime.fast.FastRun`), all
+chunks go to the compiled kernels' pool in one call instead (:mod:`simulator.runtime.fast_chunks`):
+the same plans, without a trip through Python per chunk.
 
 The integers cannot change where every instruction computes each sample from that sample
 alone, as the convolutions, requantizes and tables of a model with a free batch axis do
@@ -30,11 +33,14 @@ from __future__ import annotations
 import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
+from functools import partial
 
 import numpy as np
 
 from schemas.errors import QparityError
 from simulator.runtime import threads
+from simulator.runtime.fast import FastRun
+from simulator.runtime.fast_chunks import FastChunks
 
 SAMPLE_BYTES = 64 << 10
 """Bytes of program input a sample must exceed for its batch to run split: a 224x224x3
@@ -101,6 +107,7 @@ class BatchSplit:
         self.owner = owner
         self.twins: list = []
         self.verdict: dict[tuple, bool] = {}  # geometry -> the split gave the whole's outputs
+        self.native: dict[tuple, FastChunks | bool] = {}  # the fast runs' chunk runner
         self.last = ""  # Executor.last_path of the last run that came here
 
     def run(self, inputs: dict[str, np.ndarray], n_threads: int) -> dict | None:
@@ -134,6 +141,8 @@ class BatchSplit:
         workers = workers or min(threads.kernel_count(), len(parts))
         while len(self.twins) < workers - 1:
             self.twins.append(self.owner.twin())
+        if workers > 1 and (got := self._native(parts, workers)) is not None:
+            return got
         runs: list = [None] * len(parts)  # (outputs, executor's path, owner's timings)
         todo = itertools.count()  # next() is atomic under the GIL
         each = n_threads if workers == 1 else 1
@@ -151,6 +160,27 @@ class BatchSplit:
         paths = " / ".join(sorted({p for _, p, _ in runs}))
         self.last = f"{paths}, batch split: {len(parts)} chunks of {size} {how}"
         return {k: np.concatenate([o[k] for o, _, _ in runs]) for k in runs[0][0]}
+
+    def _native(self, parts: list[dict], workers: int) -> dict | None:
+        """Every chunk's outputs from one call (:mod:`simulator.runtime.fast_chunks`) once
+        the owner and its twins all have a fast run for the chunks, else None."""
+        executors = [self.owner, *self.twins[: workers - 1]]
+        runs = [ex._fast for ex in executors]
+        if not all(isinstance(r, FastRun) for r in runs):
+            return None
+        key = tuple(map(id, runs))
+        if key not in self.native:
+            self.native[key] = FastChunks.build(runs, parts[0]) or False
+        chunks = self.native[key]
+        got = chunks.run(parts, workers, self.owner.timed) if chunks else None
+        if got is None:
+            return None
+        outputs, seconds = got
+        if seconds is not None:
+            self.owner._timed_by(_Summed([partial(runs[0].frozen.slots.listed, seconds)]))
+        size = len(next(iter(parts[0].values())))
+        self.last = f"frozen plan, batch split: {len(parts)} chunks of {size} on {workers} threads"
+        return outputs
 
     def _worker(self, ex, parts: list[dict], runs: list, todo, n_threads: int) -> None:
         """Run chunks on executor ``ex`` (``n_threads`` OpenMP threads) until none is left."""

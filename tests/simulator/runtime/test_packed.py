@@ -39,7 +39,7 @@ def test_the_wrappers_follow_the_signatures():
     """One declaration and wrapper per kernel (the runners have none); the table in
     native.PACKED's order."""
     src = packed.source(native.SIGNATURES)
-    runners = {packed.RUNNER, packed.FAST_RUNNER}
+    runners = set(packed.RUNNERS)
     assert not runners & set(native.PACKED)
     assert len(native.PACKED) == len(native.SIGNATURES) - len(runners)
     for name in native.PACKED:
