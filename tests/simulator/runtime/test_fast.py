@@ -9,6 +9,7 @@ import pytest
 from simulator.runtime import native
 from simulator.runtime.executor import Executor
 from simulator.runtime.fast import FastRun, geometry, pointers, raw_view
+from simulator.runtime.fast_chunks import FastChunks
 from tests.simulator.runtime.test_frozen import _assert_same, _batches, _fresh, _program
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no compiled kernels here")
@@ -160,8 +161,9 @@ def test_a_raw_view_holds_no_reference_and_reads_the_memory():
 
 def test_a_batch_splits_chunks_take_the_fast_run_too(monkeypatch):
     """Chunks of a split batch reach each executor's run_batch as numpy slices of one
-    geometry: after the first runs the plan from numpy serves them, and the batch's outputs
-    stay the whole batch's."""
+    geometry: after the first runs the plan from numpy serves them (until every executor
+    has one: then all chunks go in one call, tests/simulator/runtime/test_fast_chunks.py),
+    and the batch's outputs stay the whole batch's."""
     from simulator.runtime import split
     from tests.simulator.runtime.test_split import _batch, _whole
     from tests.simulator.runtime.test_split import _program as _split_program
@@ -174,6 +176,10 @@ def test_a_batch_splits_chunks_take_the_fast_run_too(monkeypatch):
     real = FastRun.run
     monkeypatch.setattr(
         FastRun, "run", lambda self, *a: served.append(real(self, *a)) or served[-1]
+    )
+    whole = FastChunks.run
+    monkeypatch.setattr(
+        FastChunks, "run", lambda self, *a: served.append(whole(self, *a)) or served[-1]
     )
     for seed in range(8):
         x = _batch(8, seed)
