@@ -280,6 +280,28 @@ def test_quantize_equals_the_torch_formula(data, shape, f64, seed):
     np.testing.assert_array_equal(got.numpy(), _torch_quantize(x, s, axis, dtype, mode).numpy())
 
 
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), scale=st.sampled_from([0.0207, 0.37, 3.1e-3, 1.7, 2e-38, 1e38]),
+       mode=st.sampled_from(MODES), dtype=st.sampled_from(["int8", "int16"]))  # fmt: skip
+def test_float32_quantize_at_and_beside_every_tie(seed, scale, mode, dtype):
+    """Float32 inputs at h * s for half-integers h, an ulp either side and a few ulps
+    further, magnitudes up to 2^21, scales whose reciprocal is not a normal float: the
+    same integers as x / s in float32 (a kernel that divides by a multiply, tried, gives
+    other integers here)."""
+    rng = np.random.default_rng(seed)
+    s = np.float32(scale)
+    h = rng.integers(-(2**21), 2**21, 512) * rng.choice([1e-5, 1e-3, 1.0], 512) // 1 + 0.5
+    with np.errstate(over="ignore"):
+        at = (h * s).astype(np.float32)
+    at = at[np.isfinite(at)]  # 1e38 times 2 and more is past float32
+    steps = rng.integers(-3, 4, len(at)).astype(np.float32)
+    x = np.concatenate([at, np.nextafter(at, np.inf), np.nextafter(at, -np.inf),
+                        at + steps * np.spacing(at)]).astype(np.float32)  # fmt: skip
+    xt, st_ = torch.from_numpy(x), torch.tensor([float(s)], dtype=torch.float64)
+    got = exec_native_rows.quantize(xt, st_, None, dtype, mode)
+    np.testing.assert_array_equal(got.numpy(), _torch_quantize(xt, st_, None, dtype, mode).numpy())
+
+
 @pytest.mark.parametrize("axis", [None, 1])
 def test_quantize_of_channels_longer_than_a_task(axis):
     """Channels of more than 8192 values split into tasks (a batch-1 image spreads over
