@@ -39,18 +39,24 @@ int64_t qp_run_plan(int64_t n, const int64_t *kernel, const int64_t *start, int6
     return n;
 }
 
-/* qp_run_plan from a frozen plan's fast run (simulator/runtime/fast.py) in one call: its
- * arguments but inputs and seconds in plan[0 .. 8] (Slots.pointers()), the calling thread's
- * OpenMP thread count n for the calls (restored after), and the pool's sleeping workers
- * woken first when n > 1 (qp_pool_wake) so that they spin by its first parallel job.
- * seconds: plan[8] when timed, else NULL. Returns what qp_run_plan returns. */
+/* qp_run_plan of a plan array: its arguments but inputs and seconds in plan[0 .. 8]
+ * (Slots.pointers(): plan[0] the call count, plan[8] the seconds array); 1 when every call
+ * ran, else 0. */
+static int run_plan_array(const int64_t *plan, const int64_t *inputs, double *seconds) {
+    return qp_run_plan(plan[0], (const int64_t *)plan[1], (const int64_t *)plan[2],
+                       (int64_t *)plan[3], (const int64_t *)plan[4], plan[5],
+                       (const int64_t *)plan[6], inputs, (const int64_t *)plan[7],
+                       seconds) == plan[0];
+}
+
+/* A frozen plan's fast run (simulator/runtime/fast.py) in one call: the calling thread's
+ * OpenMP thread count n for the calls (restored after), the pool's sleeping workers woken
+ * first when n > 1 (qp_pool_wake) so that they spin by its first parallel job, then the
+ * plan, timed into plan[8] when `timed`. Returns 1 when every call ran, else 0. */
 int64_t qp_run_fast(const int64_t *plan, const int64_t *inputs, int64_t n, int64_t timed) {
     int prev = qp_threads(n);
     if (n > 1) qp_pool_wake();
-    int64_t done = qp_run_plan(plan[0], (const int64_t *)plan[1], (const int64_t *)plan[2],
-                               (int64_t *)plan[3], (const int64_t *)plan[4], plan[5],
-                               (const int64_t *)plan[6], inputs, (const int64_t *)plan[7],
-                               timed ? (double *)plan[8] : NULL);
+    int done = run_plan_array(plan, inputs, timed ? (double *)plan[8] : NULL);
     qp_threads(prev);
     return done;
 }
@@ -74,10 +80,7 @@ static int run_chunk(chunks_t *c, int64_t t, int64_t j) {
     int64_t inputs[c->nin > 0 ? c->nin : 1];
     for (int64_t k = 0; k < c->nin; k++) inputs[k] = c->in_base[k] + j * c->in_step[k];
     double *seconds = c->timed && t == 0 ? (double *)plan[8] : NULL;
-    if (qp_run_plan(plan[0], (const int64_t *)plan[1], (const int64_t *)plan[2], (int64_t *)plan[3],
-                    (const int64_t *)plan[4], plan[5], (const int64_t *)plan[6], inputs,
-                    (const int64_t *)plan[7], seconds) != plan[0])
-        return 0;
+    if (!run_plan_array(plan, inputs, seconds)) return 0;
     for (int64_t m = 0; m < c->nout; m++)
         memcpy((char *)c->out_dst[m] + j * c->out_bytes[m],
                (const char *)c->out_src[t * c->nout + m], (size_t)c->out_bytes[m]);

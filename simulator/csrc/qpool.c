@@ -25,9 +25,10 @@
  * 9.8 ms with 5 ms).
  *
  * A job that wakes sleeping workers first keeps them off the caller's core (steer_workers),
- * and they stay off it until a caller on another core steers them again. Woken freely, Linux put the worker on the
- * caller's core in 365 of 588 jobs when onnxruntime and torch had just kept both cores busy
- * (digits at batch 256: 8.4 ms a run against 2.3 ms; 2.6 ms steered). */
+ * and they stay off it until a caller on another core steers them again. Woken freely,
+ * Linux put the worker on the caller's core in 365 of 588 jobs when onnxruntime and torch
+ * had just kept both cores busy (digits at batch 256: 8.4 ms a run against 2.3 ms; 2.6 ms
+ * steered). */
 #define _GNU_SOURCE
 #include "qpool.h"
 #include <limits.h>
@@ -185,10 +186,10 @@ static void wake_sleepers(int team) {
 }
 
 /* Wakes the sleeping workers of the team this thread would call (steered as a job steers
- * them), so that they spin by the time its first job comes: the frozen plan's run calls it
- * as it begins, before its checks and its first kernel (a worker woken by a job joins it
- * tens of microseconds late, after a VM's idle core wakes up). Nothing when none sleeps or
- * a job is in progress. */
+ * them), so that they spin by the time its first job comes: qp_run_fast (qplan.c) calls it
+ * before a frozen plan's first kernel (a worker woken by a job joins it tens of
+ * microseconds late, after a VM's idle core wakes up). Nothing when none sleeps or a job
+ * is in progress. */
 int qp_pool_wake(void) {
     int team = omp_get_max_threads();
     if (team < 2) return 3;

@@ -111,12 +111,12 @@ class Executor:
     @property
     def timed(self) -> bool:
         """Whether runs keep their timings (``Executor(timings=True)``)."""
-        return self._timings is not None
+        return self._timings is not None  # a list, even while a plan's seconds wait to be read
 
     def _timed_by(self, source) -> None:
         """The last run's timings are ``source.timings()`` (when on), built when read: the
         plan's Slots, whose seconds it ran, or a batch split's sum over its chunks."""
-        self._plan_times = source if self._timings is not None else None
+        self._plan_times = source if self.timed else None
 
     def kept_timings(self) -> Callable[[], list] | None:
         """The last run's timings as a call that builds them, which later runs leave as
@@ -156,7 +156,7 @@ class Executor:
     def _run_fast(self, inputs: dict[str, np.ndarray], n: int) -> dict | None:
         """The outputs from the plan run straight from numpy (:mod:`simulator.runtime.fast`),
         or None when it does not take these inputs."""
-        outputs = self._fast.run(inputs, n, self._timings is not None) if self._fast else None
+        outputs = self._fast.run(inputs, n, self.timed) if self._fast else None
         if outputs is not None:
             self.last_path = "frozen plan"
             self._timed_by(self._fast.frozen.slots)
@@ -225,7 +225,7 @@ class Executor:
         """The program outputs from the frozen plan (:mod:`simulator.runtime.frozen`), or None."""
         if not isinstance(self._frozen, Frozen):
             return None
-        outputs = self._frozen.run([bufs[n] for n in self.program.inputs], self._timings is not None)
+        outputs = self._frozen.run([bufs[n] for n in self.program.inputs], self.timed)
         if outputs is not None:
             self._timed_by(self._frozen.slots)
         return outputs
@@ -233,7 +233,7 @@ class Executor:
     def _run(self, bufs: dict[str, torch.Tensor]) -> None:
         """Execute every instruction in order, writing its outputs into ``bufs``; record
         the run for a frozen plan once the last run replayed every instruction."""
-        if self._timings is not None:
+        if self.timed:
             self.timings = []
         n = len(self.program.instructions)
         recording = self._frozen is None and self.replays.served == n

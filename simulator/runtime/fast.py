@@ -87,7 +87,6 @@ class FastRun:
     frozen: Frozen
     lib: object  # the compiled library the plan's pointers belong to
     plan: ctypes.Array  # Slots.pointers() of the plan, qp_run_fast's first argument
-    calls: int  # what qp_run_fast returns when every call ran
     inputs: ctypes.Array  # the input pointers, rewritten per run
     outs: dict[str, np.ndarray]  # program output -> raw view, reference layout
     watched: tuple[int, ...]  # storage_id() of the frozen plan's watched buffers
@@ -117,7 +116,7 @@ class FastRun:
             outs[name] = raw_view(ref)
         plan = s.pointers()
         return cls(names, key, frozen, native.library(), (ctypes.c_int64 * len(plan))(*plan),
-                   plan[0], (ctypes.c_int64 * len(names))(), outs,
+                   (ctypes.c_int64 * len(names))(), outs,
                    tuple(map(storage_id, frozen.watched)))  # fmt: skip
 
     def run(self, inputs: dict, n: int, timed: bool) -> dict[str, np.ndarray] | None:
@@ -131,6 +130,6 @@ class FastRun:
             return None
         for i, p in enumerate(ptrs):
             self.inputs[i] = p
-        if self.lib.qp_run_fast(self.plan, self.inputs, n, timed) != self.calls:
+        if not self.lib.qp_run_fast(self.plan, self.inputs, n, timed):
             return None
         return {name: v.copy() for name, v in self.outs.items()}
