@@ -12,15 +12,16 @@
  * copy, wide 0) or raw int8 read in place (wide 2), offset here as it is gathered. Then,
  * per pair of channel blocks, 2 x 2 accumulator tiles hold
  *   acc[p, o] = sum_k xu[p, k] * w[k, o]      (TDPBUSD: uint8 x int8, modulo 2**32)
- * and epilogue16 adds corr[o] = bias[o] - 128 * sum_k w[k, o]: exactly
- * sum_k x[p, k] w[k, o] + bias[o], as qconv.c (the caller proves |acc| < 2**31).
+ * with the tiles started from corr[o] = bias[o] - 128 * sum_k w[k, o] (each row loaded from
+ * corr with stride 0): exactly sum_k x[p, k] w[k, o] + bias[o], as qconv.c (the caller
+ * proves |acc| < 2**31), so the epilogue adds nothing (epilogue16_corr).
  * Weights: [kp/4][Ob][16][4] int8 (exec_native.amx_weights): the weight tile of channel
  * block j and K chunk c is 16 rows of 64 bytes at (c * 16 * Ob + j) * 64, row stride Ob * 64.
  * An unpadded stride-1 1x1 conv needs no gather: pixel q's row is its own bytes at
  * xu + q * pix, and a tile loads 16 of them pix bytes apart. Its last K chunk reads
  * kp - pix bytes into the next pixels, which meet zero weights, so a tile reads in place
  * only while those bytes are inside the input (the input's last tiles are gathered). Raw
- * int8 read in place (wide 2) goes through TDPBSSD (int8 x int8) and the epilogue starts
+ * int8 read in place (wide 2) goes through TDPBSSD (int8 x int8) and the tiles start
  * from bias itself;
  * qp_pad's offset copy (wide 0: channels stored past cs) through TDPBUSD and corr.
  * A stride-1 conv whose taps are whole 64-byte chunks needs no gather either: on the
@@ -69,6 +70,7 @@ typedef struct { /* one tile's rows: where they are, and which output pixel each
     const int64_t *coff; /* K chunk c at src + coff[c]; NULL: c * 64 (gathered rows) */
     int64_t qs[PIX];     /* output pixel of each row; -1: computed, not stored */
     int rows, raw;       /* rows up to the last stored one; raw int8 (TDPBSSD) */
+    int dense;           /* every row up to rows stored, at pixels qs[0], qs[0] + 1, ... */
 } rows_t;
 
 /* len bytes from src to dst, offset by flip: whole 64-byte chunks, then a masked tail. */
@@ -133,9 +135,10 @@ AMX static void plan_rows(const aconv_t *a, int64_t tile, uint8_t *buf, rows_t *
         /* FLAT: the last row's last chunk reads kp - pix bytes past its pixel */
         if (a->form != FLAT || (tile * PIX + PIX - 1) * a->pix + a->kp > end) r->coff = 0;
     }
-    r->rows = 0;
+    r->rows = 0, r->dense = r->qs[0] >= 0;
     for (int p = 0; p < PIX; p++)
         if (r->qs[p] >= 0) r->rows = p + 1, any = any < 0 ? r->qs[p] : any;
+    for (int p = 1; p < r->rows; p++) r->dense &= r->qs[p] == r->qs[0] + p;
     r->raw = r->coff && a->flip;
     if (r->coff || !r->rows) return;
     gather(a, r->qs, any, buf);
@@ -147,10 +150,13 @@ AMX static void plan_rows(const aconv_t *a, int64_t tile, uint8_t *buf, rows_t *
  * TDPBSSD, else offset rows by TDPBUSD. */
 AMX AI void products_of(const aconv_t *a, const rows_t *r, int np2, int64_t j0, int nj,
                         int32_t *acc, int SGN) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    const int32_t *corr = (SGN ? a->raw.corr : a->e->corr) + j0 * 16;
+    _tile_loadd(0, corr, 0); /* every row corr[o]: the sums start from it */
+    _tile_loadd(2, corr, 0);
+    if (nj > 1) {
+        _tile_loadd(1, corr + 16, 0);
+        _tile_loadd(3, corr + 16, 0);
+    }
     int64_t kp = a->kp, wstride = a->ob * 64, stride = r->stride;
     for (int64_t c = 0; c < kp / 64; c++) {
         const int8_t *wc = a->w + (c * 16 * a->ob + j0) * 64;
@@ -182,6 +188,28 @@ AMX static void products(const aconv_t *a, const rows_t *r, int64_t j0, int nj, 
     else products_of(a, r, np2, j0, nj, acc, 0);
 }
 
+/* The epilogue of n accumulator rows acc[p][16] of channel block o0 stored at consecutive
+ * pixels (rows_t.dense): out and b step by a pixel, and mode 3 without an add (the expand
+ * 1x1 convs of MobileNetV2) loads corr, scale and bounds once for all n. Per-row offsets
+ * and reloads had been half of the instructions of a 16-channel 1x1 conv's epilogue. */
+AMX AI void dense_rows(const aconv_t *a, const epi_t *e, const int32_t *acc, int n, int64_t q0,
+                       int64_t o0, __mmask16 m, __mmask16 ms) {
+    int sh = e->out_shift;
+    int64_t step = a->ostride << sh, bstep = a->bstride << e->bshift; /* out and b per pixel */
+    char *out = a->out + ((q0 * a->ostride + o0) << sh);
+    if (e->f64 == 3 && !a->b) {
+        __m512i lo = magic_bound(e->lo), hi = magic_bound(e->hi);
+        __m512 scale = _mm512_loadu_ps((const float *)e->scale + o0);
+        for (int p = 0; p < n; p++, out += step) {
+            store16_of(magic_ps16_of(_mm512_loadu_si512(acc + 16 * p), scale, lo, hi), out, sh, m, ms);
+        }
+        return;
+    }
+    const char *b = a->b ? a->b + ((q0 * a->bstride + o0) << e->bshift) : 0;
+    for (int p = 0; p < n; p++, out += step, b = b ? b + bstep : 0)
+        epilogue16_corr(_mm512_loadu_si512(acc + 16 * p), e, o0, b, out, m, ms);
+}
+
 /* The epilogue of r's stored rows, channel blocks j0 .. j0+nj-1, with the epilogue's float
  * type, rounding and output size as given (constants in the copies block_epilogue
  * dispatches to, as qamx.c's). */
@@ -196,12 +224,18 @@ AMX AI void epilogue_px(const aconv_t *a, const epi_t *e0, const int32_t *acc,
     for (int jj = 0; jj < nj; jj++) {
         int64_t o0 = (j0 + jj) * 16;
         __mmask16 m = mask16(o - o0), ms = mask16(ostride - o0);
+        if (r->dense) { /* rows 0-15 in the first input tile's acc, 16-31 in the second's */
+            for (int h = 0; 16 * h < r->rows; h++)
+                dense_rows(a, &e, acc + (2 * h + jj) * 256, r->rows - 16 * h < 16 ? r->rows - 16 * h : 16,
+                           r->qs[0] + 16 * h, o0, m, ms);
+            continue;
+        }
         for (int p = 0; p < r->rows; p++) {
             int64_t q = r->qs[p];
             if (q < 0) continue;
             __m512i v = _mm512_loadu_si512(acc + (p / 16 * 2 + jj) * 256 + p % 16 * 16);
             const char *bp = b ? b + ((q * bstride + o0) << e.bshift) : 0;
-            epilogue16(v, &e, o0, bp, out + ((q * ostride + o0) << out_shift), m, ms);
+            epilogue16_corr(v, &e, o0, bp, out + ((q * ostride + o0) << out_shift), m, ms);
         }
     }
 }

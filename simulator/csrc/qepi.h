@@ -64,12 +64,19 @@ TGT AI __m512i magic_pd16(__m512i acc, __m512i bi, const epi_t *e, int64_t o0, i
  * f64 == 3 above: the clamp compares the bits (positive floats of one binade order as
  * their bits), and the narrowing store keeps their low 8 or 16 bits, the value's own, so
  * no subtraction is needed. */
-TGT AI __m512i magic_ps16(__m512i acc, const epi_t *e, int64_t o0) {
-    __m512 y = _mm512_fmadd_round_ps(_mm512_cvtepi32_ps(acc), _mm512_loadu_ps((const float *)e->scale + o0),
+TGT AI __m512i magic_ps16_of(__m512i acc, __m512 scale, __m512i lo, __m512i hi) {
+    __m512 y = _mm512_fmadd_round_ps(_mm512_cvtepi32_ps(acc), scale,
                                      _mm512_set1_ps(12582912.0f), /* 1.5 * 2**23 */
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512i r = _mm512_max_epi32(_mm512_castps_si512(y), _mm512_set1_epi32(0x4B400000 + (int32_t)e->lo));
-    return _mm512_min_epi32(r, _mm512_set1_epi32(0x4B400000 + (int32_t)e->hi));
+    return _mm512_min_epi32(_mm512_max_epi32(_mm512_castps_si512(y), lo), hi);
+}
+
+/* magic_ps16's clamp bounds lo, hi as the bits of 1.5 * 2**23 + bound. */
+TGT AI __m512i magic_bound(double v) { return _mm512_set1_epi32(0x4B400000 + (int32_t)v); }
+
+TGT AI __m512i magic_ps16(__m512i acc, const epi_t *e, int64_t o0) {
+    return magic_ps16_of(acc, _mm512_loadu_ps((const float *)e->scale + o0), magic_bound(e->lo),
+                         magic_bound(e->hi));
 }
 
 /* The epilogue of 16 channels o0.. of one pixel: lanes in m (real channels) computed,
@@ -224,6 +231,14 @@ TGT AI void epilogue16_corr(__m512i acc, const epi_t *e, int64_t o0, const char 
     epilogue16_halves(a[0], a[1], e, o0, b, out, m, ms);
 }
 #else
+/* 16 requantized lanes r (int32, or magic_ps16's bits) narrowed to int8 or int16 (out_shift
+ * 0 or 1) by their low bits: lanes in m stored, lanes in ms but not m stored as 0. */
+TGT AI void store16_of(__m512i r, void *out, int out_shift, __mmask16 m, __mmask16 ms) {
+    if (m != ms) r = _mm512_maskz_mov_epi32(m, r); /* padding lanes: 0 */
+    if (out_shift == 1) _mm256_mask_storeu_epi16(out, ms, _mm512_cvtepi32_epi16(r));
+    else _mm_mask_storeu_epi8(out, ms, _mm512_cvtepi32_epi8(r));
+}
+
 /* epilogue16 of an acc that already holds corr (qconv.c starts its sums from it). */
 TGT AI void epilogue16_corr(__m512i acc, const epi_t *e, int64_t o0, const char *b,
                             void *out, __mmask16 m, __mmask16 ms) {
@@ -249,9 +264,7 @@ TGT AI void epilogue16_corr(__m512i acc, const epi_t *e, int64_t o0, const char 
                              e, o0 + 8, b != 0);
         r = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
     }
-    if (m != ms) r = _mm512_maskz_mov_epi32(m, r); /* padding lanes: 0 */
-    if (e->out_shift == 1) _mm256_mask_storeu_epi16(out, ms, _mm512_cvtepi32_epi16(r));
-    else _mm_mask_storeu_epi8(out, ms, _mm512_cvtepi32_epi8(r));
+    store16_of(r, out, e->out_shift, m, ms);
 }
 #endif
 
