@@ -33,11 +33,13 @@ int qp_linear_amx(const void *x, int64_t wide, int64_t rows, int64_t k, int64_t 
 #define XFEATURE_XTILEDATA 18
 #define AMX_KP_MAX 512 /* longest padded row the per-thread buffers take */
 
-/* 1 when this CPU has AMX-INT8 and the kernel lets this process use the tile registers. */
+/* 1 when this CPU has AMX-INT8 (and AVX512-VBMI, which qamxconv.c's stores use) and the
+ * kernel lets this process use the tile registers. */
 int qp_amx_ok(void) {
     unsigned a, b, c, d;
     __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
     if (!((d >> 24) & 1) || !((d >> 25) & 1)) return 0; /* AMX-TILE, AMX-INT8 */
+    if (!((c >> 1) & 1)) return 0;                       /* AVX512-VBMI */
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 }
 

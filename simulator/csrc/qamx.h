@@ -8,7 +8,8 @@
 
 #include "qepi.h"
 
-#define AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
+/* Every CPU with AMX-INT8 (Sapphire Rapids on) has AVX512-VBMI too: qp_amx_ok checks both. */
+#define AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx512vbmi")))
 
 typedef struct {
     uint8_t palette, start;

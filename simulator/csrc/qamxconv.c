@@ -210,6 +210,25 @@ AMX AI void dense_rows(const aconv_t *a, const epi_t *e, const int32_t *acc, int
         epilogue16_corr(_mm512_loadu_si512(acc + 16 * p), e, o0, b, out, m, ms);
 }
 
+/* dense_rows' mode 3 of two channel blocks o0 and o0 + 16 (int8 output, no add) at once: a
+ * pixel's two results give the low byte of each lane (the value's own, as store16_of keeps)
+ * to one 32-byte store by one VPERMT2B, where VPMOVDB took two shuffle micro-ops a block. */
+AMX AI void dense_pair(const aconv_t *a, const epi_t *e, const int32_t *acc, int n, int64_t q0,
+                       int64_t o0, __mmask32 m, __mmask32 ms) {
+    int64_t step = a->ostride;
+    char *out = a->out + q0 * a->ostride + o0;
+    __m512i lo = magic_bound(e->lo), hi = magic_bound(e->hi), low = _mm512_setr_epi32(
+        0x0C080400, 0x1C181410, 0x2C282420, 0x3C383430, 0x4C484440, 0x5C585450, 0x6C686460,
+        0x7C787470, 0, 0, 0, 0, 0, 0, 0, 0); /* bytes 0..15: 4i of the first; 16..31: of the second */
+    __m512 s0 = _mm512_loadu_ps((const float *)e->scale + o0), s1 = _mm512_loadu_ps((const float *)e->scale + o0 + 16);
+    for (int p = 0; p < n; p++, out += step) {
+        __m512i r0 = magic_ps16_of(_mm512_loadu_si512(acc + 16 * p), s0, lo, hi);
+        __m512i r1 = magic_ps16_of(_mm512_loadu_si512(acc + 256 + 16 * p), s1, lo, hi);
+        __m512i v = _mm512_maskz_permutex2var_epi8(m, r0, low, r1); /* padding lanes: 0 */
+        _mm256_mask_storeu_epi8(out, ms, _mm512_castsi512_si256(v));
+    }
+}
+
 /* The epilogue of r's stored rows, channel blocks j0 .. j0+nj-1, with the epilogue's float
  * type, rounding and output size as given (constants in the copies block_epilogue
  * dispatches to, as qamx.c's). */
@@ -224,6 +243,14 @@ AMX AI void epilogue_px(const aconv_t *a, const epi_t *e0, const int32_t *acc,
     for (int jj = 0; jj < nj; jj++) {
         int64_t o0 = (j0 + jj) * 16;
         __mmask16 m = mask16(o - o0), ms = mask16(ostride - o0);
+        if (r->dense && nj == 2 && jj == 0 && f64 == 3 && !b && !out_shift) {
+            __mmask32 m2 = (__mmask32)m | (__mmask32)mask16(o - o0 - 16) << 16;
+            __mmask32 ms2 = (__mmask32)ms | (__mmask32)mask16(ostride - o0 - 16) << 16;
+            for (int h = 0; 16 * h < r->rows; h++)
+                dense_pair(a, &e, acc + 2 * h * 256, r->rows - 16 * h < 16 ? r->rows - 16 * h : 16,
+                           r->qs[0] + 16 * h, o0, m2, ms2);
+            return;
+        }
         if (r->dense) { /* rows 0-15 in the first input tile's acc, 16-31 in the second's */
             for (int h = 0; 16 * h < r->rows; h++)
                 dense_rows(a, &e, acc + (2 * h + jj) * 256, r->rows - 16 * h < 16 ? r->rows - 16 * h : 16,

@@ -412,15 +412,18 @@ def test_amx_in_place_reads_stop_at_the_inputs_end(pixels):
 @NEEDS_AMX
 @pytest.mark.parametrize("bound,b_dtype", [(2**20, None), (2**30, None), (2**20, torch.int8)])
 @pytest.mark.parametrize("pixels,pads", [(40, [0, 0, 0, 0]), (35, [1, 1, 1, 1])])
-def test_amx_epilogues_write_padding_channels_as_zero(bound, b_dtype, pixels, pads):
-    """72 output channels stored 80 apart into an output full of garbage, clamped from 3, on
-    the tiles and by qp_conv: the same bytes, and 0 in channels 72-79. The epilogue's float32 magic
-    rounding (bound 2**20: qepi.h mode 3, loaded once per run of rows stored at consecutive
-    pixels), its float64 one (mode 2) and a fused int8 add; an unpadded 1x1 conv (every
-    tile's rows consecutive pixels) and a padded 3x3 one (rows past the output width)."""
-    rng, c = np.random.default_rng(pixels + bound % 7), 64
+@pytest.mark.parametrize("o,o_pad", [(72, 80), (88, 96)])
+def test_amx_epilogues_write_padding_channels_as_zero(bound, b_dtype, pixels, pads, o, o_pad):
+    """o output channels stored o_pad apart into an output full of garbage, clamped from 3,
+    on the tiles and by qp_conv: the same bytes, and 0 in the padding channels. The
+    epilogue's float32 magic rounding (bound 2**20: qepi.h mode 3, loaded once per run of
+    rows stored at consecutive pixels, two channel blocks to one store: 88 channels end in
+    the second block of a pair, 72 in a block of its own), its float64 one (mode 2) and a
+    fused int8 add; an unpadded 1x1 conv (every tile's rows consecutive pixels) and a padded
+    3x3 one (rows past the output width)."""
+    rng, c = np.random.default_rng(pixels + bound % 7 + o), 64
     kernel = (1, 1) if not any(pads) else (3, 3)
-    wmat = torch.randint(-128, 128, (kernel[0] * kernel[1] * c, 72), dtype=torch.int8)
+    wmat = torch.randint(-128, 128, (kernel[0] * kernel[1] * c, o), dtype=torch.int8)
     scale_b = None if b_dtype is None else torch.full((1,), 0.75, dtype=torch.float64)
     epi = Epilogue(None, torch.full((1,), 2.0**-12, dtype=torch.float64), scale_b, 3, 127,
                    torch.int8, "half_even")  # lo 3 (a Clip from 3): unmasked padding lanes hold 3
@@ -428,17 +431,17 @@ def test_amx_epilogues_write_padding_channels_as_zero(bound, b_dtype, pixels, pa
     assert nc.mode == (3 if bound < 2**24 and b_dtype is None else 2)
     shape = (1, 5, pixels // 5, c) if any(pads) else (1, 1, pixels, c)
     x = torch.from_numpy(rng.integers(-128, 128, shape).astype(np.int8))
-    b = None if b_dtype is None else torch.randint(-128, 128, (*x.shape[:3], 80), dtype=b_dtype)
+    b = None if b_dtype is None else torch.randint(-128, 128, (*x.shape[:3], o_pad), dtype=b_dtype)
     outs = []
     for amx in "01":
-        out = torch.full((*x.shape[:3], 80), 0x55, dtype=torch.int8)
+        out = torch.full((*x.shape[:3], o_pad), 0x55, dtype=torch.int8)
         with pytest.MonkeyPatch.context() as mp, native.tracing() as trace:
             mp.setenv("QPARITY_AMX", amx)
             exec_native.run(nc, ([1, 1], pads, [1, 1]), x, b, out)
         assert ("qp_conv_amx" in {fn.__name__ for fn, _, _ in trace.calls}) == (amx == "1")
         outs.append(out)
     assert torch.equal(outs[0], outs[1])
-    assert not outs[1][..., 72:].any()
+    assert not outs[1][..., o:].any()
 
 
 def _plan(wmat, channels: int, in_dtype=torch.int8, kernel=(3, 3)):
