@@ -83,10 +83,10 @@ AMX static void block_products(const lin_t *l, const uint8_t *hi, const uint8_t 
         _tile_zero(3);
     }
     for (int64_t c = 0; c < l->kp / 64; c++) {
-        const int8_t *wc = l->w + (c * 16 * l->ob + j0) * 64;
+        const int8_t *wc = weight_tile(l->w, l->kp / 64, c, j0);
         _tile_loadd(4, hi + c * 64, l->kp);
-        _tile_loadd(6, wc, l->ob * 64);
-        if (nj > 1) _tile_loadd(7, wc + 64, l->ob * 64);
+        _tile_loadd(6, wc, 64);
+        if (nj > 1) _tile_loadd(7, wc + 1024, 64);
         if (!l->wide) {
             _tile_dpbusd(0, 4, 6);
             if (nj > 1) _tile_dpbusd(1, 4, 7);

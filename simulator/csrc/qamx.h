@@ -18,6 +18,15 @@ typedef struct {
     uint8_t rows[16];
 } tilecfg_t;
 
+/* The weight tile of K chunk c (64 bytes of K) and channel block j in exec_native.amx_weights'
+ * layout [ceil(Ob / 2)][chunks][2][16][64]: its 16 rows of 64 bytes one after another, and
+ * the two blocks of a pair side by side, so that a pair's tiles over K are read as one
+ * stream (weights from memory after idle: the hardware prefetchers follow a stream, not
+ * rows Ob * 64 bytes apart). */
+AI const int8_t *weight_tile(const int8_t *w, int64_t chunks, int64_t c, int64_t j) {
+    return w + ((j / 2 * chunks + c) * 2 + j % 2) * 1024;
+}
+
 /* Palette 1, eight tiles of 16 rows x 64 bytes, on the calling thread. */
 AMX static inline void tile_config(void) {
     tilecfg_t cfg;

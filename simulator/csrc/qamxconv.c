@@ -15,8 +15,9 @@
  * with the tiles started from corr[o] = bias[o] - 128 * sum_k w[k, o] (each row loaded from
  * corr with stride 0): exactly sum_k x[p, k] w[k, o] + bias[o], as qconv.c (the caller
  * proves |acc| < 2**31), so the epilogue adds nothing (epilogue16_corr).
- * Weights: [kp/4][Ob][16][4] int8 (exec_native.amx_weights): the weight tile of channel
- * block j and K chunk c is 16 rows of 64 bytes at (c * 16 * Ob + j) * 64, row stride Ob * 64.
+ * Weights: exec_native.amx_weights' tiles (qamx.h's weight_tile): the weight tile of channel
+ * block j and K chunk c is 16 rows of 64 bytes (K groups c * 16 .. of 4 bytes, 16 channels)
+ * one after another, a pair of blocks' tiles over K one stream.
  * An unpadded stride-1 1x1 conv needs no gather: pixel q's row is its own bytes at
  * xu + q * pix, and a tile loads 16 of them pix bytes apart. Its last K chunk reads
  * kp - pix bytes into the next pixels, which meet zero weights, so a tile reads in place
@@ -157,15 +158,15 @@ AMX AI void products_of(const aconv_t *a, const rows_t *r, int np2, int64_t j0, 
         _tile_loadd(1, corr + 16, 0);
         _tile_loadd(3, corr + 16, 0);
     }
-    int64_t kp = a->kp, wstride = a->ob * 64, stride = r->stride;
+    int64_t kp = a->kp, stride = r->stride;
     for (int64_t c = 0; c < kp / 64; c++) {
-        const int8_t *wc = a->w + (c * 16 * a->ob + j0) * 64;
+        const int8_t *wc = weight_tile(a->w, kp / 64, c, j0);
         const uint8_t *src = r->src + (r->coff ? r->coff[c] : c * 64);
         _tile_loadd(4, src, stride);
-        _tile_loadd(6, wc, wstride);
+        _tile_loadd(6, wc, 64);
         if (SGN) _tile_dpbssd(0, 4, 6); else _tile_dpbusd(0, 4, 6);
         if (nj > 1) {
-            _tile_loadd(7, wc + 64, wstride);
+            _tile_loadd(7, wc + 1024, 64);
             if (SGN) _tile_dpbssd(1, 4, 7); else _tile_dpbusd(1, 4, 7);
         }
         if (np2 > 1) {

@@ -296,18 +296,22 @@ def _amx(nc: NativeConv, x: torch.Tensor, b, out: torch.Tensor) -> bool:
 
 
 def amx_weights(nc: NativeConv, kp: int) -> torch.Tensor:
-    """The weights as qamx.c reads them: ``[kp/4, Ob, 16, 4]`` int8, zero rows past K
-    (from the packed ``[1, 1, Cs/g, Ob, 16, g]`` of either input dtype), once per conv."""
+    """The weights as qamx.c and qamxconv.c read them (qamx.h's ``weight_tile``), once per
+    conv: ``[ceil(Ob/2), kp/64, 2, 16, 16, 4]`` int8, tile ``(c, j)`` = K groups ``16c ..
+    16c+15`` (4 bytes of K each) of channel block ``j``, zero past K and past Ob (from the
+    packed ``[1, 1, Cs/g, Ob, 16, g]`` of either input dtype). A pair of channel blocks'
+    tiles over K lie in one run, read as one stream."""
 
     def build() -> torch.Tensor:
-        g = nc.weights.shape[-1]
+        g, pairs = nc.weights.shape[-1], -(-nc.blocks // 2)
         w = (
             nc.weights.reshape(-1, nc.blocks * LANES, g)
             .permute(0, 2, 1)
             .reshape(-1, nc.blocks * LANES)
         )
-        full = torch.zeros(kp, nc.blocks * LANES, dtype=torch.int8)
-        full[: w.shape[0]] = w.to(torch.int8)  # int16-packed weights are int8 values
-        return full.reshape(kp // 4, 4, nc.blocks, LANES).permute(0, 2, 3, 1).contiguous()
+        full = torch.zeros(kp, 2 * pairs * LANES, dtype=torch.int8)
+        full[: w.shape[0], : w.shape[1]] = w.to(torch.int8)  # int16-packed weights are int8 values
+        tiles = full.reshape(kp // 64, 16, 4, pairs, 2, LANES)  # [c, r, byte, pair, j % 2, lane]
+        return tiles.permute(3, 0, 4, 1, 5, 2).contiguous()
 
     return derived(nc, ("amx", kp), build)
