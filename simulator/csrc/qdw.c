@@ -172,51 +172,64 @@ TGT static void dw_row(const dw_t *dp, const epi_t *ep, int64_t ni, int64_t y, i
 #ifndef QPARITY_SIMDE
 /* The widened form (3 x 3, unit dilation, rows of at most DW_COLS padded columns): a task is
  * DW_BAND output rows of one channel block. Each input row it needs is widened once into a
- * ring of three int16 rows, zero columns for the left and right padding and zero rows for
- * the top and bottom, so every pixel's 9 taps are plain loads (a row-at-a-time task widened
- * each input pixel once per tap: 9 times at stride 1). The widening also permutes the 32
- * channels to the lanes (k, 16 + k) of int16 pair k, and the weights alike, so VPDPWSSD's
- * int32 lane k sums channel k against the even-lane weights and channel 16 + k against the
- * odd-lane ones: the two sums come out in channel order, with no interleave per pixel. */
+ * ring of three rows, zero columns for the left and right padding and zero rows for the
+ * top and bottom, so every pixel's taps are plain loads (a row-at-a-time task widened each
+ * input pixel once per tap: 9 times at stride 1). A widened row holds, per padded column
+ * sc, int16 pairs of neighbouring columns: pair k of its first 64 bytes is (x[sc][k],
+ * x[sc + 1][k]) for channels k = o0 .. o0+15, of the next 64 bytes the same of channels
+ * o0+16 .. . So one VPDPWSSD sums a kernel row's taps 0 and 1 of 16 channels (pairs at
+ * column xo against the weight pairs (w[i][0], w[i][1])) and one more its tap 2 (the pairs
+ * at column xo + 2 against (w[i][2], 0)): 12 a pixel of 32 channels, where one tap per
+ * instruction took 18, and the sums come out in channel order. */
 #define DW_BAND 8
 #define DW_COLS 320
 
-/* int16 pair k <- channels (k, 16 + k): VPERMW's index. */
-TGT AI __m512i pair_order(void) {
-    return _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                            23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+/* int16 pair k <- (a[k], b[k]) for k = 0..15 (half 0) or (a[16 + k], b[16 + k]) (half 1):
+ * VPERMT2W's index. */
+TGT AI __m512i pair_index(int half) {
+    __m512i k = _mm512_set_epi16(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8,
+                                 7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    __m512i from_b = _mm512_maskz_set1_epi16(0xAAAAAAAAu, 32); /* odd lanes: b's */
+    return _mm512_add_epi16(_mm512_add_epi16(k, from_b), _mm512_set1_epi16((short)(16 * half)));
+}
+
+/* Input column ix of row iy (of image ni) as 32 int16 channels o0.. (m), zeros outside. */
+TGT AI __m512i widen_px(const dw_t *d, int64_t ni, int64_t iy, int64_t ix, int64_t o0, __mmask32 m) {
+    if (iy < 0 || iy >= d->h || ix < 0 || ix >= d->w) return _mm512_setzero_si512();
+    const int8_t *px = d->x + ((ni * d->h + iy) * d->w + ix) * d->cx + o0;
+    return _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, px));
 }
 
 /* Input row iy (of image ni; outside the input: zeros) of channels o0.. (m) widened into
- * `row` over `cols` padded columns: column sc holds input column sc - pl. */
+ * `row` over `cols` padded columns: column sc pairs input columns sc - pl and sc + 1 - pl. */
 TGT static void widen_row(const dw_t *d, int64_t ni, int64_t iy, int64_t o0, __mmask32 m,
                           int64_t cols, int16_t *row) {
-    const __m512i order = pair_order();
+    const __m512i lo = pair_index(0), hi = pair_index(1);
+    __m512i cur = widen_px(d, ni, iy, -d->pl, o0, m);
     for (int64_t sc = 0; sc < cols; sc++) {
-        int64_t ix = sc - d->pl;
-        __m512i v = _mm512_setzero_si512();
-        if (iy >= 0 && iy < d->h && ix >= 0 && ix < d->w) {
-            const int8_t *px = d->x + ((ni * d->h + iy) * d->w + ix) * d->cx + o0;
-            v = _mm512_permutexvar_epi16(order, _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, px)));
-        }
-        _mm512_store_si512(row + sc * 32, v);
+        __m512i next = widen_px(d, ni, iy, sc + 1 - d->pl, o0, m);
+        _mm512_store_si512(row + sc * 64, _mm512_permutex2var_epi16(cur, lo, next));
+        _mm512_store_si512(row + sc * 64 + 32, _mm512_permutex2var_epi16(cur, hi, next));
+        cur = next;
     }
 }
 
-/* One output row from the widened rows r[0..2]: per pixel 9 loads and 18 VPDPWSSD against
- * the weights in registers (we: channels o0.., wo: o0 + 16..), then the epilogue. */
-TGT AI void widened_row(const epi_t *e, int16_t *const r[3], const __m512i we[9],
-                        const __m512i wo[9], int64_t ow, int64_t sw, int64_t o0, char *out,
+/* One output row from the widened rows r[0..2]: per pixel and kernel row i, the pairs at
+ * xo (taps 0, 1) and xo + 2 (tap 2) of each half against w01[i] and w2[i] (lo: channels
+ * o0.., hi: o0 + 16..), then the epilogue. */
+TGT AI void widened_row(const epi_t *e, int16_t *const r[3], const __m512i w01[6],
+                        const __m512i w2[6], int64_t ow, int64_t sw, int64_t o0, char *out,
                         int64_t ostep, __mmask32 m, __mmask32 s) {
     __m512i ce = _mm512_loadu_si512(e->corr + o0), co = _mm512_loadu_si512(e->corr + o0 + 16);
     for (int64_t xo = 0; xo < ow; xo++, out += ostep) {
         __m512i ae = ce, ao = co;
-        for (int i = 0; i < 3; i++)
-            for (int j = 0; j < 3; j++) {
-                __m512i xv = _mm512_load_si512(r[i] + (xo * sw + j) * 32);
-                ae = _mm512_dpwssd_epi32(ae, xv, we[i * 3 + j]);
-                ao = _mm512_dpwssd_epi32(ao, xv, wo[i * 3 + j]);
-            }
+        for (int i = 0; i < 3; i++) {
+            const int16_t *at = r[i] + xo * sw * 64, *at2 = at + 2 * 64;
+            ae = _mm512_dpwssd_epi32(ae, _mm512_load_si512(at), w01[2 * i]);
+            ao = _mm512_dpwssd_epi32(ao, _mm512_load_si512(at + 32), w01[2 * i + 1]);
+            ae = _mm512_dpwssd_epi32(ae, _mm512_load_si512(at2), w2[2 * i]);
+            ao = _mm512_dpwssd_epi32(ao, _mm512_load_si512(at2 + 32), w2[2 * i + 1]);
+        }
         epilogue16_corr(ae, e, o0, 0, out, (__mmask16)m, (__mmask16)s);
         if (s >> 16)
             epilogue16_corr(ao, e, o0 + 16, 0, out + (16 << e->out_shift), (__mmask16)(m >> 16),
@@ -229,18 +242,20 @@ TGT static void dw_band(const dw_t *dp, const epi_t *ep, int64_t ni, int64_t y0,
                         int64_t b) {
     const dw_t dl = *dp, *d = &dl; /* copies, as in dw_run3 */
     const epi_t el = *ep, *e = &el;
-    int16_t ring[3][DW_COLS * 32] __attribute__((aligned(64)));
+    int16_t ring[3][DW_COLS * 64] __attribute__((aligned(64)));
     int64_t tag[3] = {INT64_MIN, INT64_MIN, INT64_MIN}, o0 = b * 32;
     int64_t cols = (d->ow - 1) * d->sw + 3, tstep = ((d->c + 31) / 32) * 64;
     __mmask32 m = mask32(d->c - o0), s = mask32(d->ostride - o0);
-    const __m512i order = pair_order();
-    __m512i we[9], wo[9];
+    __m512i w[9], w01[6], w2[6];
     for (int t = 0; t < 9; t++) { /* the paired layout's two halves, summed: channel order */
         const int16_t *wt = d->wk + b * 64 + t * tstep;
-        __m512i w = _mm512_permutexvar_epi16(order, _mm512_add_epi16(_mm512_loadu_si512(wt),
-                                                                     _mm512_loadu_si512(wt + 32)));
-        we[t] = _mm512_maskz_mov_epi16(0x55555555u, w), wo[t] = _mm512_maskz_mov_epi16(0xAAAAAAAAu, w);
+        w[t] = _mm512_add_epi16(_mm512_loadu_si512(wt), _mm512_loadu_si512(wt + 32));
     }
+    for (int i = 0; i < 3; i++)
+        for (int h = 0; h < 2; h++) {
+            w01[2 * i + h] = _mm512_permutex2var_epi16(w[3 * i], pair_index(h), w[3 * i + 1]);
+            w2[2 * i + h] = _mm512_permutex2var_epi16(w[3 * i + 2], pair_index(h), _mm512_setzero_si512());
+        }
     int64_t ostep = d->ostride << e->out_shift;
     for (int64_t y = y0; y < y1; y++) {
         int16_t *r[3];
@@ -250,7 +265,7 @@ TGT static void dw_band(const dw_t *dp, const epi_t *ep, int64_t ni, int64_t y0,
             r[i] = ring[slot];
         }
         char *out = d->out + ((((ni * d->oh + y) * d->ow) * d->ostride + o0) << e->out_shift);
-        widened_row(e, r, we, wo, d->ow, d->sw, o0, out, ostep, m, s);
+        widened_row(e, r, w01, w2, d->ow, d->sw, o0, out, ostep, m, s);
     }
 }
 
