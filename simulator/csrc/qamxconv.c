@@ -292,10 +292,15 @@ static __thread uint8_t *tls_buf; /* a thread's gather buffer, PIX * KP_MAX byte
 
 /* Tasks t0 .. t1: pixel tile t / parts, channel chunk t % parts (tile major: qconv.c's
  * conv_part); with cmajor, channel chunk t / tiles, pixel tile t % tiles. A map with fewer
- * pixels than output channels (MobileNetV2's 7x7 and 14x14 layers at batch 1) reads more
- * weight than input bytes: numbered channel first, the caller and its worker (qpool.c: one
+ * pixels than output channels whose weights outweigh its input and output (MobileNetV2's
+ * 7x7 layers at batch 1): numbered channel first, the caller and its worker (qpool.c: one
  * from each end) each read half the weights instead of all of them, as each read all the
- * pixels' (MobileNetV2's 1280x320 conv after idle, weights from memory: 0.063 -> 0.053 ms). */
+ * pixels' (MobileNetV2's 1280x320 conv after idle, weights from memory: 0.063 -> 0.053 ms).
+ * Where the weights are the smaller part (its 64 -> 384 and 96 -> 576 expands at 14x14:
+ * 25 and 55 KB against 88 and 132 KB of input and output), tile major keeps each core on
+ * its own rows, which the depthwise conv after it reads by rows: channel first, each core
+ * had read half of those rows from the other's cache (two threads: the expands 10.4 ->
+ * 8.9 us, the depthwise convs after them 16.6 -> 14.6 and 23.0 -> 20.6 us). */
 AMX static void conv_part(void *p, int64_t t0, int64_t t1) {
     const aconv_t *a = p;
     int32_t acc[4 * 256];
@@ -366,7 +371,7 @@ AMX_FN int qp_conv_amx(const void *xs, int64_t wide, int64_t n, int64_t hp, int6
                  runs, nrun, wk, ob, o, sh, sw, oh, ow, total, tiles, chunk, parts,
                  (const char *)b, bstride, (char *)out, ostride, &e, e, form, coff};
     a.raw.corr = bias;
-    a.cmajor = ob * 16 > total;
+    a.cmajor = ob * 16 > total && kp * ob * 16 > total * (kp + ob * 16 * ((int64_t)1 << out_shift));
     qp_for(tiles * parts, PIX * kp * chunk / 4, conv_part, &a); /* work: products / 64 */
     return 0;
 #endif
