@@ -9,9 +9,9 @@
  *   int16: x = 256 hi + lo with hi = x >> 8 (int8) and lo = x & 255 (uint8), so
  *          acc = 256 TDPBSSD(hi, w) + TDPBUSD(lo, w), corr = bias.
  * Every sum wraps modulo 2**32 like VNNI's, and the caller proves |acc| < 2**31, so the
- * wrapped value is the true one. Weights: [kp/4][Ob][16][4] int8 (qconv.c's int8 packing,
- * zero rows past K): the B tile of channel block j and K chunk c is 16 rows of 64 bytes at
- * (c * 16 * Ob + j) * 64, row stride Ob * 64. */
+ * wrapped value is the true one. Weights: exec_native.amx_weights' whole tiles (qamx.h's
+ * weight_tile, zero rows past K): the B tile of channel block j and K chunk c is 16 rows of
+ * 64 bytes one after another, a pair of blocks' tiles over K one run. */
 #ifdef QPARITY_SIMDE
 /* The AVX2 build (qavx2.h) has no AMX: the tile kernel reports itself unavailable. */
 #include <stdint.h>
