@@ -189,10 +189,11 @@ AMX static void products(const aconv_t *a, const rows_t *r, int64_t j0, int nj, 
     else products_of(a, r, np2, j0, nj, acc, 0);
 }
 
-/* The epilogue of n accumulator rows acc[p][16] of channel block o0 stored at consecutive
- * pixels (rows_t.dense): out and b step by a pixel, and mode 3 without an add (the expand
- * 1x1 convs of MobileNetV2) loads corr, scale and bounds once for all n. Per-row offsets
- * and reloads had been half of the instructions of a 16-channel 1x1 conv's epilogue. */
+/* The epilogue of n accumulator rows acc[p][16] (corr already in them) of channel block o0
+ * stored at consecutive pixels (rows_t.dense): out and b step by a pixel, and mode 3
+ * without an add (the expand 1x1 convs of MobileNetV2) loads scale and bounds once for all
+ * n. Per-row offsets and reloads had been half of the instructions of a 16-channel 1x1
+ * conv's epilogue. */
 AMX AI void dense_rows(const aconv_t *a, const epi_t *e, const int32_t *acc, int n, int64_t q0,
                        int64_t o0, __mmask16 m, __mmask16 ms) {
     int sh = e->out_shift;
@@ -244,7 +245,7 @@ AMX AI void epilogue_px(const aconv_t *a, const epi_t *e0, const int32_t *acc,
     for (int jj = 0; jj < nj; jj++) {
         int64_t o0 = (j0 + jj) * 16;
         __mmask16 m = mask16(o - o0), ms = mask16(ostride - o0);
-        if (r->dense && nj == 2 && jj == 0 && f64 == 3 && !b && !out_shift) {
+        if (r->dense && nj == 2 && jj == 0 && f64 == 3 && !b && !out_shift) { /* both blocks */
             __mmask32 m2 = (__mmask32)m | (__mmask32)mask16(o - o0 - 16) << 16;
             __mmask32 ms2 = (__mmask32)ms | (__mmask32)mask16(ostride - o0 - 16) << 16;
             for (int h = 0; 16 * h < r->rows; h++)
