@@ -242,23 +242,19 @@ AMX AI void epilogue_px(const aconv_t *a, const epi_t *e0, const int32_t *acc,
     const char *b = a->b;
     char *out = a->out;
     int64_t o = a->o, ostride = a->ostride, bstride = a->bstride;
+    int pair = nj == 2 && f64 == 3 && !b && !out_shift; /* dense: both blocks in one pass */
     for (int jj = 0; jj < nj; jj++) {
         int64_t o0 = (j0 + jj) * 16;
         __mmask16 m = mask16(o - o0), ms = mask16(ostride - o0);
-        if (r->dense && nj == 2 && jj == 0 && f64 == 3 && !b && !out_shift) { /* both blocks */
-            __mmask32 m2 = (__mmask32)m | (__mmask32)mask16(o - o0 - 16) << 16;
-            __mmask32 ms2 = (__mmask32)ms | (__mmask32)mask16(ostride - o0 - 16) << 16;
-            for (int h = 0; 16 * h < r->rows; h++)
-                dense_pair(a, &e, acc + 2 * h * 256, r->rows - 16 * h < 16 ? r->rows - 16 * h : 16,
-                           r->qs[0] + 16 * h, o0, m2, ms2);
-            return;
+        __mmask32 m2 = pair ? (__mmask32)m | (__mmask32)mask16(o - o0 - 16) << 16 : 0;
+        __mmask32 ms2 = pair ? (__mmask32)ms | (__mmask32)mask16(ostride - o0 - 16) << 16 : 0;
+        for (int h = 0; r->dense && 16 * h < r->rows; h++) { /* rows 16h .. in tile h's acc */
+            int n = r->rows - 16 * h < 16 ? r->rows - 16 * h : 16;
+            if (pair) dense_pair(a, &e, acc + 2 * h * 256, n, r->qs[0] + 16 * h, o0, m2, ms2);
+            else dense_rows(a, &e, acc + (2 * h + jj) * 256, n, r->qs[0] + 16 * h, o0, m, ms);
         }
-        if (r->dense) { /* rows 0-15 in the first input tile's acc, 16-31 in the second's */
-            for (int h = 0; 16 * h < r->rows; h++)
-                dense_rows(a, &e, acc + (2 * h + jj) * 256, r->rows - 16 * h < 16 ? r->rows - 16 * h : 16,
-                           r->qs[0] + 16 * h, o0, m, ms);
-            continue;
-        }
+        if (r->dense && pair) return;
+        if (r->dense) continue;
         for (int p = 0; p < r->rows; p++) {
             int64_t q = r->qs[p];
             if (q < 0) continue;

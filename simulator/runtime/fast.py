@@ -42,6 +42,11 @@ from simulator.runtime.frozen import Frozen
 from simulator.runtime.replay import input_key, span, storage_id, unshared_storage
 
 
+def address(x: np.ndarray) -> int:
+    """The data pointer of numpy array ``x``."""
+    return x.__array_interface__["data"][0]
+
+
 def geometry(xs: list) -> tuple | None:
     """What a plan's numpy inputs must match: per input dtype, shape and byte strides, and
     which inputs share a data pointer; None when one is not a writeable numpy array with
@@ -50,7 +55,7 @@ def geometry(xs: list) -> tuple | None:
         return None
     if any(s < 0 for x in xs for s in x.strides):
         return None
-    ptrs = [x.__array_interface__["data"][0] for x in xs]
+    ptrs = [address(x) for x in xs]
     return (*((x.dtype, x.shape, x.strides) for x in xs), tuple(map(ptrs.index, ptrs)))
 
 
@@ -63,7 +68,7 @@ def pointers(xs: list, key: tuple) -> list[int] | None:
             return None
         if x.dtype != dtype or not x.flags.writeable:
             return None
-        ptrs.append(x.__array_interface__["data"][0])
+        ptrs.append(address(x))
     return ptrs if tuple(map(ptrs.index, ptrs)) == key[-1] else None
 
 

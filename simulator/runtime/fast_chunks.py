@@ -26,12 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.runtime import native
-from simulator.runtime.fast import FastRun, pointers
+from simulator.runtime.fast import FastRun, address, pointers
 from simulator.runtime.replay import unshared_storage
-
-
-def _address(x: np.ndarray) -> int:
-    return x.__array_interface__["data"][0]
 
 
 def _int64s(values) -> ctypes.Array:
@@ -67,7 +63,7 @@ class FastChunks:
             if [(v.shape, v.dtype) for v in views] != [(s, d) for _, s, d in outs]:
                 return None
         plans = _int64s(ctypes.addressof(r.plan) for r in runs)
-        out_src = _int64s(_address(r.outs[k]) for r in runs for k, _, _ in outs)
+        out_src = _int64s(address(r.outs[k]) for r in runs for k, _, _ in outs)
         out_bytes = _int64s(first[k].nbytes for k, _, _ in outs)
         return cls(tuple(runs), outs, plans, out_src, out_bytes)
 
@@ -80,8 +76,8 @@ class FastChunks:
         base = pointers([parts[0].get(k) for k in names], first.key)
         if base is None or lib is not first.lib or not self._unshared():
             return None
-        step = [_address(parts[1][k]) - b for k, b in zip(names, base, strict=True)]
-        last = [_address(parts[-1][k]) for k in names]
+        step = [address(parts[1][k]) - b for k, b in zip(names, base, strict=True)]
+        last = [address(parts[-1][k]) for k in names]
         if last != [b + (len(parts) - 1) * s for b, s in zip(base, step, strict=True)]:
             return None  # not consecutive slices of one batch
         total = len(parts) * self.outs[0][1][0]
@@ -91,7 +87,7 @@ class FastChunks:
         done = lib.qp_run_chunks(
             len(self.runs), self.plans, len(parts), n, len(names), _int64s(base), _int64s(step),
             len(self.outs), self.out_src, self.out_bytes,
-            _int64s(_address(outputs[k]) for k, _, _ in self.outs), groups,
+            _int64s(address(outputs[k]) for k, _, _ in self.outs), groups,
             None if seconds is None else seconds.ctypes.data,
         )  # fmt: skip
         return (outputs, seconds) if done == 1 else None

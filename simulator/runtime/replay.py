@@ -261,7 +261,7 @@ def _view(buf: torch.Tensor, size, stride, offset: int) -> torch.Tensor:
 
 def unshared(t: torch.Tensor) -> bool:
     """No tensor but ``t`` refers to its memory (no view, no numpy array of it is alive)."""
-    return _USE_COUNT is not None and _USE_COUNT(storage_id(t)) <= _ALONE
+    return unshared_storage(storage_id(t))
 
 
 def storage_id(t: torch.Tensor) -> int:
