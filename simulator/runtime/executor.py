@@ -142,11 +142,12 @@ class Executor:
         instruction. A large batch may run as chunks of samples (:mod:`simulator.runtime.split`),
         never with ``capture``. :attr:`last_path` then says which path ran.
         """
-        n = threads.kernel_count()  # first: a bad QPARITY_THREADS is named before anything runs
-        if not capture:
-            outputs = self._run_fast(inputs, n)
+        if not capture:  # the plan from numpy reads the thread count in C (fast.py)
+            outputs = self._run_fast(inputs, 0)
             if outputs is not None:
                 return outputs, {}
+        n = threads.kernel_count()  # a bad QPARITY_THREADS is named before anything runs
+        if not capture:
             outputs = self.split.run(inputs, n)
             if outputs is not None:
                 self.last_path = self.split.last
@@ -154,8 +155,9 @@ class Executor:
         return self.run_batch(inputs, n, capture)
 
     def _run_fast(self, inputs: dict[str, np.ndarray], n: int) -> dict | None:
-        """The outputs from the plan run straight from numpy (:mod:`simulator.runtime.fast`),
-        or None when it does not take these inputs."""
+        """The outputs from the plan run straight from numpy (:mod:`simulator.runtime.fast`) on
+        ``n`` threads (0: :func:`threads.kernel_count`'s), or None when it does not take
+        these inputs."""
         outputs = self._fast.run(inputs, n, self.timed) if self._fast else None
         if outputs is not None:
             self.last_path = "frozen plan"

@@ -91,6 +91,7 @@ SIGNATURES = {
     "qp_pool_wake": ([], ctypes.c_int),
     "qp_pool_sleepers": ([], I64),
     "qp_pool_woken_spin": ([], I64),
+    "qp_np_view": ([I64, P], None),
     "qp_linear_amx": ([P, *[I64] * 4, P, I64, I64, P, P, P, I64, P, *[I64] * 4, P, I64],
                       ctypes.c_int),
     "qp_pad": ([P, *[I64] * 11, P], None),

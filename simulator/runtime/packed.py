@@ -17,7 +17,7 @@ import ctypes
 import struct
 
 RUNNER = "qp_run_plan"
-FAST_RUNNER = "qp_run_fast"  # qp_run_plan with its thread count and pool wake-up
+FAST_RUNNER = "qp_run_np"  # qp_run_plan from numpy inputs: checks, threads, wake-up
 CHUNK_RUNNER = "qp_run_chunks"  # a batch split's chunks, several plans on the pool
 RUNNERS = (RUNNER, FAST_RUNNER, CHUNK_RUNNER)
 _C_TYPES = {ctypes.c_void_p: "const void *", ctypes.c_int64: "int64_t", ctypes.c_double: "double"}

@@ -34,7 +34,7 @@ def test_executor_and_compile_tables_are_views():
 def test_every_compiled_kernel_belongs_to_an_instruction():
     claimed = {n for i in INSTRUCTIONS.values() for n in i.native}
     probes = {"qp_cpu_ok", "qp_amx_ok", "qp_threads", "qp_pool_sizes", "qp_pool_owners",
-              "qp_pool_wake", "qp_pool_sleepers", "qp_pool_woken_spin",
+              "qp_pool_wake", "qp_pool_sleepers", "qp_pool_woken_spin", "qp_np_view",
               "qp_pad_offset", *packed.RUNNERS}
     analysis = {"qp_pair_sums"}  # analysis.metrics.sums: no instruction's, it shares the build
     assert claimed <= set(native.SIGNATURES)

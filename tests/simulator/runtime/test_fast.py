@@ -3,12 +3,15 @@ kernels give, and every input it does not cover goes the executor's own way."""
 
 from __future__ import annotations
 
+import ctypes
+import os
+
 import numpy as np
 import pytest
 
 from simulator.runtime import native
 from simulator.runtime.executor import Executor
-from simulator.runtime.fast import FastRun, geometry, pointers, raw_view
+from simulator.runtime.fast import FastRun, geometry, pointers, raw_view, readable, spec
 from simulator.runtime.fast_chunks import FastChunks
 from tests.simulator.runtime.test_frozen import _assert_same, _batches, _fresh, _program
 
@@ -129,15 +132,19 @@ def test_geometry_names_what_the_plan_needs():
     assert geometry([x.tolist()]) is None
 
 
-def test_pointers_pass_exactly_the_inputs_of_the_geometry():
-    """pointers(xs, key) gives the data pointers where geometry(xs) == key, else None, over
-    inputs that differ in each part of the geometry."""
+def _geometry_cases() -> list[list]:
+    """Inputs that differ from each other in each part of the geometry."""
     x = np.zeros((4, 8), np.float32)
     readonly = x.copy()
     readonly.flags.writeable = False
     arrays = [x, x.copy(), x[:, :4], x.T, x.astype(np.float64), x.reshape(8, 4), readonly,
-              np.zeros((4, 8), np.int32), x.tolist()]  # fmt: skip
-    cases = [[a] for a in arrays] + [[x, x], [x, x.copy()], [x.copy(), x]]
+              np.zeros((4, 8), np.int32), x.tolist(), None]  # fmt: skip
+    return [[a] for a in arrays] + [[x, x], [x, x.copy()], [x.copy(), x]]
+
+
+def test_pointers_pass_exactly_the_inputs_of_the_geometry():
+    """pointers(xs, key) gives the data pointers where geometry(xs) == key, else None."""
+    cases = _geometry_cases()
     for xs in cases:
         for ys in cases:
             key = geometry(ys)
@@ -147,6 +154,90 @@ def test_pointers_pass_exactly_the_inputs_of_the_geometry():
             assert (got is not None) == (geometry(xs) == key), (xs, ys)
             if got is not None:
                 assert got == [a.__array_interface__["data"][0] for a in xs]
+
+
+def _np_plan(threads: int | None = None):
+    """A plan array for qp_run_np: no call, or one call of qp_threads(0) recorded as
+    returning ``threads`` (so the run stops, 0, when the calls ran on another count)."""
+    from simulator.program.isa import Op
+    from simulator.runtime.frozen import Slots
+
+    lib = native.library()
+    calls = [] if threads is None else [(0, Op.CLIP, lib.qp_threads, [0], (), threads)]
+    slots = Slots.of(calls)
+    return slots, (ctypes.c_int64 * 9)(*slots.pointers())
+
+
+def _run_np(plan, xs, key, n: int = 1) -> int:
+    """qp_run_np of ``plan`` on inputs ``xs`` against geometry ``key`` on ``n`` threads."""
+    where, at = spec(key)
+    for a, x in zip(at, xs, strict=True):
+        where[a] = id(x)
+    return native.library().qp_run_np(plan, where, n, 0)
+
+
+def test_the_c_side_passes_exactly_the_inputs_of_the_geometry():
+    """qp_run_np runs the plan (1) where geometry(xs) == key and refuses the inputs (-1)
+    everywhere else, reading numpy's array struct: the same cases as pointers()."""
+    keep, plan = _np_plan()
+    cases = _geometry_cases()
+    for ys in cases:
+        key = geometry(ys)
+        for xs in cases:
+            if key is not None and len(xs) == len(ys):
+                want = 1 if geometry(xs) == key else -1
+                assert _run_np(plan, xs, key) == want, (xs, ys)
+
+
+def test_the_c_side_reads_arrays_as_python_does():
+    """readable(): the type, dtype, data pointer, flags, shape and strides qp_np_view reads
+    are Python's, for arrays of every kind the executor meets; ranks above 8 are not."""
+    import torch
+
+    lib = native.library()
+    x = np.arange(2 * 3 * 5 * 7, dtype=np.float32).reshape(2, 3, 5, 7)
+    readonly = x.copy()
+    readonly.flags.writeable = False
+    for a in (x, x[:, 1:, ::2], x.transpose(0, 2, 3, 1), x.astype(np.float64), readonly,
+              np.ones((), np.float32), x.reshape(-1), torch.zeros(2, 3).numpy(),
+              np.zeros((1,) * 8, np.int8)):  # fmt: skip
+        assert readable(a, lib), a.shape
+    assert not readable(np.zeros((1,) * 9, np.int8), lib)
+
+
+@pytest.mark.parametrize("value, want", [("3", 3), ("1", 1), ("07", 7), ("auto", None),
+                                         (None, None)])  # fmt: skip
+def test_the_c_side_reads_the_thread_count_as_kernel_count_does(value, want, monkeypatch):
+    """qp_run_np with n = 0 runs the calls on $QPARITY_THREADS or the process's cores, the
+    count threads.kernel_count() gives; n > 0 is taken as it is."""
+    from simulator.runtime import threads
+
+    if value is None:
+        monkeypatch.delenv("QPARITY_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("QPARITY_THREADS", value)
+    count = want or len(os.sched_getaffinity(0))
+    assert threads.kernel_count() == count
+    x = np.zeros((2, 2), np.float32)
+    keep, plan = _np_plan(count)
+    assert _run_np(plan, [x], geometry([x]), 0) == 1
+    keep, other = _np_plan(count + 1)
+    assert _run_np(other, [x], geometry([x]), 0) == 0
+    assert _run_np(other, [x], geometry([x]), count + 1) == 1
+
+
+@pytest.mark.parametrize("value", ["two", "0", "", "-1", "1.5"])
+def test_a_thread_count_the_c_side_does_not_read_goes_to_python(value, monkeypatch):
+    """-2 from qp_run_np, and Executor.run names the variable (the fast run steps aside)."""
+    from schemas.errors import SimulatorError
+
+    ex = _warm(_program())
+    monkeypatch.setenv("QPARITY_THREADS", value)
+    x = np.zeros((2, 2), np.float32)
+    keep, plan = _np_plan()
+    assert _run_np(plan, [x], geometry([x]), 0) == -2
+    with pytest.raises(SimulatorError, match="QPARITY_THREADS"):
+        ex.run({"x": _batches(1, seed=15)[0]})
 
 
 def test_a_raw_view_holds_no_reference_and_reads_the_memory():

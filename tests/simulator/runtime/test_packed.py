@@ -45,9 +45,8 @@ def test_the_wrappers_follow_the_signatures():
     for name in native.PACKED:
         assert src.count(f"static int64_t w_{name}(") == 1
     table = src[src.index("qp_packed[]") :]
-    assert [t.strip(" w_};\n") for t in table[table.index("{") + 1 :].split(",")] == list(
-        native.PACKED
-    )
+    entries = table[table.index("{") + 1 : table.index("}")].split(",")
+    assert [t.strip().removeprefix("w_") for t in entries] == list(native.PACKED)
     assert "d_(a[7]), d_(a[8])" in src  # qp_quantize's lo and hi: doubles from their bits
 
 
