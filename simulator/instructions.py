@@ -67,7 +67,8 @@ def _int(op: Op, onnx_op: str, kernel: Callable, native=(), nhwc=False) -> Instr
 
 
 TABLE: tuple[Instr, ...] = (
-    Instr(Op.QUANTIZE, None, _ref("QuantizeLinear"), k_quantize, ("qp_quantize",)),
+    Instr(Op.QUANTIZE, None, _ref("QuantizeLinear"), k_quantize,
+          ("qp_quantize", "qp_quantize_pad")),  # the second: runtime/fuse.py's
     Instr(Op.PREPROCESS, None, _preprocess, k_preprocess),
     _int(Op.CONV, "QConv", k_conv, ("qp_conv", "qp_conv_amx", "qp_pad", "qp_dwconv"), nhwc=True),
     _int(Op.LINEAR, "QLinear", k_linear, ("qp_conv", "qp_conv_amx", "qp_linear_amx")),

@@ -20,6 +20,10 @@ adopted only when it gives the same outputs over buffers filled with garbage
 (:mod:`simulator.runtime.replay`): no call needs what a buffer held before its first touch in a
 run. Buffers that program outputs view keep their own memory.
 
+Calls joined into one pass where the plan shows the buffer between them is theirs alone
+(:mod:`simulator.runtime.fuse`: the input's quantize, layout and the stem's pad) take their
+places in the plan before the arena is laid out.
+
 A plan is built only when every pointer of the recorded run is classified and every
 program output is a view of a held buffer or of an input; otherwise the executor keeps its
 per-instruction path. It runs only on inputs of the recorded geometry and when no tensor
@@ -39,7 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from simulator.program.isa import Op
-from simulator.runtime import native, packed
+from simulator.runtime import fuse, native, packed
 from simulator.runtime.replay import buffer_view, find_span, input_key, span, unshared
 
 
@@ -164,6 +168,7 @@ def freeze(record: list, xs: list[torch.Tensor], outputs: dict[str, torch.Tensor
     if any(fn.__name__ not in native.PACKED for _, _, fn, *_ in plan):
         return None  # a call the compiled runner has no wrapper for
     own = {o[1] for o in outs.values() if o[0] == "buf"}
+    plan, uses = fuse.join(plan, uses, own)
     arena = _share(plan, uses, spans, own)
     return Frozen(input_key(xs), tuple(plan), held, outs, tuple(r for *_, r in record), arena,
                   Slots.of(plan), tuple(held[k] for k in sorted(own)))  # fmt: skip

@@ -109,6 +109,7 @@ SIGNATURES = {
     "qp_bmm": ([P, I64, P, I64, I64, I64, I64, I64, F64, F64, F64, I64, P, I64], None),
     "qp_gather": ([P, I64, I64, I64, I64, P, I64, P], None),
     "qp_quantize": ([P, I64, I64, I64, I64, P, I64, F64, F64, P, I64], ctypes.c_int),
+    "qp_quantize_pad": ([P, *[I64] * 4, P, I64, I64, F64, F64, *[I64] * 5, P], ctypes.c_int),
     "qp_maxpool": ([P, *[I64] * 15, P], None),
     "qp_clip": ([P, I64, I64, I64, I64, P], None),
     "qp_copy": ([P, I64, P, P, P], None),
