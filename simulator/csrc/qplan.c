@@ -3,19 +3,16 @@
  * Every argument of every call is an int64 slot (simulator/runtime/packed.py); qp_packed, written
  * from the kernels' ctypes signatures at build time, holds one wrapper per kernel that
  * unpacks its slots and calls it. */
-#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include <omp.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "qplan.h"
 #include "qpool.h"
 
 extern int64_t (*const qp_packed[])(const int64_t *);
-int qp_threads(int64_t n);
 
 static double seconds_since(const struct timespec *t0) {
     struct timespec t1;
@@ -56,7 +53,7 @@ static int run_plan_array(const int64_t *plan, const int64_t *inputs, double *se
  * (restored after), the pool's sleeping workers woken first when n > 1 (qp_pool_wake) so
  * that they spin by its first parallel job, then the plan, timed into plan[8] when
  * `timed`. Returns 1 when every call ran, else 0. */
-static int64_t run_fast(const int64_t *plan, const int64_t *inputs, int64_t n, int64_t timed) {
+int64_t qp_plan_fast(const int64_t *plan, const int64_t *inputs, int64_t n, int64_t timed) {
     int prev = qp_threads(n);
     if (n > 1) qp_pool_wake();
     int done = run_plan_array(plan, inputs, timed ? (double *)plan[8] : NULL);
@@ -64,86 +61,8 @@ static int64_t run_fast(const int64_t *plan, const int64_t *inputs, int64_t n, i
     return done;
 }
 
-/* A numpy array as its struct lies in memory: numpy's PyArrayObject_fields
- * (numpy/ndarraytypes.h, the same since numpy 1.7), PyObject_HEAD (reference count, type)
- * of a CPython build without debug fields first. simulator/runtime/fast.py builds no fast
- * run where qp_np_view does not read an array as Python sees it. */
-typedef struct {
-    intptr_t refcount;
-    const void *type;
-    char *data;
-    int nd;
-    const int64_t *dims, *strides;
-    const void *base, *descr;
-    int flags;
-} np_array;
-
-#define NPY_WRITEABLE 0x0400
-#define NP_VIEW_DIMS 8
-
-/* For fast.py's check of the layout above: out = the type, dtype (descr), data pointer,
- * flags and rank of the numpy array at address obj, then its shape and byte strides when
- * the rank is at most NP_VIEW_DIMS. */
-void qp_np_view(int64_t obj, int64_t *out) {
-    const np_array *a = (const np_array *)(intptr_t)obj;
-    out[0] = (int64_t)(intptr_t)a->type, out[1] = (int64_t)(intptr_t)a->descr;
-    out[2] = (int64_t)(intptr_t)a->data, out[3] = a->flags, out[4] = a->nd;
-    for (int d = 0; d < a->nd && a->nd <= NP_VIEW_DIMS; d++)
-        out[5 + d] = a->dims[d], out[5 + a->nd + d] = a->strides[d];
-}
-
-/* The data pointer of the object at address spec[0] when it is a writeable numpy array
- * (exactly of type `type`) of dtype spec[1], rank spec[2], shape spec[4 ..] and byte
- * strides spec[4 + rank ..]; else 0. Any object's type lies where an array's does. */
-static int64_t np_input(const int64_t *spec, const void *type) {
-    const np_array *a = (const np_array *)(intptr_t)spec[0];
-    if (!a || a->type != type || a->descr != (const void *)(intptr_t)spec[1])
-        return 0;
-    if (a->nd != spec[2] || !(a->flags & NPY_WRITEABLE))
-        return 0;
-    for (int d = 0; d < a->nd; d++)
-        if (a->dims[d] != spec[4 + d] || a->strides[d] != spec[4 + a->nd + d]) return 0;
-    return (int64_t)(intptr_t)a->data;
-}
-
-/* simulator/runtime/threads.kernel_count in C: $QPARITY_THREADS when it is a number >= 1,
- * every core this process may run on when it is unset or "auto"; 0 for anything else
- * (the Python path then names the value). */
-static int64_t env_threads(void) {
-    const char *v = getenv("QPARITY_THREADS");
-    cpu_set_t cores;
-    if (!v || !strcmp(v, "auto"))
-        return sched_getaffinity(0, sizeof cores, &cores) ? 0 : CPU_COUNT(&cores);
-    int64_t n = 0;
-    for (const char *c = v; *c; c++) {
-        if (*c < '0' || *c > '9' || n > 1 << 20) return 0;
-        n = 10 * n + (*c - '0');
-    }
-    return n;
-}
-
-/* A frozen plan's run from numpy inputs (simulator/runtime/fast.py) in one call. spec: the
- * input count, the address of numpy's ndarray type, then a block per input: the address
- * of the object given for it (set per run), its dtype's address, rank r, the index of the
- * first input with the same data pointer, its shape (r) and byte strides (r). Runs the
- * plan (run_fast) on n threads, or kernel_count's threads when n is 0. Returns 1 when
- * every call ran, 0 when one returned another value than recorded, -1 when an input is not
- * as its block says, -2 when $QPARITY_THREADS is not a thread count. */
-int64_t qp_run_np(const int64_t *plan, const int64_t *spec, int64_t n, int64_t timed) {
-    int64_t nin = spec[0], ptrs[spec[0] > 0 ? spec[0] : 1];
-    const int64_t *block = spec + 2;
-    for (int64_t j = 0; j < nin; block += 4 + 2 * block[2], j++) {
-        if (!(ptrs[j] = np_input(block, (const void *)(intptr_t)spec[1]))) return -1;
-        int64_t first = 0;
-        while (ptrs[first] != ptrs[j]) first++;
-        if (first != block[3]) return -1;
-    }
-    if (n == 0 && (n = env_threads()) == 0) return -2;
-    return run_fast(plan, ptrs, n, timed);
-}
-
 /* A batch split's chunks (simulator/runtime/split.py) on the pool in one call. Task t runs
- * plan t (one executor's frozen plan, run_fast's plan array) on chunk after chunk while
+ * plan t (one executor's frozen plan, qp_plan_fast's plan array) on chunk after chunk while
  * one is left: chunk j's input k at in_base[k] + j * in_step[k]; after each run it copies
  * output m from out_src[t * nout + m] to out_dst[m] + j * out_bytes[m], before its plan's
  * next run writes there again. Task 0 (the caller claims it first: qpool.c) adds its

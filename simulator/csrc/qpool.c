@@ -186,7 +186,7 @@ static void wake_sleepers(int team) {
 }
 
 /* Wakes the sleeping workers of the team this thread would call (steered as a job steers
- * them), so that they spin by the time its first job comes: run_fast (qplan.c) calls it
+ * them), so that they spin by the time its first job comes: qp_plan_fast (qplan.c) calls it
  * before a frozen plan's first kernel (a worker woken by a job joins it tens of
  * microseconds late, after a VM's idle core wakes up). Nothing when none sleeps or a job
  * is in progress. */

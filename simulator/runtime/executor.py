@@ -64,6 +64,7 @@ from simulator.kernels.exec_ops import ConstPool, is_nhwc
 from simulator.program.isa import Instruction, Op, Program
 from simulator.runtime import native, threads
 from simulator.runtime.fast import FastRun
+from simulator.runtime.fast_chunks import FastBatch
 from simulator.runtime.frozen import Frozen, freeze
 from simulator.runtime.replay import Replays
 from simulator.runtime.split import BatchSplit
@@ -91,6 +92,7 @@ class Executor:
         self.replays = Replays()  # how each instruction's next run skips its kernel
         self._frozen: Frozen | bool | None = None  # the whole-run plan; False: none to build
         self._fast: FastRun | bool | None = None  # the plan from numpy (fast.py); False: none
+        self._batch: FastBatch | None = None  # a split batch's chunks from numpy (fast_chunks.py)
         self.split = BatchSplit(self)  # a batch as chunks of samples (simulator.runtime.split)
         self.last_path = ""  # how the last run executed (_path)
 
@@ -156,8 +158,15 @@ class Executor:
 
     def _run_fast(self, inputs: dict[str, np.ndarray], n: int) -> dict | None:
         """The outputs from the plan run straight from numpy (:mod:`simulator.runtime.fast`) on
-        ``n`` threads (0: :func:`threads.kernel_count`'s), or None when it does not take
-        these inputs."""
+        ``n`` threads (0: :func:`threads.kernel_count`'s), or, with ``n`` 0, from the chunks
+        of the last batch split (:class:`~simulator.runtime.fast_chunks.FastBatch`); None when
+        neither takes these inputs."""
+        if not n and self._batch is not None:
+            outputs = self._batch.run(inputs, self.timed)
+            if outputs is not None:
+                self.last_path = self._batch.path
+                self._timed_by(self._batch)
+                return outputs
         outputs = self._fast.run(inputs, n, self.timed) if self._fast else None
         if outputs is not None:
             self.last_path = "frozen plan"

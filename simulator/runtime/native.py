@@ -50,7 +50,7 @@ HINT = (
 )
 SOURCES = tuple(Path(__file__).parents[1] / "csrc" / n
                 for n in ("qconv.c", "qdw.c", "qamx.c", "qamxconv.c", "qrows.c", "qbmm.c",
-                          "qnorm.c", "qmove.c", "qplan.c", "qpool.c", "qquant.c",
+                          "qnorm.c", "qmove.c", "qplan.c", "qnpy.c", "qpool.c", "qquant.c",
                           "qstats.c"))  # fmt: skip
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-fno-strict-aliasing")
 AVX2_FLAGS = ("-mavx2", "-mfma", "-DQPARITY_SIMDE", "-Wno-psabi")
@@ -124,6 +124,7 @@ SIGNATURES = {
     packed.RUNNER: ([I64, P, P, P, P, I64, P, P, P, P], I64),
     packed.FAST_RUNNER: ([P, P, I64, I64], I64),
     packed.CHUNK_RUNNER: ([I64, P, I64, I64, I64, P, P, I64, P, P, P, I64, P], I64),
+    packed.BATCH_RUNNER: ([P, P, P, I64], I64),
 }  # fmt: skip
 """Every exported kernel's ctypes signature; simulator.runtime.packed writes the frozen plan's
 wrappers from it, so a kernel's arguments are stated here only."""

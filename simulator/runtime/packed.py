@@ -19,7 +19,8 @@ import struct
 RUNNER = "qp_run_plan"
 FAST_RUNNER = "qp_run_np"  # qp_run_plan from numpy inputs: checks, threads, wake-up
 CHUNK_RUNNER = "qp_run_chunks"  # a batch split's chunks, several plans on the pool
-RUNNERS = (RUNNER, FAST_RUNNER, CHUNK_RUNNER)
+BATCH_RUNNER = "qp_run_batch_np"  # qp_run_chunks from the batch's numpy inputs
+RUNNERS = (RUNNER, FAST_RUNNER, CHUNK_RUNNER, BATCH_RUNNER)
 _C_TYPES = {ctypes.c_void_p: "const void *", ctypes.c_int64: "int64_t", ctypes.c_double: "double"}
 _UNPACK = {ctypes.c_void_p: "(const void *)a[{}]", ctypes.c_int64: "a[{}]",
            ctypes.c_double: "d_(a[{}])"}  # fmt: skip

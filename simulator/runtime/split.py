@@ -38,9 +38,9 @@ from functools import partial
 import numpy as np
 
 from schemas.errors import QparityError
-from simulator.runtime import threads
+from simulator.runtime import fast, threads
 from simulator.runtime.fast import FastRun
-from simulator.runtime.fast_chunks import FastChunks
+from simulator.runtime.fast_chunks import FastBatch, FastChunks
 
 SAMPLE_BYTES = 64 << 10
 """Bytes of program input a sample must exceed for its batch to run split: a 224x224x3
@@ -120,7 +120,7 @@ class BatchSplit:
         n = len(np.asarray(inputs[names[0]]))
         parts = [{k: np.asarray(inputs[k])[i : i + c] for k in names} for i in range(0, n, c)]
         if key in self.verdict:
-            return self._chunks(parts, n_threads)
+            return self._chunks(parts, n_threads, whole=inputs)
         # on a throwaway twin: a replay, once adopted, serves one geometry (the chunks')
         spare = self.owner.twin()
         whole, whole_path = spare.run_batch(inputs, n_threads)[0], spare.last_path
@@ -133,15 +133,16 @@ class BatchSplit:
             self.last = f"{whole_path} (whole: split into chunks, this batch gave other outputs)"
         return split if self.verdict[key] else whole
 
-    def _chunks(self, parts: list[dict], n_threads: int, workers: int = 0) -> dict:
+    def _chunks(self, parts: list[dict], n_threads: int, workers: int = 0,
+                whole: dict | None = None) -> dict:  # fmt: skip
         """Every chunk's outputs, concatenated in order: on ``workers`` (default
         :func:`~simulator.runtime.threads.kernel_count`, at most one a chunk) workers of one
         OpenMP thread each, every worker taking the next chunk; one worker runs them in
-        turn on ``n_threads``."""
+        turn on ``n_threads``. ``whole``: the batch's inputs, once its split is proven."""
         workers = workers or min(threads.kernel_count(), len(parts))
         while len(self.twins) < workers - 1:
             self.twins.append(self.owner.twin())
-        if workers > 1 and (got := self._native(parts, workers)) is not None:
+        if workers > 1 and (got := self._native(parts, workers, whole)) is not None:
             return got
         runs: list = [None] * len(parts)  # (outputs, executor's path, owner's timings)
         todo = itertools.count()  # next() is atomic under the GIL
@@ -161,9 +162,11 @@ class BatchSplit:
         self.last = f"{paths}, batch split: {len(parts)} chunks of {size} {how}"
         return {k: np.concatenate([o[k] for o, _, _ in runs]) for k in runs[0][0]}
 
-    def _native(self, parts: list[dict], workers: int) -> dict | None:
+    def _native(self, parts: list[dict], workers: int, whole: dict | None) -> dict | None:
         """Every chunk's outputs from one call (:mod:`simulator.runtime.fast_chunks`) once
-        the owner and its twins all have a fast run for the chunks, else None."""
+        the owner and its twins all have a fast run for the chunks, else None. After it ran
+        on ``whole`` (a batch whose split is proven), the owner's runs of that batch's
+        geometry take the call straight from numpy (``FastBatch``)."""
         executors = [self.owner, *self.twins[: workers - 1]]
         runs = [ex._fast for ex in executors]
         if not all(isinstance(r, FastRun) for r in runs):
@@ -176,6 +179,10 @@ class BatchSplit:
         if got is None:
             return None
         outputs, seconds = got
+        batch = self.owner._batch
+        if whole is not None and (batch is None or batch.key != fast.geometry(
+                [whole.get(k) for k in runs[0].names])):  # fmt: skip
+            self.owner._batch = FastBatch.build(chunks, whole, parts)
         if seconds is not None:
             self.owner._timed_by(_Summed([partial(runs[0].frozen.slots.listed, seconds)]))
         size = len(next(iter(parts[0].values())))

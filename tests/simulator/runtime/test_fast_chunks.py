@@ -9,7 +9,7 @@ import pytest
 from simulator.runtime import native, split
 from simulator.runtime.executor import Executor
 from simulator.runtime.fast import FastRun
-from simulator.runtime.fast_chunks import FastChunks
+from simulator.runtime.fast_chunks import FastBatch, FastChunks
 from tests.simulator.runtime.test_split import _batch, _program, _whole
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no compiled kernels here")
@@ -39,13 +39,16 @@ def _warm(**kw) -> Executor:
     pytest.fail("the twin never got its fast run")
 
 
-def _served(ex: Executor, x: np.ndarray, monkeypatch) -> tuple[np.ndarray, bool]:
-    """The run's output, and whether qp_run_chunks gave it."""
-    got, real = [], FastChunks.run
-    monkeypatch.setattr(FastChunks, "run", lambda self, *a: got.append(real(self, *a)) or got[-1])
+def _served(ex: Executor, x: np.ndarray, monkeypatch, by=(FastChunks, FastBatch)):
+    """The run's output, and whether qp_run_chunks gave it (called by a class of ``by``)."""
+    got, reals = [], [cls.run for cls in by]
+    for cls, real in zip(by, reals, strict=True):
+        monkeypatch.setattr(cls, "run", lambda self, *a, real=real: got.append(real(self, *a))
+                            or got[-1])  # fmt: skip
     y = ex.run({"x": x})[0]["y"]
-    monkeypatch.setattr(FastChunks, "run", real)
-    return y, bool(got) and got[-1] is not None
+    for cls, real in zip(by, reals, strict=True):
+        monkeypatch.setattr(cls, "run", real)
+    return y, any(g is not None for g in got)
 
 
 def test_the_chunks_in_one_call_give_the_whole_batchs_outputs(chunked, monkeypatch):
@@ -99,3 +102,59 @@ def test_the_owners_timings_come_from_the_chunks_it_ran(chunked, monkeypatch):
         if sum(s for _, _, s in timed) > 0:
             return
     pytest.fail("the caller's task never ran a chunk")
+
+
+def test_a_batch_once_split_takes_one_call_from_numpy(chunked, monkeypatch):
+    """After the chunks went through qp_run_chunks once, the owner's runs of that batch's
+    geometry are one qp_run_batch_np call (no split Python), with the whole batch's
+    outputs."""
+    prog, ex = _program(), _warm()
+    _served(ex, _batch(8, 30), monkeypatch)
+    assert isinstance(ex._batch, FastBatch)
+    for seed in range(31, 36):
+        x = _batch(8, seed)
+        y, served = _served(ex, x, monkeypatch, by=(FastBatch,))
+        assert served
+        np.testing.assert_array_equal(y, _whole(prog, x))
+        assert ex.last_path == "frozen plan, batch split: 4 chunks of 2 on 2 threads"
+
+
+@pytest.mark.parametrize("case", ["another batch", "read-only", "one thread", "inf", "list"])
+def test_the_batch_call_steps_aside_where_the_split_decides_otherwise(case, chunked,
+                                                                       monkeypatch):  # fmt: skip
+    """Another geometry, a read-only batch, QPARITY_THREADS=1 (the split runs its chunks in
+    turn), a value the plan refuses, a list: not served by the call, the whole batch's
+    outputs all the same; the next batch of its geometry is served again."""
+    prog, ex = _program(), _warm()
+    _served(ex, _batch(8, 40), monkeypatch)
+    x = _batch(6 if case == "another batch" else 8, 41)
+    if case == "read-only":
+        x.flags.writeable = False
+    if case == "inf":
+        x[5, 1] = np.inf
+    if case == "one thread":
+        monkeypatch.setenv("QPARITY_THREADS", "1")
+    feed = x.tolist() if case == "list" else x
+    got, served = [], FastBatch.run
+    monkeypatch.setattr(FastBatch, "run", lambda self, *a: got.append(served(self, *a)) or got[-1])
+    y = ex.run({"x": feed})[0]["y"]
+    assert got and all(g is None for g in got)
+    np.testing.assert_array_equal(y, _whole(prog, np.asarray(x)))
+    monkeypatch.setenv("QPARITY_THREADS", "2")
+    again = _batch(8, 42)
+    np.testing.assert_array_equal(ex.run({"x": again})[0]["y"], _whole(prog, again))
+    assert got[-1] is not None
+
+
+def test_the_batch_calls_seconds_are_its_last_runs(chunked):
+    """qp_run_batch_np zeroes the owner's seconds before it sums them over its chunks."""
+    ex = _warm(timings=True)
+    for seed in range(50, 53):
+        ex.run({"x": _batch(8, seed)})
+    batch = ex._batch
+    assert isinstance(batch, FastBatch)
+    batch.seconds[:] = 1e9  # what a run that did not zero them would add to
+    ex.run({"x": _batch(8, 54)})
+    assert ex.last_path.startswith("frozen plan, batch split")
+    assert all(0 <= s < 1 for _, _, s in ex.timings)
+    assert {i for i, _, _ in ex.timings} == {0, 1, 2}
