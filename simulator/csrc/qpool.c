@@ -67,29 +67,35 @@ static __thread int64_t pool_thread; /* 0: a calling thread; 1 + i: worker i (qp
 
 static uint64_t generation(void) { return atomic_load(&P.ticket) >> (2 * CHUNK_BITS); }
 
-/* Takes a chunk of the job in progress into *k: the first one left (front), or the last
- * (back); 0 when none is left. The ticket's low bits hold front (the next chunk from the
- * start) and back (one past the next chunk from the end): chunks front .. back-1 are left. */
-static int claim(int64_t *k, int back) {
+/* Takes a run of chunks of the job in progress, [*k, *k + *m): the first ones left (front)
+ * or the last (back), a 2 * team-th of those left (at least one: guided self-scheduling).
+ * 0 when none is left. The ticket's low bits hold front (the next chunk from the start)
+ * and back (one past the next chunk from the end): chunks front .. back-1 are left. Each
+ * claim moves the ticket's cache line between the cores: one per chunk cost about 100 ns
+ * of a task of 0.4 us (MobileNetV2's depthwise convs: 1.5x faster on two threads than on
+ * one), one per run of them takes a job's chunks in a few claims a thread. */
+static int claim(int64_t *k, int64_t *m, int back) {
     uint64_t t = atomic_load_explicit(&P.ticket, memory_order_acquire);
+    int64_t share = 2 * (int64_t)atomic_load_explicit(&P.team, memory_order_relaxed);
     for (;;) {
         int64_t f = (int64_t)(t & MAX_CHUNKS), b = (int64_t)(t >> CHUNK_BITS & MAX_CHUNKS);
         if (f >= b) return 0;
-        uint64_t next = back ? t - ((uint64_t)1 << CHUNK_BITS) : t + 1;
+        int64_t g = (b - f) / share > 1 ? (b - f) / share : 1;
+        uint64_t next = back ? t - ((uint64_t)g << CHUNK_BITS) : t + (uint64_t)g;
         if (atomic_compare_exchange_weak_explicit(&P.ticket, &t, next, memory_order_acq_rel,
                                                   memory_order_acquire)) {
-            *k = back ? b - 1 : f;
+            *k = back ? b - g : f, *m = g;
             return 1;
         }
     }
 }
 
 static void run_chunks(int back) {
-    int64_t k;
-    while (claim(&k, back)) {
-        int64_t lo = k * P.grain, hi = lo + P.grain < P.n ? lo + P.grain : P.n;
+    int64_t k, m;
+    while (claim(&k, &m, back)) {
+        int64_t lo = k * P.grain, hi = (k + m) * P.grain < P.n ? (k + m) * P.grain : P.n;
         P.fn(P.args, lo, hi);
-        atomic_fetch_add_explicit(&P.done, 1, memory_order_release);
+        atomic_fetch_add_explicit(&P.done, m, memory_order_release);
     }
 }
 
@@ -231,13 +237,15 @@ void qp_for(int64_t n, int64_t work, qp_part_fn fn, void *args) {
 }
 
 /* The tests' probe: out[i] = the thread that ran item i of a loop of n items of `work`
- * elements (0: the caller, 1 + i: worker i), each item busy for about spin_ns. */
+ * elements (0: the caller, 1 + i: worker i), each item busy for about spin_ns, and
+ * out[n + i] = 1 when item i began a run of items its thread claimed at once, else 0. */
 typedef struct {
-    int64_t *out, spin_ns;
+    int64_t *out, spin_ns, n;
 } owners_t;
 
 static void owners_part(void *p, int64_t lo, int64_t hi) {
     const owners_t *o = p;
+    o->out[o->n + lo] = 1;
     for (int64_t i = lo; i < hi; i++) {
         struct timespec t0;
         clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -247,7 +255,8 @@ static void owners_part(void *p, int64_t lo, int64_t hi) {
 }
 
 void qp_pool_owners(int64_t n, int64_t work, int64_t spin_ns, int64_t *out) {
-    owners_t o = {out, spin_ns};
+    owners_t o = {out, spin_ns, n};
+    for (int64_t i = 0; i < n; i++) out[n + i] = 0;
     qp_for(n, work, owners_part, &o);
 }
 

@@ -32,6 +32,7 @@ int64_t qp_pool_woken_spin(void);
 void qp_pool_sizes(int64_t min_work, int64_t chunk);
 
 /* For the tests: out[i] = the thread that ran item i of a loop of n items (0: the calling
- * thread, 1 + i: worker i), each busy for spin_ns. */
+ * thread, 1 + i: worker i), each busy for spin_ns; out[n + i] = 1 where a thread's claimed
+ * run of items began. */
 void qp_pool_owners(int64_t n, int64_t work, int64_t spin_ns, int64_t *out);
 #endif

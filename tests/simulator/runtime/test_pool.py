@@ -110,13 +110,13 @@ def test_a_woken_worker_stays_off_the_callers_core(small_chunks):
     assert any(kept), f"worker 0 did not keep the caller's other cores in {len(kept)} tries"
 
 
-def _owners(n: int) -> np.ndarray:
+def _owners(n: int, runs: bool = False):
     """Which thread ran each of n items, one chunk each (small_chunks), busy for 50 us
-    (0: the caller)."""
-    out = np.full(n, -1, dtype=np.int64)
+    (0: the caller); with ``runs``, also where each claimed run of items began."""
+    out = np.full(2 * n, -1, dtype=np.int64)
     with threads.kernel_threads(native.library(), 2):
         native.library().qp_pool_owners(n, 64, 50_000, native.ptr(torch.from_numpy(out)))
-    return out
+    return (out[:n], out[n:]) if runs else out[:n]
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a worker needs a second core")
@@ -134,6 +134,21 @@ def test_the_caller_takes_the_first_items_and_the_worker_the_last(small_chunks):
         if shared >= 3:
             break
     assert shared >= 3, "the worker never took part"
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a worker needs a second core")
+def test_threads_claim_runs_of_chunks_that_shrink_as_the_job_ends(small_chunks):
+    """A claim takes a 2 * team-th of the chunks left (at least one), so 64 chunks go in
+    15 to 20 claims, not 64 (each claim moves the ticket's cache line between the cores),
+    nor in two halves (a thread held up on a busy core would hold its half)."""
+    for _ in range(20):
+        owners, starts = _owners(64, runs=True)
+        assert set(owners) <= {0, 1} and set(starts) <= {0, 1}
+        assert 8 <= starts.sum() <= 24, starts
+        assert starts[0] == 1 and starts[-1] == 1  # the last item is a run of its own
+        if 0 < (owners == 1).sum() < 64:
+            return
+    pytest.fail("the worker never took part")
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a worker needs a second core")
