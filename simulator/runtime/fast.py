@@ -115,6 +115,16 @@ def spec(key: tuple) -> tuple[ctypes.Array, tuple[int, ...]]:
     return (ctypes.c_int64 * len(values))(*values), tuple(at)
 
 
+def hold(where: ctypes.Array, objects: tuple[tuple[int, str], ...], inputs) -> list:
+    """Each input's object address (``objects``: slot in ``where``, input name) written into
+    ``where``; returns the objects, which the caller holds until its call returns (a mapping
+    may make them as they are read, and the C side reads them by address)."""
+    xs = [inputs.get(name) for _, name in objects]
+    for (at, _), x in zip(objects, xs, strict=True):
+        where[at] = id(x)
+    return xs
+
+
 @dataclass(frozen=True, eq=False)
 class FastRun:
     """A frozen plan's run for one input geometry (module docstring)."""
@@ -164,11 +174,11 @@ class FastRun:
         :func:`~simulator.runtime.threads.kernel_count`'s, read in C), or None when this run
         is not the fast run's (module docstring). ``timed``: each instruction's seconds kept
         (``frozen.slots.timings()``)."""
-        where = self.spec
-        for at, name in self.objects:
-            where[at] = id(inputs.get(name))  # alive: ``inputs`` holds it through the call
+        held = hold(self.spec, self.objects, inputs)
         if native.library() is not self.lib or not all(map(unshared_storage, self.watched)):
             return None
-        if self.lib.qp_run_np(self.plan, where, n, timed) != 1:
+        done = self.lib.qp_run_np(self.plan, self.spec, n, timed)
+        del held  # the C side read the inputs by address: held through the call
+        if done != 1:
             return None
         return {name: v.copy() for name, v in self.outs.items()}

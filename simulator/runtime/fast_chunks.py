@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.runtime import native
-from simulator.runtime.fast import FastRun, address, geometry, pointers, readable, spec
+from simulator.runtime.fast import FastRun, address, geometry, hold, pointers, readable, spec
 from simulator.runtime.replay import unshared_storage
 
 
@@ -152,16 +152,16 @@ class FastBatch:
         """The batch's outputs (the caller's own arrays), or None when this call does not
         take ``inputs`` (module docstring). ``timed``: the owner's seconds kept
         (:meth:`timings`)."""
-        where = self.spec
-        for at, name in self.objects:
-            where[at] = id(inputs.get(name))  # alive: ``inputs`` holds it through the call
+        held = hold(self.spec, self.objects, inputs)
         first = self.chunks.runs[0]
         if native.library() is not first.lib or not self.chunks._unshared():
             return None
         outputs = {k: np.empty(shape, dtype) for k, shape, dtype in self.outs}
         for m, (k, _, _) in enumerate(self.outs):
             self.out_objects[m] = id(outputs[k])
-        if first.lib.qp_run_batch_np(where, self.out_objects, self.job, timed) != 1:
+        done = first.lib.qp_run_batch_np(self.spec, self.out_objects, self.job, timed)
+        del held  # the C side read the inputs by address: held through the call
+        if done != 1:
             return None
         return outputs
 
