@@ -90,6 +90,14 @@ def settle(limit: float = SETTLE_S, poll: float = 0.001, runnable=runnable_threa
     return clock() - t0
 
 
+WARMUP = 5
+"""Untimed runs of each engine before the timed rounds. The simulator's first runs record
+its replays, freeze its plan and (batch split) prove the split and build the chunks' one
+call: MobileNetV2 at batch 8, timed after one warm-up, took 33, 17 and 10 ms in its first
+three rounds against 7.5-8.0 ms from the fourth on, which moved the median of its 9 rounds
+(1.56-1.65x ORT int8 in three runs where the rounds after the fourth gave 1.74-1.81x).
+onnxruntime and torch are settled after one; they get as many (bench/README.md)."""
+
 MIN_TIMED_S = 3.0
 """Small models get more rounds, up to this many seconds of them: their per-batch times are
 a few ms, and on this shared 2-core machine a 7-round median of those still moves ~20%."""
@@ -97,14 +105,15 @@ a few ms, and on this shared 2-core machine a 7-round median of those still move
 
 def measure(fns: dict, rounds: int, sim_exec,
             wait=settle) -> tuple[dict[str, float], dict, float]:  # fmt: skip
-    """Warm up each engine once, then interleaved rounds (``rounds``, or more for fast
-    models: :data:`MIN_TIMED_S`), each engine timed after ``wait()`` (:func:`settle`):
-    median seconds per engine, the simulator's median seconds per op kind and per
-    instruction, and the CPU (cores) other processes used meanwhile."""
-    t0 = time.perf_counter()
-    for fn in fns.values():
-        fn()
-    per_round = time.perf_counter() - t0
+    """Warm up each engine (:data:`WARMUP` rounds), then interleaved rounds (``rounds``, or
+    more for fast models: :data:`MIN_TIMED_S`), each engine timed after ``wait()``
+    (:func:`settle`): median seconds per engine, the simulator's median seconds per op
+    kind and per instruction, and the CPU (cores) other processes used meanwhile."""
+    for _ in range(WARMUP):
+        t0 = time.perf_counter()
+        for fn in fns.values():
+            fn()
+        per_round = time.perf_counter() - t0
     rounds = max(rounds, min(int(MIN_TIMED_S / max(per_round, 1e-6)), 500))
     times: dict[str, list[float]] = {k: [] for k in fns}
     by_op: list[dict[str, float]] = []
@@ -276,11 +285,12 @@ def _with_threads(fn, policy: str):
 
 
 def _rounds(fns: dict, rounds: int) -> dict[str, float]:
-    """One warm-up each, then ``rounds`` interleaved rounds, each engine timed after
-    :func:`settle`: median seconds per engine."""
+    """:data:`WARMUP` warm-up rounds, then ``rounds`` interleaved rounds, each engine timed
+    after :func:`settle`: median seconds per engine."""
     times: dict[str, list[float]] = {k: [] for k in fns}
-    for fn in fns.values():
-        fn()
+    for _ in range(WARMUP):
+        for fn in fns.values():
+            fn()
     for _ in range(rounds):
         for k, fn in fns.items():
             settle()

@@ -18,7 +18,8 @@ frames), then times, side by side in this one process on the same batch of frame
          ops; with ``qparity`` custom ops (tables, softmax, LayerNorm) onnxruntime cannot
          load it and the number is n/a.
 
-Timing: one warm-up run of each engine, then rounds that run every engine once in turn
+Timing: warm-up rounds of every engine (``sim_probe.WARMUP``: the simulator freezes its plan
+and, at batch 8, its split over its first runs), then rounds that run every engine once in turn
 (so drift hits all equally), each once this process's threads have gone idle
 (``sim_probe.settle``: onnxruntime's and libgomp's pools spin on after a run and would
 take a core from the next engine); each engine's time is the median over the rounds
@@ -53,6 +54,7 @@ import torch  # noqa: E402
 from bench import ort_int8  # noqa: E402
 from bench.sim_probe import (  # noqa: E402
     MIN_TIMED_S,
+    WARMUP,
     conv_anatomy,
     kernel_variants,
     measure,
@@ -307,7 +309,8 @@ def main() -> None:
 
     print(f"# run store {store}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{os.cpu_count()} cores; load average {Path('/proc/loadavg').read_text().strip()}; "
-          f"at least {max(args.rounds, 5)} timed rounds after 1 warm-up (fast models up to "
+          f"at least {max(args.rounds, 5)} timed rounds after {WARMUP} warm-up rounds (fast "
+          "models up to "
           f"{MIN_TIMED_S:.0f} s of rounds); compiled kernels {native.status()}; LINEAR on "
           f"{native.linear_kernel()}", flush=True)  # fmt: skip
     rows, notes, splits, t_start = [], [], {}, time.perf_counter()

@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import threading
 
-from bench.sim_probe import measure, runnable_threads, settle
+from bench.sim_probe import WARMUP, measure, runnable_threads, settle
 
 
 class _Sim:
-    """An executor stand-in whose first runs time every instruction (kernels, replays) and
-    later ones only instruction 0 (a frozen plan: views take no time)."""
+    """An executor stand-in whose runs up to the first timed one time every instruction
+    (kernels, replays) and later ones only instruction 0 (a frozen plan: views take no
+    time)."""
 
     def __init__(self):
         self.runs, self.timings = 0, []
 
     def run(self):
         self.runs += 1
-        self.timings = [(0, "conv", 1.0)] + ([(1, "layout", 5.0)] if self.runs <= 2 else [])
+        self.timings = [(0, "conv", 1.0)] + ([(1, "layout", 5.0)] if self.runs <= WARMUP + 1 else [])
 
     def timings_by_op(self):
         out = {}
@@ -87,5 +88,6 @@ def test_every_timed_call_follows_a_settle():
     fns = {"sim": lambda: (events.append("sim"), sim.run()),
            "other": lambda: events.append("other")}  # fmt: skip
     _, split, _ = measure(fns, 5, sim, wait=lambda: events.append("wait"))
-    timed = events[2:]  # after the warm-up of each engine
+    assert events[: 2 * WARMUP] == ["sim", "other"] * WARMUP  # the warm-up rounds, untimed
+    timed = events[2 * WARMUP :]
     assert timed == ["wait", "sim", "wait", "other"] * split["rounds"]
