@@ -13,7 +13,7 @@ geometry the plan's arguments as integers and each program output as a numpy vie
 memory the plan writes it to, already in the reference layout (NCHW, padding channels
 dropped). A run checks that nothing else holds the plan's watched buffers (by their
 storages' addresses, kept from the build) and makes one ctypes call, ``qp_run_np``
-(csrc/qplan.c), given each input as its object's address. The C side checks each input
+(csrc/qnpy.c), given each input as its object's address. The C side checks each input
 against the geometry (an ndarray of that dtype, shape and byte strides, writeable, the
 same inputs sharing memory), reading numpy's array struct, and takes its data pointer
 there; it reads the thread count as :func:`threads.kernel_count
@@ -91,7 +91,7 @@ def raw_view(t: torch.Tensor) -> np.ndarray:
 
 
 NP_VIEW_DIMS = 8
-"""Ranks up to which ``qp_np_view`` (csrc/qplan.c) reports an array's shape and strides."""
+"""Ranks up to which ``qp_np_view`` (csrc/qnpy.c) reports an array's shape and strides."""
 
 
 def readable(x: np.ndarray, lib) -> bool:
