@@ -154,7 +154,7 @@ class Executor:
             if outputs is not None:
                 self.last_path = self.split.last
                 return outputs, {}
-        return self.run_batch(inputs, n, capture)
+        return self._run_batch(inputs, n, capture)  # the fast run was tried above
 
     def _run_fast(self, inputs: dict[str, np.ndarray], n: int) -> dict | None:
         """The outputs from the plan run straight from numpy (:mod:`simulator.runtime.fast`) on
@@ -179,13 +179,11 @@ class Executor:
         outputs = None if capture else self._run_fast(inputs, n)
         if outputs is not None:
             return outputs, {}
-        result = self._run_batch(inputs, n, capture)
-        if self._fast is None and not capture and self.last_path == "frozen plan":
-            self._fast = FastRun.build(self._frozen, self.program, inputs) or False
-        return result
+        return self._run_batch(inputs, n, capture)
 
     def _run_batch(self, inputs: dict[str, np.ndarray], n: int, capture: bool):
-        """:meth:`run_batch` through torch: the kernels, the replays or the frozen plan."""
+        """:meth:`run_batch` through torch: the kernels, the replays or the frozen plan; after
+        the plan's first whole run, its fast run for these inputs' geometry is built."""
         bufs = self._load(inputs)
         with threads.kernel_threads(native.untraced(), n):
             frozen = None if capture else self._run_frozen(bufs)
@@ -199,6 +197,8 @@ class Executor:
         captures = {}
         if capture:
             captures = {lid: self._export(bufs, b) for lid, b in self.program.captures.items()}
+        if self._fast is None and not capture and self.last_path == "frozen plan":
+            self._fast = FastRun.build(self._frozen, self.program, inputs) or False
         return outputs, captures
 
     def _path(self, frozen: dict | None) -> str:

@@ -140,11 +140,11 @@ class FastBatch:
                                                                            strict=True))
         total = len(parts) * chunks.outs[0][1][0]
         outs = tuple((k, (total, *shape[1:]), dtype) for k, shape, dtype in chunks.outs)
-        seconds = np.zeros(max(first.frozen.slots.seconds.numel(), 1))
+        groups = first.frozen.slots.seconds.numel()
+        seconds = np.zeros(max(groups, 1))
         job = _int64s([len(chunks.runs), ctypes.addressof(chunks.plans), len(parts), len(outs),
                        ctypes.addressof(steps), ctypes.addressof(chunks.out_src),
-                       ctypes.addressof(chunks.out_bytes), first.frozen.slots.seconds.numel(),
-                       seconds.ctypes.data])  # fmt: skip
+                       ctypes.addressof(chunks.out_bytes), groups, seconds.ctypes.data])  # fmt: skip
         return cls(chunks, len(parts), where, tuple(zip(at, first.names, strict=True)), outs,
                    _int64s([0] * len(outs)), job, seconds, key, (steps,))  # fmt: skip
 
